@@ -1,0 +1,231 @@
+//! Build script of kvio.
+//!
+//! 1. Compiles `kernels/` to PTX with rustc's own NVPTX backend (`-Zbuild-std=core`, target
+//!    `nvptx64-nvidia-cuda`), once per architecture in [`ARCHS`], in a nested `cargo rustc`
+//!    with its own target directory under `OUT_DIR`. The PTX is embedded by `src/ptx.rs`.
+//! 2. Makes sure `-lcuda` (asked for by `cust_raw`) resolves. A real `libcuda.so` is used when
+//!    one is found. Otherwise a link stub is built into `OUT_DIR/cuda-stub`: every driver entry
+//!    point `cust_raw` declares, each returning `CUDA_ERROR_STUB_LIBRARY` (34). The stub is
+//!    never built when a real driver library exists, and binaries carry no RUNPATH to it, so
+//!    on a machine with a driver the loader always picks the real `libcuda.so.1`.
+//!
+//! `KVIO_PTX_DIR=<dir>` skips step 1 and embeds `<dir>/kvio_sm80.ptx` and `kvio_sm90.ptx`
+//! (for toolchains that cannot build the kernels themselves).
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Architectures the kernels are compiled for: (file tag, `-Ctarget-cpu`).
+const ARCHS: [(&str, &str); 2] = [("sm80", "sm_80"), ("sm90", "sm_90")];
+
+fn main() {
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
+    let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+    let kernels = manifest.join("..").join("kernels");
+    println!("cargo:rerun-if-env-changed=KVIO_PTX_DIR");
+    println!("cargo:rerun-if-changed={}", kernels.join("src").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        kernels.join("Cargo.toml").display()
+    );
+    println!("cargo:rerun-if-changed=cuda-stub/symbols.txt");
+
+    match env::var_os("KVIO_PTX_DIR") {
+        Some(dir) => {
+            for (tag, _) in ARCHS {
+                let from = Path::new(&dir).join(format!("kvio_{tag}.ptx"));
+                fs::copy(&from, out.join(format!("kvio_{tag}.ptx"))).unwrap_or_else(|e| {
+                    panic!("KVIO_PTX_DIR: cannot copy {}: {e}", from.display())
+                });
+            }
+        }
+        None => build_ptx(&kernels, &out),
+    }
+    for (tag, _) in ARCHS {
+        check_ptx(&out.join(format!("kvio_{tag}.ptx")));
+    }
+    link_libcuda(&manifest, &out);
+}
+
+/// Runs the nested nvptx builds (in parallel) and copies each `.s` to `OUT_DIR/kvio_<tag>.ptx`.
+fn build_ptx(kernels: &Path, out: &Path) {
+    let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let children: Vec<_> = ARCHS
+        .iter()
+        .map(|(tag, cpu)| {
+            let target_dir = out.join(format!("nvptx-{tag}"));
+            let mut cmd = Command::new(&cargo);
+            cmd.current_dir(kernels)
+                .args(["rustc", "--lib", "--release", "-Zbuild-std=core"])
+                .args(["--target", "nvptx64-nvidia-cuda"])
+                .arg("--manifest-path")
+                .arg(kernels.join("Cargo.toml"))
+                .arg("--target-dir")
+                .arg(&target_dir)
+                .args(["--", "--emit=asm"]);
+            // The outer build's flags and wrappers are for the host target, not for nvptx.
+            for var in [
+                "CARGO_ENCODED_RUSTFLAGS",
+                "CARGO_BUILD_RUSTFLAGS",
+                "CARGO_TARGET_DIR",
+                "CARGO_BUILD_TARGET",
+                "CARGO_BUILD_TARGET_DIR",
+                "RUSTC_WRAPPER",
+                "RUSTC_WORKSPACE_WRAPPER",
+                "CARGO_PRIMARY_PACKAGE",
+            ] {
+                cmd.env_remove(var);
+            }
+            // panic=immediate-abort reaches core too (bounds checks become traps, no
+            // `.extern` panic functions); one codegen unit gives one .s file.
+            cmd.env(
+                "RUSTFLAGS",
+                format!(
+                    "-Zunstable-options -Cpanic=immediate-abort -Ctarget-cpu={cpu} \
+                     -Ccodegen-units=1 -Copt-level=3 -Cdebuginfo=0"
+                ),
+            );
+            let child = cmd
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot run {cargo:?} for the nvptx build: {e}"));
+            (tag, target_dir, child)
+        })
+        .collect();
+    for (tag, target_dir, child) in children {
+        let status = child.wait_with_output().expect("nvptx build").status;
+        assert!(
+            status.success(),
+            "building kernels/ for nvptx64 ({tag}) failed: it needs the nightly toolchain of \
+             rust-toolchain.toml with the rust-src component (`rustup toolchain install`), or \
+             KVIO_PTX_DIR pointing at prebuilt PTX"
+        );
+        let deps = target_dir
+            .join("nvptx64-nvidia-cuda")
+            .join("release")
+            .join("deps");
+        let newest = fs::read_dir(&deps)
+            .expect("nvptx deps dir")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.extension().is_some_and(|x| x == "s")
+                    && p.file_name()
+                        .unwrap()
+                        .to_string_lossy()
+                        .starts_with("kvio_kernels-")
+            })
+            .max_by_key(|p| fs::metadata(p).and_then(|m| m.modified()).ok())
+            .unwrap_or_else(|| panic!("no kvio_kernels-*.s in {}", deps.display()));
+        fs::copy(&newest, out.join(format!("kvio_{tag}.ptx"))).expect("copy ptx");
+    }
+}
+
+/// A PTX module with unresolved `.extern` functions (a panic path, a libcall) cannot load.
+fn check_ptx(path: &Path) {
+    let text = fs::read_to_string(path).expect("read ptx");
+    assert!(
+        text.contains(".entry kvio_update_slots"),
+        "{}: kernels missing",
+        path.display()
+    );
+    if let Some(line) = text.lines().find(|l| l.contains(".extern .func")) {
+        panic!(
+            "{} declares an external function the driver cannot resolve: `{line}`",
+            path.display()
+        );
+    }
+}
+
+/// Directories where a real `libcuda.so` (or only the driver's `libcuda.so.1`) may live.
+fn driver_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    for var in ["CUDA_LIBRARY_PATH", "LIBRARY_PATH", "LD_LIBRARY_PATH"] {
+        if let Some(v) = env::var_os(var) {
+            for d in env::split_paths(&v) {
+                dirs.push(d.join("lib64"));
+                dirs.push(d.join("lib64").join("stubs"));
+                dirs.push(d);
+            }
+        }
+    }
+    for d in [
+        "/usr/local/cuda/lib64",
+        "/usr/local/cuda/lib64/stubs",
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+        "/usr/local/nvidia/lib64",
+        "/usr/lib/wsl/lib",
+    ] {
+        dirs.push(PathBuf::from(d));
+    }
+    dirs
+}
+
+fn link_libcuda(manifest: &Path, out: &Path) {
+    println!("cargo:rerun-if-env-changed=CUDA_LIBRARY_PATH");
+    println!("cargo:rerun-if-env-changed=KVIO_FORCE_CUDA_STUB");
+    let force_stub = env::var_os("KVIO_FORCE_CUDA_STUB").is_some();
+    if !force_stub {
+        let dirs = driver_dirs();
+        // A linkable libcuda.so (real driver or the toolkit's own link stub): nothing to do,
+        // just make sure its directory is searched.
+        if let Some(d) = dirs.iter().find(|d| d.join("libcuda.so").is_file()) {
+            println!("cargo:rustc-link-search=native={}", d.display());
+            println!(
+                "cargo:warning=kvio: linking the CUDA driver found in {}",
+                d.display()
+            );
+            return;
+        }
+        // Only the runtime name exists (driver without the dev symlink): link against it
+        // through a `libcuda.so` symlink; at run time the loader resolves `libcuda.so.1` itself.
+        if let Some(d) = dirs.iter().find(|d| d.join("libcuda.so.1").is_file()) {
+            let link_dir = out.join("cuda-link");
+            fs::create_dir_all(&link_dir).expect("mkdir");
+            let link = link_dir.join("libcuda.so");
+            let _ = fs::remove_file(&link);
+            std::os::unix::fs::symlink(d.join("libcuda.so.1"), &link).expect("symlink");
+            println!("cargo:rustc-link-search=native={}", link_dir.display());
+            return;
+        }
+    }
+    build_stub(manifest, out);
+}
+
+/// Builds `OUT_DIR/cuda-stub/libcuda.so` (soname `libcuda.so.1`, plus a `libcuda.so.1` link so
+/// test binaries start on a machine without a driver; cuInit then fails with code 34).
+fn build_stub(manifest: &Path, out: &Path) {
+    let names = fs::read_to_string(manifest.join("cuda-stub").join("symbols.txt"))
+        .expect("cuda-stub/symbols.txt");
+    let dir = out.join("cuda-stub");
+    fs::create_dir_all(&dir).expect("mkdir");
+    let mut c = String::from("/* generated by kvio's build.rs: CUDA driver link stub */\n");
+    for name in names.lines().map(str::trim).filter(|n| !n.is_empty()) {
+        c.push_str(&format!(
+            "int {name}(void) {{ return 34; /* CUDA_ERROR_STUB_LIBRARY */ }}\n"
+        ));
+    }
+    let src = dir.join("stub.c");
+    fs::write(&src, c).expect("write stub.c");
+    let lib = dir.join("libcuda.so");
+    let compiler = cc::Build::new().get_compiler();
+    let status = compiler
+        .to_command()
+        .args(["-shared", "-fPIC", "-O1", "-Wl,-soname,libcuda.so.1", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .status()
+        .expect("run the C compiler for the libcuda stub");
+    assert!(status.success(), "building the libcuda link stub failed");
+    let so1 = dir.join("libcuda.so.1");
+    let _ = fs::remove_file(&so1);
+    std::os::unix::fs::symlink("libcuda.so", &so1).expect("symlink libcuda.so.1");
+    println!("cargo:rustc-link-search=native={}", dir.display());
+    println!(
+        "cargo:warning=kvio: no CUDA driver library found at build time; linked against a stub \
+         (GPU calls fail with CUDA_ERROR_STUB_LIBRARY unless a real libcuda.so.1 is present at run time)"
+    );
+}

@@ -1,0 +1,306 @@
+//! Layout descriptors: sizes and explicit strides (in elements) of the token-major inputs and
+//! of paged caches. Sizes are always taken from these descriptors, never guessed from a
+//! buffer's length (vLLM #47056 is what guessing does).
+
+use crate::error::{invalid, Error, Result};
+
+/// Token-major K or V input: token `t`, head `h`, element `d` at element offset
+/// `t * token_stride + h * head_stride + d`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenLayout {
+    /// Number of tokens `T`.
+    pub num_tokens: usize,
+    /// Heads per token.
+    pub num_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Bytes per element: 1, 2 or 4.
+    pub elem_bytes: usize,
+    /// Elements between consecutive tokens.
+    pub token_stride: usize,
+    /// Elements between consecutive heads.
+    pub head_stride: usize,
+}
+
+impl TokenLayout {
+    /// A contiguous `[T, H, D]` tensor.
+    ///
+    /// ```
+    /// let l = kvio::TokenLayout::contiguous(4, 8, 128, 2);
+    /// assert_eq!(l.token_stride, 8 * 128);
+    /// ```
+    pub fn contiguous(
+        num_tokens: usize,
+        num_heads: usize,
+        head_dim: usize,
+        elem_bytes: usize,
+    ) -> Self {
+        TokenLayout {
+            num_tokens,
+            num_heads,
+            head_dim,
+            elem_bytes,
+            token_stride: num_heads * head_dim,
+            head_stride: head_dim,
+        }
+    }
+
+    /// Bytes of one token's row of all heads (`H * D * elem`).
+    pub fn row_bytes(&self) -> usize {
+        self.num_heads * self.head_dim * self.elem_bytes
+    }
+
+    /// Checks the shape and returns the number of bytes the layout reaches from its base.
+    pub fn extent(&self, name: &'static str) -> Result<u64> {
+        check_elem(name, self.elem_bytes)?;
+        nonzero(name, "num_heads", self.num_heads)?;
+        nonzero(name, "head_dim", self.head_dim)?;
+        if self.num_tokens == 0 {
+            return Ok(0);
+        }
+        extent_bytes(
+            name,
+            &[
+                (self.num_tokens, self.token_stride),
+                (self.num_heads, self.head_stride),
+            ],
+            self.head_dim,
+            self.elem_bytes,
+        )
+    }
+}
+
+/// A paged cache of one of K or V: `num_blocks` blocks (pages) of `block_size` token slots,
+/// each `num_heads × head_dim` elements. Slot `s` is block `s / block_size`, position
+/// `s % block_size`; element `(b, t, h, d)` is at element offset
+/// `b * block_stride + t * token_stride + h * head_stride + d`.
+///
+/// [`PagedLayout::nhd`] (= the flat `[blocks * block_size, H, D]` layout) and
+/// [`PagedLayout::hnd`] build the usual ones; any strides may be given, so a view into a larger
+/// allocation (a layer of a cross-layer cache) is described exactly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PagedLayout {
+    /// Number of blocks.
+    pub num_blocks: usize,
+    /// Token slots per block (the page size).
+    pub block_size: usize,
+    /// Heads per token.
+    pub num_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Bytes per element: 1, 2 or 4.
+    pub elem_bytes: usize,
+    /// Elements between consecutive blocks.
+    pub block_stride: usize,
+    /// Elements between consecutive slots of a block.
+    pub token_stride: usize,
+    /// Elements between consecutive heads.
+    pub head_stride: usize,
+}
+
+impl PagedLayout {
+    /// `[num_blocks, block_size, H, D]`, contiguous (vLLM's FlashAttention NHD cache; also the
+    /// flat `[num_blocks * block_size, H, D]` layout).
+    ///
+    /// ```
+    /// let l = kvio::PagedLayout::nhd(100, 16, 8, 128, 2);
+    /// assert_eq!(l.num_slots(), 1600);
+    /// ```
+    pub fn nhd(
+        num_blocks: usize,
+        block_size: usize,
+        num_heads: usize,
+        head_dim: usize,
+        elem_bytes: usize,
+    ) -> Self {
+        PagedLayout {
+            num_blocks,
+            block_size,
+            num_heads,
+            head_dim,
+            elem_bytes,
+            block_stride: block_size * num_heads * head_dim,
+            token_stride: num_heads * head_dim,
+            head_stride: head_dim,
+        }
+    }
+
+    /// `[num_blocks, H, block_size, D]`, contiguous (HND).
+    pub fn hnd(
+        num_blocks: usize,
+        block_size: usize,
+        num_heads: usize,
+        head_dim: usize,
+        elem_bytes: usize,
+    ) -> Self {
+        PagedLayout {
+            num_blocks,
+            block_size,
+            num_heads,
+            head_dim,
+            elem_bytes,
+            block_stride: block_size * num_heads * head_dim,
+            token_stride: head_dim,
+            head_stride: block_size * head_dim,
+        }
+    }
+
+    /// Total token slots (`num_blocks * block_size`).
+    pub fn num_slots(&self) -> usize {
+        self.num_blocks.saturating_mul(self.block_size)
+    }
+
+    /// Bytes of one head chunk (`head_dim * elem_bytes`).
+    pub fn chunk_bytes(&self) -> usize {
+        self.head_dim * self.elem_bytes
+    }
+
+    /// The (count, byte stride) of each dimension above the head chunk.
+    pub(crate) fn dims(&self) -> [(usize, u64); 3] {
+        let e = self.elem_bytes as u64;
+        [
+            (self.num_blocks, self.block_stride as u64 * e),
+            (self.block_size, self.token_stride as u64 * e),
+            (self.num_heads, self.head_stride as u64 * e),
+        ]
+    }
+
+    /// Checks the shape (non-zero sizes, element size, no two slots or heads sharing bytes,
+    /// no overflow) and returns the number of bytes the layout reaches from its base.
+    pub fn extent(&self, name: &'static str) -> Result<u64> {
+        check_elem(name, self.elem_bytes)?;
+        nonzero(name, "num_blocks", self.num_blocks)?;
+        nonzero(name, "block_size", self.block_size)?;
+        nonzero(name, "num_heads", self.num_heads)?;
+        nonzero(name, "head_dim", self.head_dim)?;
+        if self.num_slots() > i64::MAX as usize || self.num_slots() == usize::MAX {
+            return Err(Error::Overflow { name });
+        }
+        let ext = extent_bytes(
+            name,
+            &[
+                (self.num_blocks, self.block_stride),
+                (self.block_size, self.token_stride),
+                (self.num_heads, self.head_stride),
+            ],
+            self.head_dim,
+            self.elem_bytes,
+        )?;
+        if !chunks_disjoint(&self.dims(), self.chunk_bytes() as u64) {
+            return Err(invalid(
+                name,
+                self,
+                "strides make two (block, slot, head) chunks share bytes",
+            ));
+        }
+        Ok(ext)
+    }
+}
+
+/// Accepts element sizes 1, 2 and 4 (fp8/int8, f16/bf16, f32).
+fn check_elem(name: &'static str, elem: usize) -> Result<()> {
+    if matches!(elem, 1 | 2 | 4) {
+        Ok(())
+    } else {
+        Err(invalid(name, elem, "elem_bytes must be 1, 2 or 4"))
+    }
+}
+
+fn nonzero(name: &'static str, what: &'static str, v: usize) -> Result<()> {
+    if v == 0 {
+        Err(Error::InvalidArgument {
+            name,
+            value: format!("{what} = 0"),
+            reason: "sizes must be non-zero",
+        })
+    } else {
+        Ok(())
+    }
+}
+
+/// Bytes reached by a strided layout: 1 + the largest byte offset of its last element.
+fn extent_bytes(
+    name: &'static str,
+    dims: &[(usize, usize)],
+    inner: usize,
+    elem: usize,
+) -> Result<u64> {
+    let of = Error::Overflow { name };
+    let mut last: u64 = (inner as u64).checked_sub(1).ok_or(of.clone())?;
+    for &(count, stride) in dims {
+        let step = (count as u64)
+            .checked_sub(1)
+            .ok_or(of.clone())?
+            .checked_mul(stride as u64)
+            .ok_or(of.clone())?;
+        last = last.checked_add(step).ok_or(of.clone())?;
+    }
+    let bytes = last
+        .checked_add(1)
+        .and_then(|v| v.checked_mul(elem as u64))
+        .ok_or(of.clone())?;
+    if bytes > isize::MAX as u64 {
+        return Err(of);
+    }
+    Ok(bytes)
+}
+
+/// True when chunks of `chunk` bytes placed at every combination of `dims` (count, byte
+/// stride) never share a byte. Sufficient test: sorted by stride, each dimension's stride is at
+/// least the span of everything below it. Layouts that interleave in stranger ways are
+/// rejected even if they happen to be disjoint.
+pub(crate) fn chunks_disjoint(dims: &[(usize, u64)], chunk: u64) -> bool {
+    let mut d: Vec<(usize, u64)> = dims.iter().copied().filter(|&(c, _)| c > 1).collect();
+    d.sort_by_key(|&(_, s)| s);
+    let mut span = chunk as u128;
+    for (count, stride) in d {
+        if (stride as u128) < span {
+            return false;
+        }
+        span = (count as u128 - 1) * stride as u128 + span;
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nhd_and_hnd_extents() {
+        assert_eq!(
+            PagedLayout::nhd(3, 16, 8, 128, 2).extent("c").unwrap(),
+            3 * 16 * 8 * 128 * 2
+        );
+        assert_eq!(
+            PagedLayout::hnd(3, 16, 8, 128, 2).extent("c").unwrap(),
+            3 * 16 * 8 * 128 * 2
+        );
+    }
+
+    #[test]
+    fn overlapping_strides_rejected() {
+        let mut l = PagedLayout::nhd(4, 16, 8, 128, 2);
+        l.token_stride = 64; // slots overlap heads
+        assert!(matches!(
+            l.extent("c"),
+            Err(Error::InvalidArgument { name: "c", .. })
+        ));
+    }
+
+    #[test]
+    fn disjointness() {
+        // interleaved K/V heads: part stride D, head stride 2D
+        assert!(chunks_disjoint(&[(2, 256), (8, 512)], 256));
+        assert!(!chunks_disjoint(&[(2, 128), (8, 512)], 256));
+        assert!(chunks_disjoint(&[(1, 0), (5, 10)], 10));
+    }
+
+    #[test]
+    fn bad_sizes_rejected() {
+        assert!(PagedLayout::nhd(0, 16, 8, 128, 2).extent("c").is_err());
+        assert!(PagedLayout::nhd(1, 16, 8, 128, 3).extent("c").is_err());
+        let huge = PagedLayout::nhd(usize::MAX / 2, 16, 8, 128, 2);
+        assert!(matches!(huge.extent("c"), Err(Error::Overflow { .. })));
+    }
+}

@@ -1,0 +1,37 @@
+//! # kvio: KV-cache I/O kernels for LLM serving, in pure Rust
+//!
+//! The kernels are plain Rust (`kernels/`, a `no_std` crate) compiled to PTX at build time by
+//! rustc's own NVPTX backend: no nvcc, no CUDA toolkit, no C++. This crate embeds that PTX,
+//! loads it into the caller's current CUDA context ([`Kvio::load`]) and launches it on the
+//! caller's raw stream ([`StreamRef`]), so memory and streams owned by cust, cudarc or candle
+//! all work.
+//!
+//! Write path:
+//! - [`Kvio::update_slots`]: slot-mapping update (vLLM `reshape_and_cache_flash`, Habana's flat
+//!   layout); i32 or i64 slots, negative = skip; NHD, HND or any strided cache view.
+//! - [`Kvio::update_slices`]: slice-based update (vLLM TPU `kv_cache_update`) with a
+//!   device-resident slice count.
+//!
+//! Every launcher validates host-side arguments (typed [`Error`], nothing launched), allocates
+//! nothing and never synchronises. Device-resident indices are checked in the kernel: bad ones
+//! are skipped and counted in a [`DeviceErrors`] word.
+#![warn(missing_docs)]
+
+mod driver;
+mod error;
+pub mod layout;
+mod mem;
+mod module;
+pub mod plan;
+mod ptx;
+pub mod reference;
+mod write;
+
+pub use cust;
+pub use driver::{current_context, current_device, device_attribute, PrimaryContext, StreamRef};
+pub use error::{Error, Result};
+pub use layout::{PagedLayout, TokenLayout};
+pub use mem::{DeviceBytes, DeviceErrors, ErrorCounts};
+pub use module::Kvio;
+pub use ptx::{ptx, Arch, KERNELS, PTX_SM80, PTX_SM90};
+pub use write::{SliceUpdate, SlotMapping, SlotUpdate};

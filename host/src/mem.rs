@@ -1,0 +1,178 @@
+//! Device memory handles: byte views of the caller's allocations and the device error word.
+
+use std::ptr;
+
+use cust::memory::{DeviceCopy, DeviceSlice};
+use cust::sys as cu;
+
+use crate::driver::{check, current_context, StreamRef};
+use crate::error::{Error, Result};
+
+/// A view of `len` bytes of device memory at `ptr` (memory kvio reads or writes, owned by the
+/// caller). It is only a pair of numbers: make sure the memory outlives the work enqueued on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceBytes {
+    ptr: u64,
+    len: usize,
+}
+
+impl DeviceBytes {
+    /// A view of raw device memory (from cudarc's `device_ptr`, candle's storage, ...).
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be device-accessible memory of the current context (device memory,
+    /// or pinned host memory mapped into the device's address space), valid for as long as
+    /// work using the view is in flight.
+    pub unsafe fn from_raw(ptr: u64, len: usize) -> Self {
+        DeviceBytes { ptr, len }
+    }
+
+    /// The bytes of a cust device slice.
+    pub fn of<T: DeviceCopy>(s: &DeviceSlice<T>) -> Self {
+        DeviceBytes {
+            ptr: s.as_device_ptr().as_raw(),
+            len: std::mem::size_of_val(s),
+        }
+    }
+
+    /// The bytes `offset..offset + len` of this view.
+    pub fn slice(&self, offset: usize, len: usize) -> Result<Self> {
+        let end = offset
+            .checked_add(len)
+            .ok_or(Error::Overflow { name: "slice" })?;
+        if end > self.len {
+            return Err(Error::BufferTooSmall {
+                name: "slice",
+                needed: end as u64,
+                len: self.len as u64,
+            });
+        }
+        Ok(DeviceBytes {
+            ptr: self.ptr + offset as u64,
+            len,
+        })
+    }
+
+    /// The device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the view is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Counters read back from a [`DeviceErrors`] word: device-resident indices a kernel refused.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ErrorCounts {
+    /// Slot-mapping entries past the end of the cache (tokens skipped).
+    pub bad_slots: u32,
+    /// Slices out of range, too long or crossing a page (slices skipped).
+    pub bad_slices: u32,
+    /// Device-side counts outside their capacity (whole launches skipped).
+    pub bad_counts: u32,
+    /// Block ids outside their pool (blocks skipped).
+    pub bad_blocks: u32,
+}
+
+impl ErrorCounts {
+    /// True when no kernel refused anything.
+    pub fn is_clean(&self) -> bool {
+        *self == ErrorCounts::default()
+    }
+}
+
+/// The device-side error word: counters the kernels increment (atomically) for each index
+/// they skip because it was out of range. One word may serve many launches and streams.
+#[derive(Debug)]
+pub struct DeviceErrors {
+    ptr: u64,
+    ctx: cu::CUcontext,
+}
+
+const WORDS: usize = kvio_kernels::index::err::WORDS;
+
+impl DeviceErrors {
+    /// Allocates a zeroed error word in the current context (this call synchronises: do it at
+    /// set-up time, not on a hot path).
+    pub fn new() -> Result<Self> {
+        let ctx = current_context()?;
+        let mut ptr = 0;
+        // SAFETY: out-pointer to a local; a context is current.
+        check("cuMemAlloc", unsafe {
+            cu::cuMemAlloc_v2(&mut ptr, WORDS * 4)
+        })?;
+        let this = DeviceErrors { ptr, ctx };
+        // SAFETY: ptr is a fresh allocation of WORDS u32.
+        check("cuMemsetD32", unsafe { cu::cuMemsetD32_v2(ptr, 0, WORDS) })?;
+        Ok(this)
+    }
+
+    /// The device address of the counters (`u32` × 4), for a kernel parameter.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Zeroes the counters, asynchronously on `stream`.
+    pub fn reset(&self, stream: StreamRef<'_>) -> Result<()> {
+        // SAFETY: the allocation lives while self does.
+        check("cuMemsetD32Async", unsafe {
+            cu::cuMemsetD32Async(self.ptr, 0, WORDS, stream.cu_stream())
+        })
+    }
+
+    /// Copies the counters to the host after the work queued on `stream` so far; this waits
+    /// for `stream` (it is the one kvio call that synchronises, and only when asked).
+    pub fn read(&self, stream: StreamRef<'_>) -> Result<ErrorCounts> {
+        let mut w = [0u32; WORDS];
+        // SAFETY: w is WORDS u32 on the host, the device side is WORDS u32; the copy has
+        // finished when the stream synchronisation returns.
+        unsafe {
+            check(
+                "cuMemcpyDtoHAsync",
+                cu::cuMemcpyDtoHAsync_v2(
+                    w.as_mut_ptr().cast(),
+                    self.ptr,
+                    WORDS * 4,
+                    stream.cu_stream(),
+                ),
+            )?;
+            check(
+                "cuStreamSynchronize",
+                cu::cuStreamSynchronize(stream.cu_stream()),
+            )?;
+        }
+        use kvio_kernels::index::err;
+        Ok(ErrorCounts {
+            bad_slots: w[err::BAD_SLOT],
+            bad_slices: w[err::BAD_SLICE],
+            bad_counts: w[err::BAD_COUNT],
+            bad_blocks: w[err::BAD_BLOCK],
+        })
+    }
+}
+
+impl Drop for DeviceErrors {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from cuMemAlloc in `ctx`, which is pushed for the free.
+        unsafe {
+            if cu::cuCtxPushCurrent_v2(self.ctx) == cu::CUresult::CUDA_SUCCESS {
+                cu::cuMemFree_v2(self.ptr);
+                let mut old = ptr::null_mut();
+                cu::cuCtxPopCurrent_v2(&mut old);
+            }
+        }
+    }
+}
+
+// SAFETY: the word is device memory updated by atomics; the handle may move across threads.
+unsafe impl Send for DeviceErrors {}
+// SAFETY: &self methods only enqueue work on a stream.
+unsafe impl Sync for DeviceErrors {}

@@ -1,0 +1,121 @@
+//! [`Kvio`]: kvio's kernels loaded into the caller's current context.
+
+use std::ffi::CString;
+use std::ptr;
+
+use cust::sys as cu;
+
+use crate::driver::{check, current_context, current_device, device_attribute};
+use crate::error::{Error, Result};
+use crate::ptx::{ptx, Arch};
+
+/// Kvio's kernels, loaded into one CUDA context. Load once, at set-up time; every operation is
+/// a method that validates its arguments and enqueues one launch on the caller's stream.
+///
+/// ```no_run
+/// # fn main() -> kvio::Result<()> {
+/// let _ctx = kvio::PrimaryContext::retain(0)?; // or a context made current by cudarc/candle
+/// let kv = kvio::Kvio::load()?;
+/// println!("loaded PTX for {:?}", kv.arch());
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Kvio {
+    ctx: cu::CUcontext,
+    module: cu::CUmodule,
+    pub(crate) update_slots: cu::CUfunction,
+    pub(crate) update_slices: cu::CUfunction,
+    pub(crate) sm_count: u32,
+    arch: Arch,
+}
+
+impl Kvio {
+    /// Loads the PTX that fits the current context's device (`sm_90` on compute capability 9.x
+    /// and later, `sm_80` on 8.x).
+    pub fn load() -> Result<Self> {
+        let dev = current_device()?;
+        let major = device_attribute(
+            dev,
+            cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+        )?;
+        let minor = device_attribute(
+            dev,
+            cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+        )?;
+        let arch = Arch::for_compute_capability(major, minor)
+            .ok_or(Error::UnsupportedDevice { major, minor })?;
+        Self::load_arch(arch)
+    }
+
+    /// Loads the PTX of a given architecture (it must not be newer than the device).
+    pub fn load_arch(arch: Arch) -> Result<Self> {
+        let ctx = current_context()?;
+        let dev = current_device()?;
+        let sms = device_attribute(
+            dev,
+            cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )?;
+        let text = CString::new(ptx(arch))
+            .map_err(|_| crate::error::invalid("ptx", arch, "PTX holds a NUL byte"))?;
+        let mut module = ptr::null_mut();
+        // SAFETY: NUL-terminated PTX text; out-pointer to a local; a context is current.
+        check("cuModuleLoadData", unsafe {
+            cu::cuModuleLoadData(&mut module, text.as_ptr().cast())
+        })?;
+        let mut this = Kvio {
+            ctx,
+            module,
+            update_slots: ptr::null_mut(),
+            update_slices: ptr::null_mut(),
+            sm_count: sms.max(1) as u32,
+            arch,
+        };
+        this.update_slots = this.function("kvio_update_slots")?;
+        this.update_slices = this.function("kvio_update_slices")?;
+        Ok(this)
+    }
+
+    fn function(&self, name: &str) -> Result<cu::CUfunction> {
+        let cname = CString::new(name).expect("kernel names have no NUL");
+        let mut f = ptr::null_mut();
+        // SAFETY: the module is loaded; out-pointer to a local.
+        check("cuModuleGetFunction", unsafe {
+            cu::cuModuleGetFunction(&mut f, self.module, cname.as_ptr())
+        })?;
+        Ok(f)
+    }
+
+    /// The architecture whose PTX was loaded.
+    pub fn arch(&self) -> Arch {
+        self.arch
+    }
+
+    /// The context the kernels live in.
+    pub fn cu_context(&self) -> cu::CUcontext {
+        self.ctx
+    }
+
+    /// Number of multiprocessors of the device (used to size grids).
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+}
+
+impl Drop for Kvio {
+    fn drop(&mut self) {
+        // SAFETY: the module was loaded in `ctx`, pushed current for the unload.
+        unsafe {
+            if cu::cuCtxPushCurrent_v2(self.ctx) == cu::CUresult::CUDA_SUCCESS {
+                cu::cuModuleUnload(self.module);
+                let mut old = ptr::null_mut();
+                cu::cuCtxPopCurrent_v2(&mut old);
+            }
+        }
+    }
+}
+
+// SAFETY: module and function handles may be used from any thread that has the context
+// current; launches through them are thread-safe in the driver.
+unsafe impl Send for Kvio {}
+// SAFETY: as above; all methods take &self and only read the handles.
+unsafe impl Sync for Kvio {}

@@ -1,0 +1,47 @@
+//! The PTX of kvio's kernels, generated at build time from `kernels/` by rustc's NVPTX backend.
+//!
+//! The text is public so a program can load it with its own module loader (candle's
+//! `load_custom_ptx`/cudarc's `load_module`, for instance); the kernel names are in
+//! [`KERNELS`].
+
+/// PTX compiled for `sm_80` (Ampere; runs on every later GPU through the driver's JIT).
+pub const PTX_SM80: &str = include_str!(concat!(env!("OUT_DIR"), "/kvio_sm80.ptx"));
+/// PTX compiled for `sm_90` (Hopper and later).
+pub const PTX_SM90: &str = include_str!(concat!(env!("OUT_DIR"), "/kvio_sm90.ptx"));
+
+/// Names of the kernel entry points in the PTX.
+pub const KERNELS: &[&str] = &["kvio_update_slots", "kvio_update_slices"];
+
+/// A PTX target architecture kvio ships.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// `sm_80`.
+    Sm80,
+    /// `sm_90`.
+    Sm90,
+}
+
+impl Arch {
+    /// The best PTX for a device of compute capability `major.minor`, or `None` below 8.0.
+    pub fn for_compute_capability(major: i32, minor: i32) -> Option<Arch> {
+        let _ = minor;
+        match major {
+            9.. => Some(Arch::Sm90),
+            8 => Some(Arch::Sm80),
+            _ => None,
+        }
+    }
+}
+
+/// The PTX text for `arch`.
+///
+/// ```
+/// let ptx = kvio::ptx(kvio::Arch::Sm90);
+/// assert!(ptx.contains(".entry kvio_update_slots"));
+/// ```
+pub fn ptx(arch: Arch) -> &'static str {
+    match arch {
+        Arch::Sm80 => PTX_SM80,
+        Arch::Sm90 => PTX_SM90,
+    }
+}

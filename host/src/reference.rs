@@ -1,0 +1,111 @@
+//! CPU reference implementations, element by element, written independently of the kernels'
+//! index math. The GPU tests compare against these bit for bit.
+
+use crate::layout::{PagedLayout, TokenLayout};
+use crate::mem::ErrorCounts;
+use crate::plan::Slice;
+
+fn copy_elem(src: &[u8], s: usize, dst: &mut [u8], d: usize, e: usize) {
+    dst[d..d + e].copy_from_slice(&src[s..s + e]);
+}
+
+/// Slot-mapping update on host memory. `cache` is one host buffer that holds the K cache at
+/// byte `key_at` and, when `value` is given, the V cache at byte `value_at`.
+#[allow(clippy::too_many_arguments)]
+pub fn update_slots(
+    key: &[u8],
+    value: Option<&[u8]>,
+    input: &TokenLayout,
+    cache: &mut [u8],
+    key_at: usize,
+    value_at: Option<usize>,
+    layout: &PagedLayout,
+    slots: &[i64],
+) -> ErrorCounts {
+    let mut counts = ErrorCounts::default();
+    let e = layout.elem_bytes;
+    let num_slots = (layout.num_blocks * layout.block_size) as i64;
+    for (t, &slot) in slots.iter().enumerate() {
+        if slot < 0 {
+            continue;
+        }
+        if slot >= num_slots {
+            counts.bad_slots += 1;
+            continue;
+        }
+        let block = slot as usize / layout.block_size;
+        let off = slot as usize % layout.block_size;
+        let mut parts = vec![(key, key_at)];
+        if let (Some(v), Some(at)) = (value, value_at) {
+            parts.push((v, at));
+        }
+        for (src, at) in parts {
+            for h in 0..layout.num_heads {
+                for d in 0..layout.head_dim {
+                    let s = (t * input.token_stride + h * input.head_stride + d) * e;
+                    let o = (block * layout.block_stride
+                        + off * layout.token_stride
+                        + h * layout.head_stride
+                        + d)
+                        * e;
+                    copy_elem(src, s, cache, at + o, e);
+                }
+            }
+        }
+    }
+    counts
+}
+
+/// Slice-based update on host memory; `num_slices` is the device-side count (checked against
+/// `slices.len()`, the padded capacity, like the kernel does).
+pub fn update_slices(
+    new_kv: &[u8],
+    input: &TokenLayout,
+    cache: &mut [u8],
+    layout: &PagedLayout,
+    slices: &[Slice],
+    num_slices: i32,
+) -> ErrorCounts {
+    let mut counts = ErrorCounts::default();
+    if num_slices < 0 || num_slices as usize > slices.len() {
+        counts.bad_counts = 1;
+        return counts;
+    }
+    let e = layout.elem_bytes;
+    let page = layout.block_size as i64;
+    let num_slots = (layout.num_blocks * layout.block_size) as i64;
+    for s in &slices[..num_slices as usize] {
+        let (start, src, len) = (s.cache_start as i64, s.new_kv_start as i64, s.len as i64);
+        if len == 0 {
+            continue;
+        }
+        let ok = len > 0
+            && len <= page
+            && start >= 0
+            && src >= 0
+            && start + len <= num_slots
+            && src + len <= input.num_tokens as i64
+            && start / page == (start + len - 1) / page;
+        if !ok {
+            counts.bad_slices += 1;
+            continue;
+        }
+        for r in 0..len {
+            let slot = (start + r) as usize;
+            let (block, off) = (slot / layout.block_size, slot % layout.block_size);
+            let t = (src + r) as usize;
+            for h in 0..layout.num_heads {
+                for d in 0..layout.head_dim {
+                    let si = (t * input.token_stride + h * input.head_stride + d) * e;
+                    let di = (block * layout.block_stride
+                        + off * layout.token_stride
+                        + h * layout.head_stride
+                        + d)
+                        * e;
+                    copy_elem(new_kv, si, cache, di, e);
+                }
+            }
+        }
+    }
+    counts
+}

@@ -1,0 +1,148 @@
+//! Index math shared by every kernel: plain functions, unit-tested on the CPU.
+//!
+//! The kernels trust nothing that lives in device memory (slots, slices, counts, block ids):
+//! each such index goes through one of the checks here before it is turned into an address.
+
+/// Positions of the counters in the device-side error word (an array of [`err::WORDS`] `u32`).
+pub mod err {
+    /// Slot-mapping entries `>= num_blocks * block_size` (skipped).
+    pub const BAD_SLOT: usize = 0;
+    /// Slices with a bad start, length, source range or page crossing (skipped).
+    pub const BAD_SLICE: usize = 1;
+    /// Device-side counts outside `0..=capacity` (the whole launch is skipped).
+    pub const BAD_COUNT: usize = 2;
+    /// Block ids outside their pool (skipped).
+    pub const BAD_BLOCK: usize = 3;
+    /// Number of `u32` counters in the error word.
+    pub const WORDS: usize = 4;
+}
+
+/// Where one slot-mapping entry sends its token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotTarget {
+    /// A negative slot: padding, the token is skipped silently.
+    Skip,
+    /// A slot past the end of the cache: skipped and counted as an error.
+    OutOfRange,
+    /// A valid slot: the block and the token's position inside it.
+    At {
+        /// Block (page) index, `< num_blocks`.
+        block: u64,
+        /// Position inside the block, `< block_size`.
+        offset: u64,
+    },
+}
+
+/// Decodes `slot = block * block_size + offset`, guarding against every value of `slot`.
+///
+/// `block_size` must be non-zero (the host validates it).
+#[inline(always)]
+pub fn slot_target(slot: i64, block_size: u64, num_blocks: u64) -> SlotTarget {
+    if slot < 0 {
+        return SlotTarget::Skip;
+    }
+    let slot = slot as u64;
+    let block = div_u64(slot, block_size);
+    if block >= num_blocks {
+        return SlotTarget::OutOfRange;
+    }
+    SlotTarget::At {
+        block,
+        offset: slot - block * block_size,
+    }
+}
+
+/// Verdict on one slice `(cache_start, new_kv_start, len)` of the slice-based update.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SliceCheck {
+    /// `len == 0`: a padding entry, skipped silently.
+    Padding,
+    /// Out of range, negative, longer than a page or crossing a page: skipped and counted.
+    Invalid,
+    /// Safe to copy.
+    Valid,
+}
+
+/// Checks one slice against the cache (`num_slots` rows in pages of `page_size`) and the
+/// source (`num_tokens` rows). A valid slice stays inside one page and inside both buffers.
+#[inline(always)]
+pub fn check_slice(
+    cache_start: i32,
+    src_start: i32,
+    len: i32,
+    page_size: u32,
+    num_slots: u64,
+    num_tokens: u64,
+) -> SliceCheck {
+    if len == 0 {
+        return SliceCheck::Padding;
+    }
+    if len < 0 || cache_start < 0 || src_start < 0 || len as u32 > page_size || page_size == 0 {
+        return SliceCheck::Invalid;
+    }
+    let (start, src, len) = (cache_start as u64, src_start as u64, len as u64);
+    let end = start + len; // < 2^32: no overflow
+    if end > num_slots || src + len > num_tokens {
+        return SliceCheck::Invalid;
+    }
+    let page = page_size as u64;
+    if div_u64(start, page) != div_u64(end - 1, page) {
+        return SliceCheck::Invalid;
+    }
+    SliceCheck::Valid
+}
+
+/// Reads a device-side count: `Some(n)` when `0 <= raw <= capacity`, else `None`
+/// (the kernel then does nothing and counts [`err::BAD_COUNT`]).
+#[inline(always)]
+pub fn checked_count(raw: i32, capacity: u32) -> Option<u32> {
+    if raw < 0 || raw as u32 > capacity {
+        None
+    } else {
+        Some(raw as u32)
+    }
+}
+
+/// Splits a flat item index into `(outer, mid, inner)` with `mid < n_mid`, `inner < n_inner`,
+/// i.e. the inverse of `(outer * n_mid + mid) * n_inner + inner`. Both sizes must be non-zero.
+#[inline(always)]
+pub fn split3(item: u64, n_mid: u64, n_inner: u64) -> (u64, u64, u64) {
+    let q = div_u64(item, n_inner);
+    let inner = item - q * n_inner;
+    let outer = div_u64(q, n_mid);
+    (outer, q - outer * n_mid, inner)
+}
+
+/// Division that takes the cheap 32-bit path when both operands fit (64-bit division is a
+/// long software sequence on the GPU). `d` must be non-zero.
+#[inline(always)]
+pub fn div_u64(n: u64, d: u64) -> u64 {
+    if (n | d) >> 32 == 0 {
+        ((n as u32) / (d as u32)) as u64
+    } else {
+        n / d
+    }
+}
+
+/// The widest access (16, 8, 4, 2 or 1 bytes) that divides every value given: pass every base
+/// address, stride and span length a copy will use, and each access is then naturally aligned.
+#[inline(always)]
+pub fn access_width(values: &[u64]) -> u32 {
+    let mut acc: u64 = 16;
+    for v in values {
+        acc |= *v;
+    }
+    // lowest set bit of (16 | all values) is the largest power of two dividing them all, ≤ 16
+    (acc & acc.wrapping_neg()) as u32
+}
+
+/// Lanes that share one span: the smallest power of two (≤ 32) that, with `per_lane` accesses
+/// each, covers `units` accesses. Returned as `log2(lanes)`.
+#[inline(always)]
+pub fn group_shift(units: u64, per_lane: u64) -> u32 {
+    let mut shift = 0u32;
+    while shift < 5 && (1u64 << shift) * per_lane < units {
+        shift += 1;
+    }
+    shift
+}

@@ -1,0 +1,56 @@
+//! The span-copy core every kernel reuses: a group of lanes copies one contiguous span of
+//! bytes with the widest naturally aligned accesses (up to 16 bytes), several loads in flight
+//! per lane before the matching stores.
+
+use core::ptr::{read, write};
+
+/// One 16-byte access unit (a 4-lane vector, so the load is one `ld.global.v4`).
+pub type V16 = core::simd::u32x4;
+
+/// Copies `len` bytes from `src` to `dst` as lane `lane` of a group of `lanes`, using accesses
+/// of `width` bytes (16, 8, 4, 2, anything else means 1). Lanes of a group touch disjoint
+/// units; together they copy the whole span exactly once.
+///
+/// # Safety
+/// `src..src+len` must be readable and `dst..dst+len` writable; `src`, `dst` and `len` must be
+/// multiples of `width`; `lanes > 0`.
+#[inline(always)]
+pub unsafe fn copy_span(src: *const u8, dst: *mut u8, len: u64, lane: u64, lanes: u64, width: u32) {
+    // SAFETY: forwarded from the caller; each arm divides `len` by the access size it uses.
+    unsafe {
+        match width {
+            16 => copy_units(src as *const V16, dst as *mut V16, len >> 4, lane, lanes),
+            8 => copy_units(src as *const u64, dst as *mut u64, len >> 3, lane, lanes),
+            4 => copy_units(src as *const u32, dst as *mut u32, len >> 2, lane, lanes),
+            2 => copy_units(src as *const u16, dst as *mut u16, len >> 1, lane, lanes),
+            _ => copy_units(src, dst, len, lane, lanes),
+        }
+    }
+}
+
+/// Lane-strided copy of `n` values of `T`, four loads issued before their four stores.
+///
+/// # Safety
+/// `src..src+n` readable, `dst..dst+n` writable, both aligned for `T`.
+#[inline(always)]
+unsafe fn copy_units<T: Copy>(src: *const T, dst: *mut T, n: u64, lane: u64, lanes: u64) {
+    let mut i = lane;
+    // SAFETY: every index used is < n (checked by the loop conditions).
+    unsafe {
+        while i + 3 * lanes < n {
+            let a = read(src.add(i as usize));
+            let b = read(src.add((i + lanes) as usize));
+            let c = read(src.add((i + 2 * lanes) as usize));
+            let d = read(src.add((i + 3 * lanes) as usize));
+            write(dst.add(i as usize), a);
+            write(dst.add((i + lanes) as usize), b);
+            write(dst.add((i + 2 * lanes) as usize), c);
+            write(dst.add((i + 3 * lanes) as usize), d);
+            i += 4 * lanes;
+        }
+        while i < n {
+            write(dst.add(i as usize), read(src.add(i as usize)));
+            i += lanes;
+        }
+    }
+}
