@@ -31,7 +31,8 @@ impl DeviceBytes {
     pub fn of<T: DeviceCopy>(s: &DeviceSlice<T>) -> Self {
         DeviceBytes {
             ptr: s.as_device_ptr().as_raw(),
-            len: std::mem::size_of_val(s),
+            // DeviceSlice is a (pointer, length) pair, not a DST: size_of_val is its own size.
+            len: s.len() * std::mem::size_of::<T>(),
         }
     }
 

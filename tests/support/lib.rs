@@ -1,1 +1,210 @@
-//! Helpers shared by the tests and benches.
+//! Helpers shared by kvio's tests and benches: the GPU gate, random data, poisoning,
+//! device buffers on a stream, CUDA-graph capture.
+//!
+//! GPU tests call [`gpu`] first. Without a usable GPU it prints why the test is skipped and
+//! returns `None`, unless `KVIO_REQUIRE_GPU=1`, in which case it panics: a GPU run can never
+//! pass by skipping.
+
+use std::sync::OnceLock;
+
+use cust::memory::{CopyDestination, DeviceBuffer, DeviceCopy};
+use cust::stream::{Stream, StreamFlags};
+use cust::sys as cu;
+use kvio::{Kvio, PrimaryContext, StreamRef};
+
+/// The device, kvio loaded on it, and the context made current on the calling thread.
+pub struct Gpu {
+    ctx: PrimaryContext,
+    /// kvio's kernels.
+    pub kv: Kvio,
+}
+
+// SAFETY: PrimaryContext and Kvio are Send + Sync (documented in kvio).
+unsafe impl Sync for Gpu {}
+
+impl Gpu {
+    /// A new non-blocking stream (kvio must not rely on legacy-stream synchronisation).
+    pub fn stream(&self) -> Stream {
+        self.ctx.make_current().expect("cuCtxSetCurrent");
+        Stream::new(StreamFlags::NON_BLOCKING, None).expect("cuStreamCreate")
+    }
+}
+
+static GPU: OnceLock<Result<Gpu, String>> = OnceLock::new();
+
+/// Whether this run demands a GPU (`KVIO_REQUIRE_GPU=1`).
+pub fn gpu_required() -> bool {
+    std::env::var("KVIO_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+/// The GPU, or `None` (after printing why `test` is skipped). Panics when no GPU is usable and
+/// `KVIO_REQUIRE_GPU=1`.
+pub fn gpu(test: &str) -> Option<&'static Gpu> {
+    let g = GPU.get_or_init(|| {
+        let ctx = PrimaryContext::retain(0).map_err(|e| format!("no usable CUDA device: {e}"))?;
+        let kv = Kvio::load().map_err(|e| format!("loading kvio failed: {e}"))?;
+        Ok(Gpu { ctx, kv })
+    });
+    match g {
+        Ok(g) => {
+            g.ctx.make_current().expect("cuCtxSetCurrent");
+            Some(g)
+        }
+        Err(why) if gpu_required() => panic!("{test}: KVIO_REQUIRE_GPU=1 but {why}"),
+        Err(why) => {
+            eprintln!("{test}: skipped: {why}");
+            None
+        }
+    }
+}
+
+/// Deterministic random bytes (xorshift), never all zero.
+pub fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v = Vec::with_capacity(n + 8);
+    while v.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(n);
+    v
+}
+
+/// A small deterministic random generator for indices.
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeded generator.
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+    /// Shuffles a slice (Fisher–Yates).
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = self.below(i as u64 + 1) as usize;
+            v.swap(i, j);
+        }
+    }
+}
+
+/// Uploads `data` (synchronously; done before the work under test is queued).
+pub fn upload<T: DeviceCopy>(data: &[T]) -> DeviceBuffer<T> {
+    DeviceBuffer::from_slice(data).expect("upload")
+}
+
+/// Overwrites a device buffer with `data` after synchronising `stream`.
+pub fn overwrite<T: DeviceCopy>(buf: &mut DeviceBuffer<T>, data: &[T], stream: &Stream) {
+    stream.synchronize().expect("sync");
+    buf.copy_from(data).expect("overwrite");
+}
+
+/// Waits for `stream`, then downloads `buf`.
+pub fn download<T: DeviceCopy + Default + Clone>(buf: &DeviceBuffer<T>, stream: &Stream) -> Vec<T> {
+    stream
+        .synchronize()
+        .expect("cuStreamSynchronize (a kernel fault shows here)");
+    let mut v = vec![T::default(); buf.len()];
+    buf.copy_to(&mut v[..]).expect("download");
+    v
+}
+
+/// Index of the first differing byte, for assertion messages.
+pub fn first_diff(a: &[u8], b: &[u8]) -> Option<usize> {
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .or(if a.len() != b.len() {
+            Some(a.len().min(b.len()))
+        } else {
+            None
+        })
+}
+
+/// Asserts two byte buffers are identical, naming the first difference.
+#[track_caller]
+pub fn assert_same(what: &str, got: &[u8], want: &[u8]) {
+    if let Some(i) = first_diff(got, want) {
+        panic!(
+            "{what}: first difference at byte {i} of {}: got {:?}, want {:?}",
+            want.len(),
+            got.get(i),
+            want.get(i)
+        );
+    }
+}
+
+/// A captured CUDA graph, instantiated and ready to replay.
+pub struct Graph {
+    graph: cu::CUgraph,
+    exec: cu::CUgraphExec,
+}
+
+fn ok(call: &str, r: cu::CUresult) {
+    assert_eq!(r, cu::CUresult::CUDA_SUCCESS, "{call} failed");
+}
+
+impl Graph {
+    /// Captures what `body` enqueues on `stream` into a graph.
+    pub fn capture(stream: &Stream, body: impl FnOnce(StreamRef<'_>)) -> Graph {
+        let raw = stream.as_inner();
+        // SAFETY: valid stream; capture mode relaxed so other threads' tests are unaffected.
+        unsafe {
+            ok(
+                "cuStreamBeginCapture",
+                cu::cuStreamBeginCapture_v2(
+                    raw,
+                    cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+                ),
+            )
+        };
+        body(StreamRef::from_cust(stream));
+        let mut graph = std::ptr::null_mut();
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: ends the capture begun above; out-pointers to locals.
+        unsafe {
+            ok(
+                "cuStreamEndCapture",
+                cu::cuStreamEndCapture(raw, &mut graph),
+            );
+            ok(
+                "cuGraphInstantiateWithFlags",
+                cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0),
+            );
+        }
+        Graph { graph, exec }
+    }
+
+    /// Enqueues one replay on `stream`.
+    pub fn launch(&self, stream: &Stream) {
+        // SAFETY: instantiated graph, valid stream.
+        unsafe {
+            ok(
+                "cuGraphLaunch",
+                cu::cuGraphLaunch(self.exec, stream.as_inner()),
+            )
+        };
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: handles created in `capture`.
+        unsafe {
+            cu::cuGraphExecDestroy(self.exec);
+            cu::cuGraphDestroy(self.graph);
+        }
+    }
+}

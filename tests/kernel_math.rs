@@ -1,0 +1,867 @@
+//! CPU unit tests of the kernels' index math (`kvio_kernels::index`) and of the span-copy core
+//! (`kvio_kernels::span`), each compared against straightforward independent formulations.
+
+use kvio_kernels::index::{
+    access_width, check_slice, checked_count, div_u64, group_shift, slot_target, split3,
+    SliceCheck, SlotTarget,
+};
+use kvio_kernels::span::copy_span;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+// ---------------------------------------------------------------------------------------------
+// slot_target
+// ---------------------------------------------------------------------------------------------
+
+/// Independent expectation for `slot_target`, in u128 with plain `/` and `%`.
+fn expected_slot_target(slot: i64, block_size: u64, num_blocks: u64) -> SlotTarget {
+    if slot < 0 {
+        return SlotTarget::Skip;
+    }
+    let s = slot as u128;
+    let bs = block_size as u128;
+    if s >= bs * num_blocks as u128 {
+        return SlotTarget::OutOfRange;
+    }
+    SlotTarget::At {
+        block: (s / bs) as u64,
+        offset: (s % bs) as u64,
+    }
+}
+
+#[test]
+fn slot_target_negative_slots_are_skipped() {
+    for slot in [-1i64, -2, -17, -(1 << 40), i64::MIN, i64::MIN + 1] {
+        for (bs, nb) in [(1u64, 1u64), (16, 100), (u64::MAX, u64::MAX), (1 << 33, 3)] {
+            assert_eq!(slot_target(slot, bs, nb), SlotTarget::Skip, "slot {slot}");
+        }
+    }
+}
+
+#[test]
+fn slot_target_slots_at_or_past_the_end_are_out_of_range() {
+    // 10 blocks of 16: slots 0..160 are valid.
+    assert_eq!(slot_target(160, 16, 10), SlotTarget::OutOfRange);
+    assert_eq!(slot_target(161, 16, 10), SlotTarget::OutOfRange);
+    assert_eq!(slot_target(1 << 40, 16, 10), SlotTarget::OutOfRange);
+    assert_eq!(slot_target(i64::MAX, 16, 10), SlotTarget::OutOfRange);
+    assert_eq!(
+        slot_target(159, 16, 10),
+        SlotTarget::At {
+            block: 9,
+            offset: 15
+        }
+    );
+    // no blocks at all: every non-negative slot is out of range
+    assert_eq!(slot_target(0, 16, 0), SlotTarget::OutOfRange);
+    // block_size 1: slot == block
+    assert_eq!(slot_target(7, 1, 7), SlotTarget::OutOfRange);
+    assert_eq!(
+        slot_target(6, 1, 7),
+        SlotTarget::At {
+            block: 6,
+            offset: 0
+        }
+    );
+}
+
+#[test]
+fn slot_target_valid_slots_decode_to_block_and_offset() {
+    assert_eq!(
+        slot_target(0, 16, 10),
+        SlotTarget::At {
+            block: 0,
+            offset: 0
+        }
+    );
+    assert_eq!(
+        slot_target(37, 16, 10),
+        SlotTarget::At {
+            block: 2,
+            offset: 5
+        }
+    );
+    assert_eq!(
+        slot_target(48, 16, 10),
+        SlotTarget::At {
+            block: 3,
+            offset: 0
+        }
+    );
+    // block_size 1 with huge num_blocks
+    assert_eq!(
+        slot_target(i64::MAX, 1, u64::MAX),
+        SlotTarget::At {
+            block: i64::MAX as u64,
+            offset: 0
+        }
+    );
+    // i64::MAX with a block size that does not divide it
+    assert_eq!(
+        slot_target(i64::MAX, 1000, u64::MAX),
+        SlotTarget::At {
+            block: i64::MAX as u64 / 1000,
+            offset: i64::MAX as u64 % 1000
+        }
+    );
+    // i64::MAX fits exactly in num_blocks blocks
+    let bs = 7u64;
+    let nb = i64::MAX as u64 / bs + 1;
+    assert_eq!(
+        slot_target(i64::MAX, bs, nb),
+        SlotTarget::At {
+            block: nb - 1,
+            offset: i64::MAX as u64 % bs
+        }
+    );
+    assert_eq!(slot_target(i64::MAX, bs, nb - 1), SlotTarget::OutOfRange);
+}
+
+#[test]
+fn slot_target_above_2_pow_32_uses_full_64_bit_division() {
+    // slot > 2^32, block size small: the 32-bit fast path must not be taken.
+    let slot = (1i64 << 32) + 5;
+    assert_eq!(
+        slot_target(slot, 16, 1 << 30),
+        SlotTarget::At {
+            block: (1u64 << 28),
+            offset: 5
+        }
+    );
+    // block size > 2^32 with a small slot: block 0
+    assert_eq!(
+        slot_target(123, (1 << 32) + 1, 2),
+        SlotTarget::At {
+            block: 0,
+            offset: 123
+        }
+    );
+    // both above 2^32
+    let bs = (1u64 << 32) + 3;
+    let slot = (bs * 5 + 77) as i64;
+    assert_eq!(
+        slot_target(slot, bs, 6),
+        SlotTarget::At {
+            block: 5,
+            offset: 77
+        }
+    );
+    assert_eq!(slot_target(slot, bs, 5), SlotTarget::OutOfRange);
+    // a slot whose low 32 bits are small (truncation would give the wrong block)
+    let slot = (3i64 << 32) | 9;
+    assert_eq!(
+        slot_target(slot, 1 << 20, 1 << 20),
+        SlotTarget::At {
+            block: (3u64 << 12),
+            offset: 9
+        }
+    );
+}
+
+fn random_i64(rng: &mut SmallRng) -> i64 {
+    match rng.gen_range(0..6) {
+        0 => rng.gen::<i64>(),
+        1 => rng.gen_range(-100..100_000),
+        2 => rng.gen_range(0..(1i64 << 33)),
+        3 => [i64::MAX, i64::MIN, 0, -1, 1, u32::MAX as i64, 1 << 32][rng.gen_range(0..7)],
+        4 => rng.gen_range((1i64 << 32) - 1000..(1i64 << 32) + 1000),
+        _ => rng.gen::<u32>() as i64,
+    }
+}
+
+fn random_block_size(rng: &mut SmallRng) -> u64 {
+    match rng.gen_range(0..6) {
+        0 => 1,
+        1 => rng.gen_range(1..=256),
+        2 => rng.gen_range(1..=u32::MAX as u64),
+        3 => rng.gen_range((1u64 << 32)..(1u64 << 40)),
+        4 => rng.gen_range(1..=u64::MAX),
+        _ => [16u64, 32, 64, u32::MAX as u64, 1 << 32, u64::MAX][rng.gen_range(0..6)],
+    }
+}
+
+fn random_num_blocks(rng: &mut SmallRng) -> u64 {
+    match rng.gen_range(0..5) {
+        0 => rng.gen_range(0..=1000),
+        1 => rng.gen_range(0..=u32::MAX as u64),
+        2 => rng.gen(),
+        3 => u64::MAX,
+        _ => rng.gen_range(0..(1u64 << 36)),
+    }
+}
+
+#[test]
+fn slot_target_matches_plain_division_over_random_sweep() {
+    let mut rng = SmallRng::seed_from_u64(0x5107_7a59);
+    for i in 0..400_000 {
+        let slot = random_i64(&mut rng);
+        let bs = random_block_size(&mut rng);
+        let nb = random_num_blocks(&mut rng);
+        // make a good share of the cases land inside the cache
+        let nb = if i % 3 == 0 && slot >= 0 {
+            (slot as u64 / bs).saturating_add(rng.gen_range(0..3))
+        } else {
+            nb
+        };
+        assert_eq!(
+            slot_target(slot, bs, nb),
+            expected_slot_target(slot, bs, nb),
+            "slot_target({slot}, {bs}, {nb})"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// check_slice
+// ---------------------------------------------------------------------------------------------
+
+/// Independent predicate for `check_slice`, in i128 (no overflow possible).
+fn expected_check_slice(
+    cache_start: i32,
+    src_start: i32,
+    len: i32,
+    page_size: u32,
+    num_slots: u64,
+    num_tokens: u64,
+) -> SliceCheck {
+    if len == 0 {
+        return SliceCheck::Padding;
+    }
+    let (c, s, l, p) = (
+        cache_start as i128,
+        src_start as i128,
+        len as i128,
+        page_size as i128,
+    );
+    let ok = l > 0
+        && c >= 0
+        && s >= 0
+        && p > 0
+        && l <= p
+        && c + l <= num_slots as i128
+        && s + l <= num_tokens as i128
+        && c / p == (c + l - 1) / p;
+    if ok {
+        SliceCheck::Valid
+    } else {
+        SliceCheck::Invalid
+    }
+}
+
+#[test]
+fn check_slice_zero_length_is_padding_whatever_the_other_fields() {
+    assert_eq!(check_slice(0, 0, 0, 16, 100, 100), SliceCheck::Padding);
+    assert_eq!(check_slice(-5, -7, 0, 16, 0, 0), SliceCheck::Padding);
+    assert_eq!(
+        check_slice(i32::MAX, i32::MIN, 0, 16, 10, 10),
+        SliceCheck::Padding
+    );
+    assert_eq!(check_slice(3, 3, 0, 0, 10, 10), SliceCheck::Padding);
+}
+
+#[test]
+fn check_slice_rejects_negative_fields() {
+    assert_eq!(check_slice(0, 0, -1, 16, 100, 100), SliceCheck::Invalid);
+    assert_eq!(
+        check_slice(0, 0, i32::MIN, 16, 100, 100),
+        SliceCheck::Invalid
+    );
+    assert_eq!(check_slice(-1, 0, 1, 16, 100, 100), SliceCheck::Invalid);
+    assert_eq!(
+        check_slice(i32::MIN, 0, 1, 16, 100, 100),
+        SliceCheck::Invalid
+    );
+    assert_eq!(check_slice(0, -1, 1, 16, 100, 100), SliceCheck::Invalid);
+    assert_eq!(
+        check_slice(0, i32::MIN, 1, 16, 100, 100),
+        SliceCheck::Invalid
+    );
+    // negative length that would be huge as u32 but a page size of u32::MAX
+    assert_eq!(
+        check_slice(0, 0, -1, u32::MAX, u64::MAX, u64::MAX),
+        SliceCheck::Invalid
+    );
+}
+
+#[test]
+fn check_slice_rejects_length_over_a_page_and_page_crossing() {
+    assert_eq!(check_slice(0, 0, 16, 16, 100, 100), SliceCheck::Valid);
+    assert_eq!(check_slice(0, 0, 17, 16, 100, 100), SliceCheck::Invalid);
+    // crossing from page 0 into page 1
+    assert_eq!(check_slice(15, 0, 2, 16, 100, 100), SliceCheck::Invalid);
+    assert_eq!(check_slice(8, 0, 9, 16, 100, 100), SliceCheck::Invalid);
+    // ending exactly at the page end is fine
+    assert_eq!(check_slice(8, 0, 8, 16, 100, 100), SliceCheck::Valid);
+    assert_eq!(check_slice(15, 0, 1, 16, 100, 100), SliceCheck::Valid);
+    assert_eq!(check_slice(16, 0, 16, 16, 100, 100), SliceCheck::Valid);
+    // page size 1: only single rows
+    assert_eq!(check_slice(5, 0, 1, 1, 100, 100), SliceCheck::Valid);
+    assert_eq!(check_slice(5, 0, 2, 1, 100, 100), SliceCheck::Invalid);
+    // non power of two page
+    assert_eq!(check_slice(3, 0, 3, 3, 100, 100), SliceCheck::Valid);
+    assert_eq!(check_slice(4, 0, 3, 3, 100, 100), SliceCheck::Invalid);
+}
+
+#[test]
+fn check_slice_rejects_ends_past_the_cache_or_the_source() {
+    assert_eq!(check_slice(90, 0, 10, 16, 100, 100), SliceCheck::Invalid); // crosses 96
+    assert_eq!(check_slice(96, 0, 4, 16, 100, 100), SliceCheck::Valid); // ends at 100
+    assert_eq!(check_slice(96, 0, 5, 16, 100, 100), SliceCheck::Invalid); // ends at 101
+    assert_eq!(check_slice(100, 0, 1, 16, 100, 100), SliceCheck::Invalid);
+    assert_eq!(check_slice(0, 95, 5, 16, 100, 100), SliceCheck::Valid);
+    assert_eq!(check_slice(0, 96, 5, 16, 100, 100), SliceCheck::Invalid);
+    assert_eq!(check_slice(0, 100, 1, 16, 100, 100), SliceCheck::Invalid);
+    assert_eq!(check_slice(0, 0, 1, 16, 0, 100), SliceCheck::Invalid);
+    assert_eq!(check_slice(0, 0, 1, 16, 100, 0), SliceCheck::Invalid);
+}
+
+#[test]
+fn check_slice_handles_i32_max_without_overflow() {
+    let big = u64::MAX;
+    assert_eq!(
+        check_slice(i32::MAX, i32::MAX, 1, 16, big, big),
+        SliceCheck::Valid
+    );
+    assert_eq!(
+        check_slice(i32::MAX, i32::MAX, i32::MAX, 1 << 31, big, big),
+        SliceCheck::Invalid // rows 2^31 - 1 ..= 2^32 - 3 cross the page start 2^31
+    );
+    assert_eq!(
+        check_slice(i32::MAX, i32::MAX, i32::MAX, u32::MAX, big, big),
+        SliceCheck::Valid // all inside page 0 of 2^32 - 1 rows
+    );
+    assert_eq!(
+        check_slice(0, i32::MAX, i32::MAX, u32::MAX, big, big),
+        SliceCheck::Valid
+    );
+    // end = 2^31 exactly
+    let end = 1u64 << 31;
+    assert_eq!(check_slice(i32::MAX, 0, 1, 1, end, 1), SliceCheck::Valid);
+    assert_eq!(
+        check_slice(i32::MAX, 0, 1, 1, end - 1, 1),
+        SliceCheck::Invalid
+    );
+    assert_eq!(
+        check_slice(0, i32::MAX, 1, 1, 1, end - 1),
+        SliceCheck::Invalid
+    );
+    assert_eq!(check_slice(0, i32::MAX, 1, 1, 1, end), SliceCheck::Valid);
+    // i32::MAX length on a page of i32::MAX starting at page 1
+    assert_eq!(
+        check_slice(i32::MAX, 0, i32::MAX, i32::MAX as u32, big, big),
+        SliceCheck::Valid
+    );
+}
+
+#[test]
+fn check_slice_page_size_zero_is_invalid() {
+    assert_eq!(check_slice(0, 0, 1, 0, 100, 100), SliceCheck::Invalid);
+    assert_eq!(check_slice(5, 5, 3, 0, 100, 100), SliceCheck::Invalid);
+}
+
+fn random_i32(rng: &mut SmallRng) -> i32 {
+    match rng.gen_range(0..6) {
+        0 => rng.gen(),
+        1 => rng.gen_range(-4..200),
+        2 => [0, -1, 1, i32::MAX, i32::MIN, i32::MAX - 1][rng.gen_range(0..6)],
+        3 => rng.gen_range(0..i32::MAX),
+        4 => rng.gen_range(i32::MAX - 300..=i32::MAX),
+        _ => rng.gen_range(0..40),
+    }
+}
+
+fn random_page(rng: &mut SmallRng) -> u32 {
+    match rng.gen_range(0..5) {
+        0 => 0,
+        1 => rng.gen_range(1..=64),
+        2 => rng.gen(),
+        3 => [1, 16, u32::MAX, i32::MAX as u32, 1 << 31][rng.gen_range(0..5)],
+        _ => rng.gen_range(1..=8),
+    }
+}
+
+fn random_extent(rng: &mut SmallRng) -> u64 {
+    match rng.gen_range(0..5) {
+        0 => rng.gen_range(0..300),
+        1 => rng.gen(),
+        2 => [0, u64::MAX, 1 << 31, (1 << 31) - 1, 1 << 32][rng.gen_range(0..5)],
+        3 => rng.gen_range(0..(1u64 << 33)),
+        _ => rng.gen_range(0..50),
+    }
+}
+
+#[test]
+fn check_slice_matches_independent_predicate_over_random_sweep() {
+    let mut rng = SmallRng::seed_from_u64(0xc4ec_5117);
+    let (mut valid, mut invalid, mut padding) = (0u32, 0u32, 0u32);
+    for _ in 0..500_000 {
+        let (c, s, l) = (
+            random_i32(&mut rng),
+            random_i32(&mut rng),
+            random_i32(&mut rng),
+        );
+        let p = random_page(&mut rng);
+        let (ns, nt) = (random_extent(&mut rng), random_extent(&mut rng));
+        let want = expected_check_slice(c, s, l, p, ns, nt);
+        assert_eq!(
+            check_slice(c, s, l, p, ns, nt),
+            want,
+            "check_slice({c}, {s}, {l}, {p}, {ns}, {nt})"
+        );
+        match want {
+            SliceCheck::Valid => valid += 1,
+            SliceCheck::Invalid => invalid += 1,
+            SliceCheck::Padding => padding += 1,
+        }
+    }
+    // the sweep must actually exercise every verdict
+    assert!(
+        valid > 1000 && invalid > 1000 && padding > 1000,
+        "{valid} {invalid} {padding}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// checked_count, split3, div_u64, access_width, group_shift
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn checked_count_accepts_exactly_zero_to_capacity() {
+    assert_eq!(checked_count(0, 0), Some(0));
+    assert_eq!(checked_count(1, 0), None);
+    assert_eq!(checked_count(-1, 0), None);
+    assert_eq!(checked_count(-1, u32::MAX), None);
+    assert_eq!(checked_count(i32::MIN, u32::MAX), None);
+    assert_eq!(checked_count(5, 5), Some(5));
+    assert_eq!(checked_count(6, 5), None);
+    assert_eq!(checked_count(4, 5), Some(4));
+    assert_eq!(checked_count(i32::MAX, u32::MAX), Some(i32::MAX as u32));
+    assert_eq!(
+        checked_count(i32::MAX, i32::MAX as u32),
+        Some(i32::MAX as u32)
+    );
+    assert_eq!(checked_count(i32::MAX, i32::MAX as u32 - 1), None);
+    let mut rng = SmallRng::seed_from_u64(7);
+    for _ in 0..100_000 {
+        let raw = random_i32(&mut rng);
+        let cap = match rng.gen_range(0..3) {
+            0 => rng.gen::<u32>(),
+            1 => rng.gen_range(0..300),
+            _ => raw
+                .unsigned_abs()
+                .wrapping_add(rng.gen_range(0..3))
+                .wrapping_sub(1),
+        };
+        let want = if (0..=cap as i64).contains(&(raw as i64)) {
+            Some(raw as u32)
+        } else {
+            None
+        };
+        assert_eq!(checked_count(raw, cap), want, "checked_count({raw}, {cap})");
+    }
+}
+
+#[test]
+fn split3_inverts_the_flat_index() {
+    assert_eq!(split3(0, 1, 1), (0, 0, 0));
+    assert_eq!(split3(7, 1, 1), (7, 0, 0));
+    // (o * 3 + m) * 4 + i with o = 2, m = 1, i = 3: 31
+    assert_eq!(split3(31, 3, 4), (2, 1, 3));
+    assert_eq!(split3(11, 3, 4), (0, 2, 3));
+    assert_eq!(split3(12, 3, 4), (1, 0, 0));
+    let mut rng = SmallRng::seed_from_u64(0x5b117);
+    for k in 0..300_000 {
+        let (n_mid, n_inner) = match k % 4 {
+            0 => (rng.gen_range(1..=64u64), rng.gen_range(1..=64u64)),
+            1 => (
+                rng.gen_range(1..=u32::MAX as u64),
+                rng.gen_range(1..=u32::MAX as u64),
+            ),
+            2 => (
+                rng.gen_range(1..(1u64 << 20)),
+                rng.gen_range((1u64 << 32)..(1u64 << 36)),
+            ),
+            _ => (
+                rng.gen_range((1u64 << 32)..(1u64 << 34)),
+                rng.gen_range(1..=1024u64),
+            ),
+        };
+        let mid = rng.gen_range(0..n_mid);
+        let inner = rng.gen_range(0..n_inner);
+        let cap = u64::MAX / (n_mid * n_inner).max(1);
+        let outer_max = cap.saturating_sub(1).min(match k % 3 {
+            0 => 16,
+            1 => u32::MAX as u64,
+            _ => u64::MAX,
+        });
+        let outer = rng.gen_range(0..=outer_max);
+        let item = (outer as u128 * n_mid as u128 + mid as u128) * n_inner as u128 + inner as u128;
+        if item > u64::MAX as u128 {
+            continue;
+        }
+        assert_eq!(
+            split3(item as u64, n_mid, n_inner),
+            (outer, mid, inner),
+            "split3({item}, {n_mid}, {n_inner})"
+        );
+    }
+}
+
+#[test]
+fn split3_of_arbitrary_items_reassembles() {
+    let mut rng = SmallRng::seed_from_u64(0xa55e);
+    for _ in 0..200_000 {
+        let item: u64 = if rng.gen() {
+            rng.gen()
+        } else {
+            rng.gen_range(0..(1u64 << 34))
+        };
+        let n_mid = random_block_size(&mut rng);
+        let n_inner = random_block_size(&mut rng);
+        let (o, m, i) = split3(item, n_mid, n_inner);
+        assert!(
+            m < n_mid && i < n_inner,
+            "split3({item}, {n_mid}, {n_inner})"
+        );
+        let back = (o as u128 * n_mid as u128 + m as u128) * n_inner as u128 + i as u128;
+        assert_eq!(back, item as u128, "split3({item}, {n_mid}, {n_inner})");
+    }
+}
+
+#[test]
+fn div_u64_matches_plain_division() {
+    let cases = [
+        (0u64, 1u64),
+        (u64::MAX, 1),
+        (u64::MAX, u64::MAX),
+        (u32::MAX as u64, 1),
+        (1 << 32, 1),
+        (1 << 32, 2),
+        ((1 << 32) + 1, 1 << 32),
+        (5, 1 << 32),
+        (u32::MAX as u64, u32::MAX as u64),
+        (u32::MAX as u64 + 1, u32::MAX as u64),
+        (100, 7),
+    ];
+    for (n, d) in cases {
+        assert_eq!(div_u64(n, d), n / d, "div_u64({n}, {d})");
+    }
+    let mut rng = SmallRng::seed_from_u64(0xd1f);
+    for _ in 0..500_000 {
+        let n: u64 = match rng.gen_range(0..4) {
+            0 => rng.gen(),
+            1 => rng.gen::<u32>() as u64,
+            2 => rng.gen_range(0..(1u64 << 34)),
+            _ => rng.gen_range(0..1000),
+        };
+        let d = random_block_size(&mut rng);
+        assert_eq!(div_u64(n, d), n / d, "div_u64({n}, {d})");
+    }
+}
+
+#[test]
+fn access_width_is_the_largest_power_of_two_up_to_16_dividing_all() {
+    assert_eq!(access_width(&[0x1000, 2048]), 16);
+    assert_eq!(access_width(&[2]), 2);
+    assert_eq!(access_width(&[3]), 1);
+    assert_eq!(access_width(&[]), 16);
+    assert_eq!(access_width(&[8, 24]), 8);
+    assert_eq!(access_width(&[0]), 16);
+    assert_eq!(access_width(&[32, 64, 4]), 4);
+    assert_eq!(access_width(&[u64::MAX]), 1);
+    assert_eq!(access_width(&[1 << 63]), 16);
+    assert_eq!(access_width(&[16, 16, 16, 6]), 2);
+    let mut rng = SmallRng::seed_from_u64(0xacce55);
+    for _ in 0..100_000 {
+        let n = rng.gen_range(0..6);
+        let vals: Vec<u64> = (0..n)
+            .map(|_| {
+                let shift = rng.gen_range(0..8);
+                (rng.gen::<u64>() >> rng.gen_range(0..60)) << shift
+            })
+            .collect();
+        let want = [16u32, 8, 4, 2, 1]
+            .into_iter()
+            .find(|w| vals.iter().all(|v| v % *w as u64 == 0))
+            .unwrap();
+        assert_eq!(access_width(&vals), want, "access_width({vals:?})");
+    }
+}
+
+#[test]
+fn group_shift_picks_the_fewest_lanes_covering_the_units() {
+    assert_eq!(group_shift(128, 4), 5);
+    assert_eq!(group_shift(16, 4), 2);
+    assert_eq!(group_shift(1, 4), 0);
+    assert_eq!(group_shift(0, 4), 0);
+    assert_eq!(group_shift(4, 4), 0);
+    assert_eq!(group_shift(5, 4), 1);
+    assert_eq!(group_shift(17, 4), 3);
+    assert_eq!(group_shift(129, 4), 5); // capped at 32 lanes
+    assert_eq!(group_shift(u64::MAX, 4), 5);
+    assert_eq!(group_shift(1 << 40, 1), 5);
+    assert_eq!(group_shift(32, 1), 5);
+    assert_eq!(group_shift(31, 1), 5);
+    assert_eq!(group_shift(16, 1), 4);
+    for units in 0..2000u64 {
+        for per_lane in 1..=8u64 {
+            let want = (0..=5u32)
+                .find(|s| (1u64 << s) * per_lane >= units)
+                .unwrap_or(5);
+            assert_eq!(
+                group_shift(units, per_lane),
+                want,
+                "group_shift({units}, {per_lane})"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// span::copy_span
+// ---------------------------------------------------------------------------------------------
+
+const POISON: u8 = 0xA5;
+const GUARD: usize = 48;
+
+/// A 16-byte aligned byte buffer (backed by `u128`s).
+struct Aligned {
+    store: Vec<u128>,
+    len: usize,
+}
+
+impl Aligned {
+    fn new(len: usize, fill: u8) -> Self {
+        let mut a = Aligned {
+            store: vec![0u128; len.div_ceil(16) + 1],
+            len,
+        };
+        a.bytes_mut().fill(fill);
+        a
+    }
+    fn ptr(&mut self) -> *mut u8 {
+        self.store.as_mut_ptr().cast()
+    }
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the store holds at least `len` initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.store.as_ptr().cast(), self.len) }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.store.as_mut_ptr().cast(), self.len) }
+    }
+}
+
+/// Offset of a span inside its buffer: a multiple of `width` that is (for widths < 16) not a
+/// multiple of `2 * width`, so only `width`-byte alignment holds.
+fn misaligned_offset(width: usize) -> usize {
+    if width >= 16 {
+        GUARD
+    } else {
+        GUARD + width
+    }
+}
+
+/// Copies `len` bytes with every lane of a group of `lanes`, one lane after the other, from a
+/// random source to a poisoned destination with guard bytes around the span. Returns
+/// (source span, destination buffer, span offset in the destination).
+fn run_group(
+    len: usize,
+    lanes: u64,
+    width: u32,
+    dst_fill: u8,
+    seed: u64,
+) -> (Vec<u8>, Vec<u8>, usize) {
+    let w = width as usize;
+    let (src_off, dst_off) = (
+        misaligned_offset(w),
+        misaligned_offset(w) + 16 * (w >= 16) as usize,
+    );
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut src = Aligned::new(src_off + len + GUARD, 0);
+    rng.fill(src.bytes_mut());
+    let mut dst = Aligned::new(dst_off + len + GUARD, dst_fill);
+    let (s, d) = (src.ptr(), dst.ptr());
+    assert_eq!(s as usize % 16, 0);
+    for lane in 0..lanes {
+        // SAFETY: both spans lie inside their buffers, aligned to `width`; len % width == 0.
+        unsafe {
+            copy_span(
+                s.add(src_off),
+                d.add(dst_off),
+                len as u64,
+                lane,
+                lanes,
+                width,
+            )
+        };
+    }
+    (
+        src.bytes()[src_off..src_off + len].to_vec(),
+        dst.bytes().to_vec(),
+        dst_off,
+    )
+}
+
+fn span_lengths(width: usize, lanes: usize) -> Vec<usize> {
+    let mut units: Vec<usize> = vec![
+        0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 63, 65, 100, 257, 1023,
+    ];
+    for k in [1, 2, 3] {
+        let group = 4 * lanes * k;
+        units.extend([group - 1, group, group + 1, group + lanes - 1, group + 3]);
+    }
+    units.sort_unstable();
+    units.dedup();
+    units.into_iter().map(|u| u * width).collect()
+}
+
+#[test]
+fn copy_span_group_copies_exactly_the_span_for_every_width_and_group_size() {
+    let mut seed = 1u64;
+    for width in [16u32, 8, 4, 2, 1] {
+        for lanes in [1u64, 2, 4, 8, 32] {
+            for len in span_lengths(width as usize, lanes as usize) {
+                seed += 1;
+                let (src, dst, off) = run_group(len, lanes, width, POISON, seed);
+                let ctx = format!("width {width}, lanes {lanes}, len {len}");
+                assert!(
+                    dst[..off].iter().all(|&b| b == POISON),
+                    "{ctx}: guard before the span was written"
+                );
+                assert!(
+                    dst[off + len..].iter().all(|&b| b == POISON),
+                    "{ctx}: guard after the span was written"
+                );
+                if let Some(i) = src
+                    .iter()
+                    .zip(&dst[off..off + len])
+                    .position(|(a, b)| a != b)
+                {
+                    panic!(
+                        "{ctx}: byte {i} differs: got {:#x}, want {:#x}",
+                        dst[off + i],
+                        src[i]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn copy_span_result_does_not_depend_on_prior_destination_contents() {
+    for width in [16u32, 8, 4, 2, 1] {
+        for lanes in [1u64, 3, 32] {
+            let len = (4 * lanes as usize * 2 + 5) * width as usize;
+            let (src_a, a, off) = run_group(len, lanes, width, 0x00, 99);
+            let (src_b, b, _) = run_group(len, lanes, width, 0xFF, 99);
+            assert_eq!(src_a, src_b);
+            assert_eq!(
+                &a[off..off + len],
+                &src_a[..],
+                "width {width} lanes {lanes}"
+            );
+            assert_eq!(
+                &a[off..off + len],
+                &b[off..off + len],
+                "width {width} lanes {lanes}"
+            );
+            assert!(a[..off].iter().chain(&a[off + len..]).all(|&x| x == 0x00));
+            assert!(b[..off].iter().chain(&b[off + len..]).all(|&x| x == 0xFF));
+        }
+    }
+}
+
+/// Runs each lane alone on its own poisoned destination (the source never contains the poison
+/// byte) and checks that the lanes' writes partition the span into whole `width`-byte units:
+/// every byte is written by exactly one lane, and no lane writes part of a unit.
+#[test]
+fn copy_span_lanes_write_disjoint_whole_units_covering_the_span_once() {
+    let mut rng = SmallRng::seed_from_u64(0x0c0de);
+    for width in [16u32, 8, 4, 2, 1] {
+        let w = width as usize;
+        for lanes in [1u64, 2, 4, 8, 32] {
+            for len in span_lengths(w, lanes as usize) {
+                let off = misaligned_offset(w);
+                let mut src = Aligned::new(off + len + GUARD, 0);
+                for b in src.bytes_mut() {
+                    *b = rng.gen_range(0..POISON); // never the poison byte
+                }
+                let mut writer = vec![None::<u64>; len];
+                for lane in 0..lanes {
+                    let mut dst = Aligned::new(off + len + GUARD, POISON);
+                    let (s, d) = (src.ptr(), dst.ptr());
+                    // SAFETY: spans inside their buffers, aligned to `width`.
+                    unsafe { copy_span(s.add(off), d.add(off), len as u64, lane, lanes, width) };
+                    let got = dst.bytes();
+                    let ctx = format!("width {width}, lanes {lanes}, len {len}, lane {lane}");
+                    assert!(
+                        got[..off].iter().all(|&b| b == POISON),
+                        "{ctx}: wrote before span"
+                    );
+                    assert!(
+                        got[off + len..].iter().all(|&b| b == POISON),
+                        "{ctx}: wrote after span"
+                    );
+                    for (u, unit) in got[off..off + len].chunks(w).enumerate() {
+                        let written = unit.iter().filter(|&&b| b != POISON).count();
+                        assert!(
+                            written == 0 || written == w,
+                            "{ctx}: unit {u} partly written"
+                        );
+                        if written == w {
+                            assert_eq!(
+                                unit,
+                                &src.bytes()[off + u * w..off + (u + 1) * w],
+                                "{ctx}: unit {u}"
+                            );
+                            for k in 0..w {
+                                if let Some(other) = writer[u * w + k] {
+                                    panic!(
+                                        "{ctx}: byte {} also written by lane {other}",
+                                        u * w + k
+                                    );
+                                }
+                                writer[u * w + k] = Some(lane);
+                            }
+                        }
+                    }
+                }
+                if let Some(i) = writer.iter().position(Option::is_none) {
+                    panic!("width {width}, lanes {lanes}, len {len}: byte {i} written by no lane");
+                }
+                if lanes > 1 && len >= 4 * w * lanes as usize {
+                    // with enough work every lane takes part
+                    for lane in 0..lanes {
+                        assert!(
+                            writer.contains(&Some(lane)),
+                            "lane {lane} idle: width {width}, len {len}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn copy_span_other_widths_copy_byte_by_byte() {
+    for width in [0u32, 3, 5, 32, u32::MAX] {
+        for lanes in [1u64, 4, 32] {
+            for len in [0usize, 1, 3, 17, 130, 1001] {
+                let (src, dst, off) = run_group(len, lanes, width, POISON, len as u64 + 3);
+                assert!(dst[..off].iter().all(|&b| b == POISON), "width {width}");
+                assert!(
+                    dst[off + len..].iter().all(|&b| b == POISON),
+                    "width {width}"
+                );
+                assert_eq!(
+                    &dst[off..off + len],
+                    &src[..],
+                    "width {width} lanes {lanes} len {len}"
+                );
+            }
+        }
+    }
+}
