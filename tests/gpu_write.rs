@@ -696,3 +696,64 @@ fn launchers_reject_bad_host_arguments() {
         &random_bytes(100, 2),
     );
 }
+
+/// Typed host data (`half::bf16`, `half::f16`, `f32`, fp8 as `u8`) through `bytemuck`:
+/// the caches hold exactly the typed values written, read back as the same type.
+#[test]
+fn slot_update_typed_elements() {
+    fn run<T: bytemuck::Pod + PartialEq + std::fmt::Debug>(make: impl Fn(u32) -> T, seed: u64) {
+        let Some(g) = gpu("typed elements") else {
+            return;
+        };
+        let stream = g.stream();
+        let (blocks, bs, h, d, t) = (24usize, 16usize, 4usize, 32usize, 200usize);
+        let e = std::mem::size_of::<T>();
+        let mut rng = Rng::new(seed);
+        let key: Vec<T> = (0..t * h * d)
+            .map(|_| make(rng.next_u64() as u32))
+            .collect();
+        let cache0: Vec<T> = (0..blocks * bs * h * d)
+            .map(|_| make(rng.next_u64() as u32))
+            .collect();
+        let mut all: Vec<i64> = (0..(blocks * bs) as i64).collect();
+        rng.shuffle(&mut all);
+        let slots = &all[..t];
+        let key_d = upload(bytemuck::cast_slice::<T, u8>(&key));
+        let cache_d = upload(bytemuck::cast_slice::<T, u8>(&cache0));
+        let slots_d = upload(slots);
+        let input = TokenLayout::contiguous(t, h, d, e);
+        let layout = PagedLayout::hnd(blocks, bs, h, d, e);
+        g.kv.update_slots(
+            &SlotUpdate {
+                key: DeviceBytes::of(&key_d),
+                value: None,
+                input,
+                key_cache: DeviceBytes::of(&cache_d),
+                value_cache: None,
+                cache: layout,
+                slots: SlotMapping::I64(DeviceBytes::of(&slots_d)),
+                errors: None,
+            },
+            StreamRef::from_cust(&stream),
+        )
+        .unwrap();
+        let got: Vec<T> = bytemuck::pod_collect_to_vec(&download(&cache_d, &stream));
+        // Typed expectation: element (b, s, h, d) of HND = key[token, h, d] for the token mapped there.
+        let mut want = cache0.clone();
+        for (tok, &slot) in slots.iter().enumerate() {
+            let (b, s) = (slot as usize / bs, slot as usize % bs);
+            for hh in 0..h {
+                for dd in 0..d {
+                    want[((b * h + hh) * bs + s) * d + dd] = key[(tok * h + hh) * d + dd];
+                }
+            }
+        }
+        let (got_b, want_b): (&[u8], &[u8]) =
+            (bytemuck::cast_slice(&got), bytemuck::cast_slice(&want));
+        assert_same(std::any::type_name::<T>(), got_b, want_b);
+    }
+    run(|x| half::bf16::from_bits(x as u16 | 1), 1);
+    run(|x| half::f16::from_bits(x as u16 | 1), 2);
+    run(|x| f32::from_bits(x | 1), 3);
+    run(|x| (x as u8) | 1, 4);
+}

@@ -257,7 +257,7 @@ pub(crate) fn chunks_disjoint(dims: &[(usize, u64)], chunk: u64) -> bool {
         if (stride as u128) < span {
             return false;
         }
-        span = (count as u128 - 1) * stride as u128 + span;
+        span += (count as u128 - 1) * stride as u128;
     }
     true
 }

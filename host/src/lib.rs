@@ -35,3 +35,8 @@ pub use mem::{DeviceBytes, DeviceErrors, ErrorCounts};
 pub use module::Kvio;
 pub use ptx::{ptx, Arch, KERNELS, PTX_SM80, PTX_SM90};
 pub use write::{SliceUpdate, SlotMapping, SlotUpdate};
+
+/// The README's example, compiled as a doctest so it cannot drift from the API.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -381,7 +381,7 @@ pub(crate) fn plan_slices(op: &SliceUpdate<'_>, sm_count: u32) -> Result<SlicePl
         .ok_or(Error::Overflow { name: "slices" })?;
     fits("slices", table, &op.slices)?;
     fits("num_slices", 4, &op.num_slices)?;
-    if op.slices.ptr() % 4 != 0 || op.num_slices.ptr() % 4 != 0 {
+    if !op.slices.ptr().is_multiple_of(4) || !op.num_slices.ptr().is_multiple_of(4) {
         return Err(invalid(
             "slices",
             op.slices.ptr(),
