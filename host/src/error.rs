@@ -61,6 +61,13 @@ pub enum Error {
         /// Position of the second entry involved.
         second: usize,
     },
+    /// Memory the kernels must reach is neither device memory nor pinned, mapped host memory.
+    NotDeviceAccessible {
+        /// The argument.
+        name: &'static str,
+        /// The address.
+        ptr: u64,
+    },
     /// A size or offset computation overflowed.
     Overflow {
         /// The argument whose size overflowed.
@@ -116,6 +123,10 @@ impl fmt::Display for Error {
                     "`{name}` entries {first} and {second} write the same bytes"
                 )
             }
+            Error::NotDeviceAccessible { name, ptr } => write!(
+                f,
+                "`{name}` at {ptr:#x} is not device memory or pinned, mapped host memory (kernels cannot reach it)"
+            ),
             Error::Overflow { name } => write!(f, "size of `{name}` overflows"),
         }
     }

@@ -12,11 +12,18 @@
 //! - [`Kvio::update_slices`]: slice-based update (vLLM TPU `kv_cache_update`) with a
 //!   device-resident slice count.
 //!
+//!
+//! Block copies ([`Kvio::copy_blocks`]): whole blocks inside the GPU, GPU → pinned host and
+//! back, for layer-separate ([`LayerTable`]) and cross-layer ([`BlockPool::cross_layer_nhd`])
+//! pools, converting layouts on the way, by DMA or by an SM kernel ([`Backend`]).
+//!
 //! Every launcher validates host-side arguments (typed [`Error`], nothing launched), allocates
 //! nothing and never synchronises. Device-resident indices are checked in the kernel: bad ones
 //! are skipped and counted in a [`DeviceErrors`] word.
 #![warn(missing_docs)]
 
+mod alloc;
+pub mod blocks;
 mod driver;
 mod error;
 pub mod layout;
@@ -27,6 +34,8 @@ mod ptx;
 pub mod reference;
 mod write;
 
+pub use alloc::{memory_kind, DeviceAlloc, LayerTable, MemoryKind, PinnedHost};
+pub use blocks::{Backend, Bases, BlockCopy, BlockMap, BlockPool};
 pub use cust;
 pub use driver::{current_context, current_device, device_attribute, PrimaryContext, StreamRef};
 pub use error::{Error, Result};

@@ -25,6 +25,7 @@ pub struct Kvio {
     module: cu::CUmodule,
     pub(crate) update_slots: cu::CUfunction,
     pub(crate) update_slices: cu::CUfunction,
+    pub(crate) copy_blocks: cu::CUfunction,
     pub(crate) sm_count: u32,
     arch: Arch,
 }
@@ -67,11 +68,13 @@ impl Kvio {
             module,
             update_slots: ptr::null_mut(),
             update_slices: ptr::null_mut(),
+            copy_blocks: ptr::null_mut(),
             sm_count: sms.max(1) as u32,
             arch,
         };
         this.update_slots = this.function("kvio_update_slots")?;
         this.update_slices = this.function("kvio_update_slices")?;
+        this.copy_blocks = this.function("kvio_copy_blocks")?;
         Ok(this)
     }
 

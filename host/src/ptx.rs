@@ -10,7 +10,11 @@ pub const PTX_SM80: &str = include_str!(concat!(env!("OUT_DIR"), "/kvio_sm80.ptx
 pub const PTX_SM90: &str = include_str!(concat!(env!("OUT_DIR"), "/kvio_sm90.ptx"));
 
 /// Names of the kernel entry points in the PTX.
-pub const KERNELS: &[&str] = &["kvio_update_slots", "kvio_update_slices"];
+pub const KERNELS: &[&str] = &[
+    "kvio_update_slots",
+    "kvio_update_slices",
+    "kvio_copy_blocks",
+];
 
 /// A PTX target architecture kvio ships.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

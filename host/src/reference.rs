@@ -109,3 +109,78 @@ pub fn update_slices(
     }
     counts
 }
+
+/// One pool of blocks in a single host buffer (the test images of device/pinned pools):
+/// layer `l`, part `p` of block `b` starts at byte
+/// `l * layer_stride + p * part_stride + b * block_stride * elem` (strides of `layout` in
+/// elements, `layer_stride`/`part_stride` in bytes).
+#[derive(Clone, Copy, Debug)]
+pub struct PoolImage {
+    /// Number of layers.
+    pub layers: usize,
+    /// Caches per layer (2: K and V).
+    pub parts: usize,
+    /// Layout of one layer/part cache.
+    pub layout: PagedLayout,
+    /// Bytes between layers.
+    pub layer_stride: usize,
+    /// Bytes between K and V.
+    pub part_stride: usize,
+}
+
+impl PoolImage {
+    fn offset(
+        &self,
+        block: usize,
+        layer: usize,
+        part: usize,
+        token: usize,
+        head: usize,
+        d: usize,
+    ) -> usize {
+        let l = &self.layout;
+        layer * self.layer_stride
+            + part * self.part_stride
+            + (block * l.block_stride + token * l.token_stride + head * l.head_stride + d)
+                * l.elem_bytes
+    }
+}
+
+/// Block copy on host images: for each pair `[src, dst]` (negative = padding, skipped; past a
+/// pool = counted in `bad_blocks`, skipped), every element of every layer and part of block
+/// `src` of `src` is written to block `dst` of `dst`.
+pub fn copy_blocks(
+    src: &PoolImage,
+    src_mem: &[u8],
+    dst: &PoolImage,
+    dst_mem: &mut [u8],
+    pairs: &[[i64; 2]],
+) -> ErrorCounts {
+    let mut counts = ErrorCounts::default();
+    let l = &src.layout;
+    let e = l.elem_bytes;
+    for &[s, d] in pairs {
+        if s < 0 || d < 0 {
+            continue;
+        }
+        if s as u64 >= l.num_blocks as u64 || d as u64 >= dst.layout.num_blocks as u64 {
+            counts.bad_blocks += 1;
+            continue;
+        }
+        let (s, d) = (s as usize, d as usize);
+        for layer in 0..src.layers {
+            for part in 0..src.parts {
+                for t in 0..l.block_size {
+                    for h in 0..l.num_heads {
+                        for x in 0..l.head_dim {
+                            let so = src.offset(s, layer, part, t, h, x);
+                            let dof = dst.offset(d, layer, part, t, h, x);
+                            copy_elem(src_mem, so, dst_mem, dof, e);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    counts
+}

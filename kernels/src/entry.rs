@@ -7,7 +7,7 @@
 use core::arch::nvptx::{_block_dim_x, _block_idx_x, _grid_dim_x, _thread_idx_x};
 use core::sync::atomic::{AtomicU32, Ordering};
 
-use crate::index::{self, err, SliceCheck, SlotTarget};
+use crate::index::{self, err, PairCheck, SliceCheck, SlotTarget};
 use crate::span::copy_span;
 
 /// A thread's place in a grid split into groups of `1 << shift` lanes: each group owns one
@@ -224,6 +224,143 @@ pub unsafe extern "ptx-kernel" fn kvio_update_slices(
                             }
                         }
                     }
+                }
+            }
+        }
+        item += g.step;
+    }
+}
+
+/// One side of a block copy: where block `b`, layer `l`, part `p`, token `t`, head `h` lives.
+/// With a non-null `table`, layer/part bases come from `table[l * parts + p]` (per-layer
+/// caches); otherwise from `base + l * layer_stride + p * part_stride` (one allocation).
+#[derive(Clone, Copy)]
+struct Side {
+    base: *mut u8,
+    table: *const u64,
+    layer_stride: u64,
+    part_stride: u64,
+    block_stride: u64,
+    token_stride: u64,
+    head_stride: u64,
+}
+
+impl Side {
+    /// Address of one chunk.
+    ///
+    /// # Safety
+    /// The indices are inside the (host-validated) pool; `table`, if used, holds `parts`
+    /// entries per layer.
+    #[inline(always)]
+    unsafe fn at(
+        &self,
+        parts: u64,
+        block: u64,
+        layer: u64,
+        part: u64,
+        token: u64,
+        head: u64,
+    ) -> *mut u8 {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let base = if self.table.is_null() {
+                self.base
+                    .add((layer * self.layer_stride + part * self.part_stride) as usize)
+            } else {
+                *self.table.add((layer * parts + part) as usize) as *mut u8
+            };
+            base.add(
+                (block * self.block_stride + token * self.token_stride + head * self.head_stride)
+                    as usize,
+            )
+        }
+    }
+}
+
+/// Block copy between two pools (device or mapped pinned host memory, any layouts): for each
+/// pair `(pairs[2i], pairs[2i+1])` (i64 source and destination block), every (layer, part,
+/// token, head) chunk of `chunk` bytes is copied. Merged dimensions have extent 1. Negative
+/// ids are padding; ids past a pool are skipped and counted.
+///
+/// # Safety
+/// Host-validated descriptors: every chunk of a valid pair lies inside both pools.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn kvio_copy_blocks(
+    src_base: *mut u8,
+    src_table: *const u64,
+    src_layer_stride: u64,
+    src_part_stride: u64,
+    src_block_stride: u64,
+    src_token_stride: u64,
+    src_head_stride: u64,
+    dst_base: *mut u8,
+    dst_table: *const u64,
+    dst_layer_stride: u64,
+    dst_part_stride: u64,
+    dst_block_stride: u64,
+    dst_token_stride: u64,
+    dst_head_stride: u64,
+    layers: u64,
+    parts: u64,
+    tokens: u64,
+    heads: u64,
+    chunk: u64,
+    pairs: *const i64,
+    num_pairs: u64,
+    src_blocks: u64,
+    dst_blocks: u64,
+    width: u32,
+    shift: u32,
+    errors: *mut u32,
+) {
+    let src = Side {
+        base: src_base,
+        table: src_table,
+        layer_stride: src_layer_stride,
+        part_stride: src_part_stride,
+        block_stride: src_block_stride,
+        token_stride: src_token_stride,
+        head_stride: src_head_stride,
+    };
+    let dst = Side {
+        base: dst_base,
+        table: dst_table,
+        layer_stride: dst_layer_stride,
+        part_stride: dst_part_stride,
+        block_stride: dst_block_stride,
+        token_stride: dst_token_stride,
+        head_stride: dst_head_stride,
+    };
+    let per_pair = layers * parts * tokens * heads;
+    let items = num_pairs * per_pair;
+    let g = group(shift);
+    let mut item = g.first;
+    let mut ix = [0u64; 4];
+    while item < items {
+        let pair = index::split_n(item, [layers, parts, tokens, heads], &mut ix);
+        let [layer, part, token, head] = ix;
+        // SAFETY: pair < num_pairs, and `pairs` holds 2 * num_pairs i64 (host-validated).
+        let (s, d) = unsafe {
+            (
+                *pairs.add(2 * pair as usize),
+                *pairs.add(2 * pair as usize + 1),
+            )
+        };
+        match index::check_pair(s, d, src_blocks, dst_blocks) {
+            PairCheck::Skip => {}
+            PairCheck::OutOfRange => {
+                if g.lane == 0 && item - pair * per_pair == 0 {
+                    // SAFETY: see count_error.
+                    unsafe { count_error(errors, err::BAD_BLOCK) };
+                }
+            }
+            PairCheck::Valid => {
+                // SAFETY: both blocks are inside their pools; the rest of the indices are below
+                // the extents the host validated.
+                unsafe {
+                    let from = src.at(parts, s as u64, layer, part, token, head);
+                    let to = dst.at(parts, d as u64, layer, part, token, head);
+                    copy_span(from, to, chunk, g.lane, g.lanes, width);
                 }
             }
         }

@@ -146,3 +146,41 @@ pub fn group_shift(units: u64, per_lane: u64) -> u32 {
     }
     shift
 }
+
+/// Verdict on one `(src, dst)` block pair of a block copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PairCheck {
+    /// A negative id on either side: padding, skipped silently.
+    Skip,
+    /// An id past its pool: skipped and counted as [`err::BAD_BLOCK`].
+    OutOfRange,
+    /// Both ids inside their pools.
+    Valid,
+}
+
+/// Checks a block pair against the two pools' block counts.
+#[inline(always)]
+pub fn check_pair(src: i64, dst: i64, src_blocks: u64, dst_blocks: u64) -> PairCheck {
+    if src < 0 || dst < 0 {
+        PairCheck::Skip
+    } else if src as u64 >= src_blocks || dst as u64 >= dst_blocks {
+        PairCheck::OutOfRange
+    } else {
+        PairCheck::Valid
+    }
+}
+
+/// Splits a flat item index over the nested extents `dims` (outermost first, each non-zero)
+/// into one index per extent, written to `out`; returns the outermost quotient (the index past
+/// all of `dims`).
+#[inline(always)]
+pub fn split_n<const N: usize>(mut item: u64, dims: [u64; N], out: &mut [u64; N]) -> u64 {
+    let mut i = N;
+    while i > 0 {
+        i -= 1;
+        let q = div_u64(item, dims[i]);
+        out[i] = item - q * dims[i];
+        item = q;
+    }
+    item
+}

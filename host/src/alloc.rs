@@ -1,0 +1,271 @@
+//! Set-up-time allocations: device memory, pinned host pools (allocated or registered), and
+//! per-layer pointer tables. These synchronise and allocate; create them once, not per step.
+
+use std::ffi::c_void;
+use std::ptr;
+
+use cust::sys as cu;
+
+use crate::driver::{check, current_context};
+use crate::error::{invalid, Result};
+use crate::mem::DeviceBytes;
+
+/// Runs `f` with `ctx` pushed as the current context (for frees in `Drop`).
+fn with_ctx(ctx: cu::CUcontext, f: impl FnOnce()) {
+    // SAFETY: push/pop of a context handle that outlives the call.
+    unsafe {
+        if cu::cuCtxPushCurrent_v2(ctx) == cu::CUresult::CUDA_SUCCESS {
+            f();
+            let mut old = ptr::null_mut();
+            cu::cuCtxPopCurrent_v2(&mut old);
+        }
+    }
+}
+
+/// Device memory owned by kvio (for example a cross-layer cache), freed on drop.
+#[derive(Debug)]
+pub struct DeviceAlloc {
+    ptr: u64,
+    len: usize,
+    ctx: cu::CUcontext,
+}
+
+impl DeviceAlloc {
+    /// Allocates `len` bytes (uninitialised) in the current context.
+    pub fn new(len: usize) -> Result<Self> {
+        let ctx = current_context()?;
+        if len == 0 {
+            return Err(invalid("len", len, "allocation of zero bytes"));
+        }
+        let mut ptr = 0;
+        // SAFETY: out-pointer to a local; a context is current.
+        check("cuMemAlloc", unsafe { cu::cuMemAlloc_v2(&mut ptr, len) })?;
+        Ok(DeviceAlloc { ptr, len, ctx })
+    }
+
+    /// A view of the whole allocation.
+    pub fn bytes(&self) -> DeviceBytes {
+        // SAFETY: the allocation is device memory of `len` bytes, alive while self is.
+        unsafe { DeviceBytes::from_raw(self.ptr, self.len) }
+    }
+}
+
+impl Drop for DeviceAlloc {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemAlloc in ctx.
+        with_ctx(self.ctx, || unsafe {
+            cu::cuMemFree_v2(self.ptr);
+        });
+    }
+}
+
+// SAFETY: a device allocation may be used and freed from any thread.
+unsafe impl Send for DeviceAlloc {}
+// SAFETY: &self only hands out the address.
+unsafe impl Sync for DeviceAlloc {}
+
+/// Page-locked host memory mapped into the device's address space: a host KV pool that both
+/// the copy engines (DMA) and kernels (SM loads/stores over PCIe/NVLink-C2C) can reach.
+/// Either allocated by kvio or the caller's own memory registered in place.
+#[derive(Debug)]
+pub struct PinnedHost {
+    host: *mut u8,
+    dev: u64,
+    len: usize,
+    registered: bool,
+    ctx: cu::CUcontext,
+}
+
+impl PinnedHost {
+    /// Allocates `len` bytes of pinned, device-mapped, portable host memory.
+    pub fn alloc(len: usize) -> Result<Self> {
+        let ctx = current_context()?;
+        if len == 0 {
+            return Err(invalid("len", len, "allocation of zero bytes"));
+        }
+        let mut host: *mut c_void = ptr::null_mut();
+        let flags = cu::CU_MEMHOSTALLOC_DEVICEMAP | cu::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: out-pointer to a local; a context is current.
+        check("cuMemHostAlloc", unsafe {
+            cu::cuMemHostAlloc(&mut host, len, flags)
+        })?;
+        let mut this = PinnedHost {
+            host: host.cast(),
+            dev: 0,
+            len,
+            registered: false,
+            ctx,
+        };
+        this.dev = device_pointer(host)?;
+        Ok(this)
+    }
+
+    /// Pins and maps memory the caller already owns (`cuMemHostRegister`); unregistered on
+    /// drop.
+    ///
+    /// # Safety
+    /// `host..host + len` must be valid, writable host memory that outlives the returned value
+    /// and every transfer using it, and must not be registered already.
+    pub unsafe fn register(host: *mut u8, len: usize) -> Result<Self> {
+        let ctx = current_context()?;
+        if len == 0 || host.is_null() {
+            return Err(invalid("len", len, "registering an empty or null range"));
+        }
+        let flags = cu::CU_MEMHOSTREGISTER_DEVICEMAP | cu::CU_MEMHOSTREGISTER_PORTABLE;
+        // SAFETY: the caller guarantees the range is valid host memory.
+        check("cuMemHostRegister", unsafe {
+            cu::cuMemHostRegister_v2(host.cast(), len, flags)
+        })?;
+        let mut this = PinnedHost {
+            host,
+            dev: 0,
+            len,
+            registered: true,
+            ctx,
+        };
+        this.dev = device_pointer(host.cast())?;
+        Ok(this)
+    }
+
+    /// The device-side view (what kvio's operations take).
+    pub fn bytes(&self) -> DeviceBytes {
+        // SAFETY: mapped pinned memory of `len` bytes, reachable from the device at `dev`.
+        unsafe { DeviceBytes::from_raw(self.dev, self.len) }
+    }
+
+    /// The host-side bytes. Reading them while a transfer writes them is a race: synchronise
+    /// the stream first.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `len` bytes of valid host memory owned or registered by self.
+        unsafe { std::slice::from_raw_parts(self.host, self.len) }
+    }
+
+    /// Mutable host-side bytes (same caveat as [`PinnedHost::as_slice`]).
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.host, self.len) }
+    }
+}
+
+/// The device address of mapped host memory.
+fn device_pointer(host: *mut c_void) -> Result<u64> {
+    let mut dev = 0;
+    // SAFETY: `host` is pinned and mapped (just allocated/registered with DEVICEMAP).
+    check("cuMemHostGetDevicePointer", unsafe {
+        cu::cuMemHostGetDevicePointer_v2(&mut dev, host, 0)
+    })?;
+    Ok(dev)
+}
+
+impl Drop for PinnedHost {
+    fn drop(&mut self) {
+        let (host, registered) = (self.host, self.registered);
+        // SAFETY: allocated by cuMemHostAlloc / registered by cuMemHostRegister in ctx.
+        with_ctx(self.ctx, || unsafe {
+            if registered {
+                cu::cuMemHostUnregister(host.cast());
+            } else {
+                cu::cuMemFreeHost(host.cast());
+            }
+        });
+    }
+}
+
+// SAFETY: pinned memory may be used and freed from any thread.
+unsafe impl Send for PinnedHost {}
+// SAFETY: shared access only reads the handle; host-side access follows Rust borrows.
+unsafe impl Sync for PinnedHost {}
+
+/// What kind of memory an address is, as the driver sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryKind {
+    /// Device memory.
+    Device,
+    /// Pinned (page-locked, registered) host memory.
+    PinnedHost,
+    /// Managed or other memory kvio does not classify.
+    Other,
+    /// Not known to the driver: ordinary pageable host memory (or garbage).
+    Unregistered,
+}
+
+/// Classifies an address with `cuPointerGetAttribute`.
+pub fn memory_kind(ptr: u64) -> MemoryKind {
+    let mut kind: u32 = 0;
+    // SAFETY: out-pointer to a local u32 (the attribute is a CUmemorytype, 32 bits).
+    let r = unsafe {
+        cu::cuPointerGetAttribute(
+            (&mut kind as *mut u32).cast(),
+            cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            ptr,
+        )
+    };
+    if r != cu::CUresult::CUDA_SUCCESS {
+        return MemoryKind::Unregistered;
+    }
+    match kind {
+        k if k == cu::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 => MemoryKind::Device,
+        k if k == cu::CUmemorytype::CU_MEMORYTYPE_HOST as u32 => MemoryKind::PinnedHost,
+        _ => MemoryKind::Other,
+    }
+}
+
+/// A device-resident table of per-layer cache base pointers (`layers × parts` entries, layer
+/// major: entry `l * parts + p`), so one launch reaches every layer of a layer-separate cache.
+#[derive(Debug)]
+pub struct LayerTable {
+    table: DeviceAlloc,
+    entries: Vec<DeviceBytes>,
+    parts: usize,
+}
+
+impl LayerTable {
+    /// Uploads the base pointers of `caches` (`layers × parts` views, layer major). Every view
+    /// must be at least as long as the layout later used with it (checked at each call).
+    /// Synchronous: a set-up-time call.
+    pub fn new(caches: &[DeviceBytes], parts: usize) -> Result<Self> {
+        if parts == 0 || caches.is_empty() || caches.len() % parts != 0 {
+            return Err(invalid(
+                "caches",
+                (caches.len(), parts),
+                "need layers × parts views",
+            ));
+        }
+        let ptrs: Vec<u64> = caches.iter().map(DeviceBytes::ptr).collect();
+        let table = DeviceAlloc::new(ptrs.len() * 8)?;
+        // SAFETY: table holds ptrs.len() u64; synchronous copy from a live host vector.
+        check("cuMemcpyHtoD", unsafe {
+            cu::cuMemcpyHtoD_v2(table.ptr, ptrs.as_ptr().cast(), ptrs.len() * 8)
+        })?;
+        Ok(LayerTable {
+            table,
+            entries: caches.to_vec(),
+            parts,
+        })
+    }
+
+    /// Number of layers.
+    pub fn layers(&self) -> usize {
+        self.entries.len() / self.parts
+    }
+
+    /// Parts per layer (2 for K and V).
+    pub fn parts(&self) -> usize {
+        self.parts
+    }
+
+    /// The views the table points at (host copy).
+    pub fn entries(&self) -> &[DeviceBytes] {
+        &self.entries
+    }
+
+    /// Device address of the table.
+    pub fn ptr(&self) -> u64 {
+        self.table.ptr
+    }
+
+    /// Shortest view in the table.
+    pub(crate) fn min_len(&self) -> usize {
+        self.entries.iter().map(DeviceBytes::len).min().unwrap_or(0)
+    }
+}
