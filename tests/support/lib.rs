@@ -208,3 +208,60 @@ impl Drop for Graph {
         }
     }
 }
+
+/// A test allocation on the device or in pinned host memory, with synchronous fill/read.
+pub enum Mem {
+    /// Device memory.
+    Dev(kvio::DeviceAlloc),
+    /// Pinned, mapped host memory.
+    Host(kvio::PinnedHost),
+}
+
+impl Mem {
+    /// Allocates `len` bytes on the host (pinned) or the device.
+    pub fn new(on_host: bool, len: usize) -> Mem {
+        if on_host {
+            Mem::Host(kvio::PinnedHost::alloc(len).expect("cuMemHostAlloc"))
+        } else {
+            Mem::Dev(kvio::DeviceAlloc::new(len).expect("cuMemAlloc"))
+        }
+    }
+    /// The device-side view.
+    pub fn bytes(&self) -> kvio::DeviceBytes {
+        match self {
+            Mem::Dev(d) => d.bytes(),
+            Mem::Host(h) => h.bytes(),
+        }
+    }
+    /// Whether it lives on the host.
+    pub fn on_host(&self) -> bool {
+        matches!(self, Mem::Host(_))
+    }
+    /// Overwrites the whole allocation (call with no work in flight on it).
+    pub fn fill(&mut self, data: &[u8]) {
+        match self {
+            Mem::Dev(d) => {
+                assert_eq!(data.len(), d.bytes().len());
+                // SAFETY: sizes match; synchronous copy.
+                ok("cuMemcpyHtoD", unsafe {
+                    cu::cuMemcpyHtoD_v2(d.bytes().ptr(), data.as_ptr().cast(), data.len())
+                });
+            }
+            Mem::Host(h) => h.as_mut_slice().copy_from_slice(data),
+        }
+    }
+    /// Reads the whole allocation (synchronise the streams that write it first).
+    pub fn read(&self) -> Vec<u8> {
+        match self {
+            Mem::Dev(d) => {
+                let mut v = vec![0u8; d.bytes().len()];
+                // SAFETY: sizes match; synchronous copy.
+                ok("cuMemcpyDtoH", unsafe {
+                    cu::cuMemcpyDtoH_v2(v.as_mut_ptr().cast(), d.bytes().ptr(), v.len())
+                });
+                v
+            }
+            Mem::Host(h) => h.as_slice().to_vec(),
+        }
+    }
+}
