@@ -488,24 +488,104 @@ pub(crate) fn check_host_map(op: &BlockCopy<'_>, pairs: &[[i64; 2]]) -> Result<(
         .iter()
         .any(|&(a0, a1)| op.dst.ranges(de).iter().any(|&(b0, b1)| a0 < b1 && b0 < a1));
     if shared {
-        let mut srcs: Vec<(i64, usize)> = pairs
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p[0] >= 0 && p[1] >= 0)
-            .map(|(i, p)| (p[0], i))
-            .collect();
-        srcs.sort_unstable();
-        for &(d, di) in &dsts {
-            if let Ok(k) = srcs.binary_search_by_key(&d, |&(s, _)| s) {
-                return Err(Error::Overlap {
-                    name: "map",
-                    first: srcs[k].1,
-                    second: di,
-                });
+        if let (Some(a), Some(b)) = (block_footprint(&op.src), block_footprint(&op.dst)) {
+            // Block-major pools: compare the byte ranges blocks occupy.
+            let mut reads: Vec<(u64, u64, usize)> = pairs
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p[0] >= 0 && p[1] >= 0)
+                .map(|(i, p)| (a.0 + p[0] as u64 * a.1, a.0 + (p[0] as u64 + 1) * a.1, i))
+                .collect();
+            reads.sort_unstable();
+            for &(d, di) in &dsts {
+                let (lo, hi) = (b.0 + d as u64 * b.1, b.0 + (d as u64 + 1) * b.1);
+                // first read range ending after lo; it overlaps if it starts before hi
+                let k = reads.partition_point(|r| r.0 + a.1 <= lo);
+                if let Some(r) = reads.get(k).filter(|r| r.0 < hi) {
+                    return Err(Error::Overlap {
+                        name: "map",
+                        first: r.2,
+                        second: di,
+                    });
+                }
             }
+        } else if same_block_addressing(&op.src, &op.dst) {
+            // Scattered blocks, addressed identically: ids name the same bytes.
+            let mut srcs: Vec<(i64, usize)> = pairs
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p[0] >= 0 && p[1] >= 0)
+                .map(|(i, p)| (p[0], i))
+                .collect();
+            srcs.sort_unstable();
+            for &(d, di) in &dsts {
+                if let Ok(k) = srcs.binary_search_by_key(&d, |&(s, _)| s) {
+                    return Err(Error::Overlap {
+                        name: "map",
+                        first: srcs[k].1,
+                        second: di,
+                    });
+                }
+            }
+        } else {
+            return Err(invalid(
+                "dst",
+                "shares memory with src",
+                "pools sharing memory must be block-major or address blocks identically",
+            ));
         }
     }
     Ok(())
+}
+
+/// `(start, stride)` when every block of a strided pool lies inside its own `stride` bytes
+/// from `start` (block-major pools: cross-layer NHD/HND), so block `b` is the byte range
+/// `start + b * stride .. start + (b + 1) * stride`.
+fn block_footprint(p: &BlockPool<'_>) -> Option<(u64, u64)> {
+    let Bases::Strided {
+        mem,
+        layer_stride,
+        part_stride,
+    } = p.bases
+    else {
+        return None;
+    };
+    let l = &p.layout;
+    let e = l.elem_bytes as u64;
+    let inner = (l.block_size as u64 - 1) * l.token_stride as u64 * e
+        + (l.num_heads as u64 - 1) * l.head_stride as u64 * e
+        + l.chunk_bytes() as u64
+        + (p.layers as u64 - 1) * layer_stride as u64
+        + (p.parts as u64 - 1) * part_stride as u64;
+    let stride = l.block_stride as u64 * e;
+    (inner <= stride).then_some((mem.ptr(), stride))
+}
+
+/// True when block `b` occupies the same bytes in both pools (same bases, same block stride).
+fn same_block_addressing(a: &BlockPool<'_>, b: &BlockPool<'_>) -> bool {
+    let bases = match (a.bases, b.bases) {
+        (
+            Bases::Strided {
+                mem: m1,
+                layer_stride: l1,
+                part_stride: p1,
+            },
+            Bases::Strided {
+                mem: m2,
+                layer_stride: l2,
+                part_stride: p2,
+            },
+        ) => m1.ptr() == m2.ptr() && l1 == l2 && p1 == p2,
+        (Bases::Table(t1), Bases::Table(t2)) => t1
+            .entries()
+            .iter()
+            .map(DeviceBytes::ptr)
+            .eq(t2.entries().iter().map(DeviceBytes::ptr)),
+        _ => false,
+    };
+    bases
+        && a.layout.block_stride * a.layout.elem_bytes
+            == b.layout.block_stride * b.layout.elem_bytes
 }
 
 impl Kvio {
@@ -598,7 +678,10 @@ impl Kvio {
             BlockMap::Host(host) => {
                 let staging = op.staging.expect("checked by copy_blocks");
                 let need = host.len() * 16;
-                if need > staging.len() || staging.ptr() % 8 != 0 {
+                if staging.ptr() % 8 != 0 {
+                    return Err(invalid("staging", staging.ptr(), "must be 8-byte aligned"));
+                }
+                if need > staging.len() {
                     return Err(Error::BufferTooSmall {
                         name: "staging",
                         needed: need as u64,
@@ -741,4 +824,658 @@ fn dma(
         i += run;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Shapes used throughout: blocks, layers, block_size, heads, head_dim, elem_bytes.
+    const NB: usize = 4;
+    const L: usize = 3;
+    const BS: usize = 16;
+    const H: usize = 8;
+    const D: usize = 128;
+    const E: usize = 2;
+
+    const SRC: u64 = 0x1000_0000;
+    const DST: u64 = 0x8000_0000;
+
+    fn bytes(ptr: u64, len: usize) -> DeviceBytes {
+        // SAFETY: these views are only validated, never used.
+        unsafe { DeviceBytes::from_raw(ptr, len) }
+    }
+
+    /// Bytes of a whole pool of `nb` blocks (every layer, K and V).
+    fn pool_bytes(nb: usize, l: usize, bs: usize, h: usize, d: usize, e: usize) -> usize {
+        nb * l * 2 * bs * h * d * e
+    }
+
+    fn nhd(
+        at: u64,
+        nb: usize,
+        l: usize,
+        bs: usize,
+        h: usize,
+        d: usize,
+        e: usize,
+    ) -> BlockPool<'static> {
+        BlockPool::cross_layer_nhd(
+            bytes(at, pool_bytes(nb, l, bs, h, d, e)),
+            nb,
+            l,
+            bs,
+            h,
+            d,
+            e,
+        )
+    }
+
+    fn hnd(
+        at: u64,
+        nb: usize,
+        l: usize,
+        bs: usize,
+        h: usize,
+        d: usize,
+        e: usize,
+    ) -> BlockPool<'static> {
+        BlockPool::cross_layer_hnd(
+            bytes(at, pool_bytes(nb, l, bs, h, d, e)),
+            nb,
+            l,
+            bs,
+            h,
+            d,
+            e,
+        )
+    }
+
+    /// SGLang-style layer-first pool in one allocation: `[2, L, NB, bs, H, D]` (parts outer).
+    fn layer_first(
+        at: u64,
+        nb: usize,
+        l: usize,
+        bs: usize,
+        h: usize,
+        d: usize,
+        e: usize,
+    ) -> BlockPool<'static> {
+        let cache = nb * bs * h * d * e;
+        BlockPool {
+            bases: Bases::Strided {
+                mem: bytes(at, pool_bytes(nb, l, bs, h, d, e)),
+                layer_stride: cache,
+                part_stride: l * cache,
+            },
+            layers: l,
+            parts: 2,
+            layout: PagedLayout::nhd(nb, bs, h, d, e),
+        }
+    }
+
+    fn op<'a>(src: BlockPool<'a>, dst: BlockPool<'a>, map: &'a [[i64; 2]]) -> BlockCopy<'a> {
+        BlockCopy {
+            src,
+            dst,
+            map: BlockMap::Host(map),
+            backend: Backend::Auto,
+            max_ctas: None,
+            staging: None,
+            errors: None,
+        }
+    }
+
+    fn device(_: u64) -> MemoryKind {
+        MemoryKind::Device
+    }
+
+    fn geo(src: BlockPool<'_>, dst: BlockPool<'_>) -> Result<Geometry> {
+        geometry(&op(src, dst, &[]), device)
+    }
+
+    fn assert_invalid<T: std::fmt::Debug>(r: Result<T>, want: &'static str) {
+        match r {
+            Err(Error::InvalidArgument { name, .. }) if name == want => {}
+            other => panic!("expected InvalidArgument {{ name: {want:?} }}, got {other:?}"),
+        }
+    }
+
+    // ---- merging -------------------------------------------------------------------------
+
+    #[test]
+    fn cross_layer_nhd_to_itself_merges_whole_blocks() {
+        let g = geo(nhd(SRC, NB, L, BS, H, D, E), nhd(DST, 7, L, BS, H, D, E)).unwrap();
+        assert_eq!(
+            g,
+            Geometry {
+                ext: [1, 1, 1, 1],
+                chunk: (L * 2 * BS * H * D * E) as u64,
+                block_contiguous: true,
+                host_involved: false,
+            }
+        );
+    }
+
+    #[test]
+    fn cross_layer_nhd_to_layer_first_merges_tokens_and_heads_only() {
+        let want = Geometry {
+            ext: [L as u64, 2, 1, 1],
+            chunk: (BS * H * D * E) as u64,
+            block_contiguous: false,
+            host_involved: false,
+        };
+        let g = geo(
+            nhd(SRC, NB, L, BS, H, D, E),
+            layer_first(DST, NB, L, BS, H, D, E),
+        )
+        .unwrap();
+        assert_eq!(g, want);
+        // Either direction.
+        let g = geo(
+            layer_first(SRC, NB, L, BS, H, D, E),
+            nhd(DST, NB, L, BS, H, D, E),
+        )
+        .unwrap();
+        assert_eq!(g, want);
+        // Layer-first to layer-first (different pool sizes): blocks contiguous per cache only.
+        let g = geo(
+            layer_first(SRC, NB, L, BS, H, D, E),
+            layer_first(DST, 9, L, BS, H, D, E),
+        )
+        .unwrap();
+        assert_eq!(g, want);
+    }
+
+    #[test]
+    fn nhd_to_hnd_merges_nothing_beyond_head_dim() {
+        let want = Geometry {
+            ext: [L as u64, 2, BS as u64, H as u64],
+            chunk: (D * E) as u64,
+            block_contiguous: false,
+            host_involved: false,
+        };
+        let g = geo(nhd(SRC, NB, L, BS, H, D, E), hnd(DST, NB, L, BS, H, D, E)).unwrap();
+        assert_eq!(g, want);
+        let g = geo(hnd(SRC, NB, L, BS, H, D, E), nhd(DST, NB, L, BS, H, D, E)).unwrap();
+        assert_eq!(g, want);
+    }
+
+    #[test]
+    fn cross_layer_hnd_to_itself_merges_whole_blocks() {
+        // The head dimension is outermost in HND: it merges last, after layers and parts.
+        let g = geo(hnd(SRC, NB, L, BS, H, D, E), hnd(DST, NB, L, BS, H, D, E)).unwrap();
+        assert_eq!(
+            g,
+            Geometry {
+                ext: [1, 1, 1, 1],
+                chunk: (H * L * 2 * BS * D * E) as u64,
+                block_contiguous: true,
+                host_involved: false,
+            }
+        );
+    }
+
+    #[test]
+    fn one_head_makes_nhd_and_hnd_identical() {
+        let g = geo(nhd(SRC, NB, L, BS, 1, D, E), hnd(DST, NB, L, BS, 1, D, E)).unwrap();
+        assert_eq!(
+            g,
+            Geometry {
+                ext: [1, 1, 1, 1],
+                chunk: (L * 2 * BS * D * E) as u64,
+                block_contiguous: true,
+                host_involved: false,
+            }
+        );
+        let g = geo(
+            nhd(SRC, NB, L, BS, 1, D, E),
+            layer_first(DST, NB, L, BS, 1, D, E),
+        )
+        .unwrap();
+        assert_eq!(
+            g,
+            Geometry {
+                ext: [L as u64, 2, 1, 1],
+                chunk: (BS * D * E) as u64,
+                block_contiguous: false,
+                host_involved: false,
+            }
+        );
+    }
+
+    #[test]
+    fn one_layer_one_token_one_head() {
+        // Every count 1 except parts: the chunk is K (or V) of one token of one head.
+        let g = geo(
+            nhd(SRC, NB, 1, 1, 1, 64, 4),
+            layer_first(DST, NB, 1, 1, 1, 64, 4),
+        )
+        .unwrap();
+        assert_eq!(
+            g,
+            Geometry {
+                ext: [1, 2, 1, 1],
+                chunk: 64 * 4,
+                block_contiguous: false,
+                host_involved: false,
+            }
+        );
+    }
+
+    // ---- memory kinds --------------------------------------------------------------------
+
+    #[test]
+    fn host_involved_iff_a_pool_is_pinned_host() {
+        let (s, d) = (nhd(SRC, NB, L, BS, H, D, E), nhd(DST, NB, L, BS, H, D, E));
+        let cases = [
+            (None, false),
+            (Some(SRC), true),
+            (Some(DST), true),
+            (Some(u64::MAX), false),
+        ];
+        for (host, want) in cases {
+            let g = geometry(&op(s, d, &[]), |p| {
+                if Some(p) == host {
+                    MemoryKind::PinnedHost
+                } else {
+                    MemoryKind::Device
+                }
+            })
+            .unwrap();
+            assert_eq!(g.host_involved, want, "host pool at {host:x?}");
+        }
+        let g = geometry(&op(s, d, &[]), |_| MemoryKind::PinnedHost).unwrap();
+        assert!(g.host_involved);
+    }
+
+    #[test]
+    fn unreachable_memory_rejected() {
+        let (s, d) = (nhd(SRC, NB, L, BS, H, D, E), nhd(DST, NB, L, BS, H, D, E));
+        for bad in [MemoryKind::Unregistered, MemoryKind::Other] {
+            let r = geometry(&op(s, d, &[]), |p| {
+                if p == DST {
+                    bad
+                } else {
+                    MemoryKind::Device
+                }
+            });
+            assert_eq!(
+                r,
+                Err(Error::NotDeviceAccessible {
+                    name: "dst",
+                    ptr: DST
+                })
+            );
+            let r = geometry(&op(s, d, &[]), |p| {
+                if p == SRC {
+                    bad
+                } else {
+                    MemoryKind::PinnedHost
+                }
+            });
+            assert_eq!(
+                r,
+                Err(Error::NotDeviceAccessible {
+                    name: "src",
+                    ptr: SRC
+                })
+            );
+        }
+    }
+
+    // ---- rejections ----------------------------------------------------------------------
+
+    #[test]
+    fn differing_pool_sizes_accepted() {
+        assert!(geo(nhd(SRC, 1, L, BS, H, D, E), nhd(DST, 100, L, BS, H, D, E)).is_ok());
+    }
+
+    #[test]
+    fn mismatched_shapes_rejected() {
+        let s = nhd(SRC, NB, L, BS, H, D, E);
+        assert!(geo(s, nhd(DST, NB, L, BS, H, D, E)).is_ok());
+        assert_invalid(geo(s, nhd(DST, NB, L + 1, BS, H, D, E)), "dst");
+        assert_invalid(geo(s, nhd(DST, NB, L, BS / 2, H, D, E)), "dst");
+        assert_invalid(geo(s, nhd(DST, NB, L, BS, H / 2, D, E)), "dst");
+        assert_invalid(geo(s, nhd(DST, NB, L, BS, H, D * 2, E)), "dst");
+        assert_invalid(geo(s, nhd(DST, NB, L, BS, H, D, 4)), "dst");
+        assert_invalid(geo(s, nhd(DST, NB, L, BS, H, D, 1)), "dst");
+        // One part (a combined or MLA cache) against two.
+        let cache = NB * BS * H * D * E;
+        let one_part = BlockPool {
+            bases: Bases::Strided {
+                mem: bytes(DST, L * cache),
+                layer_stride: cache,
+                part_stride: 0,
+            },
+            layers: L,
+            parts: 1,
+            layout: PagedLayout::nhd(NB, BS, H, D, E),
+        };
+        assert!(geo(one_part, one_part).is_ok());
+        assert_invalid(geo(s, one_part), "dst");
+        assert_invalid(geo(one_part, s), "dst");
+    }
+
+    #[test]
+    fn pool_memory_too_small_rejected() {
+        let need = pool_bytes(NB, L, BS, H, D, E);
+        let short = |at| BlockPool::cross_layer_nhd(bytes(at, need - 1), NB, L, BS, H, D, E);
+        let ok = nhd(DST, NB, L, BS, H, D, E);
+        let want = |name| {
+            Err(Error::BufferTooSmall {
+                name,
+                needed: need as u64,
+                len: need as u64 - 1,
+            })
+        };
+        assert_eq!(geo(short(SRC), ok), want("src"));
+        assert_eq!(geo(ok, short(SRC)), want("dst"));
+        let mut lf = layer_first(DST, NB, L, BS, H, D, E);
+        if let Bases::Strided { ref mut mem, .. } = lf.bases {
+            *mem = bytes(DST, need - 1);
+        }
+        assert_eq!(geo(nhd(SRC, NB, L, BS, H, D, E), lf), want("dst"));
+    }
+
+    #[test]
+    fn overlapping_layer_and_part_strides_rejected() {
+        let part = BS * H * D * E;
+        let with = |layer_stride, part_stride| {
+            let mut p = nhd(SRC, NB, L, BS, H, D, E);
+            p.bases = Bases::Strided {
+                mem: bytes(SRC, 4 * pool_bytes(NB, L, BS, H, D, E)),
+                layer_stride,
+                part_stride,
+            };
+            p
+        };
+        let ok = nhd(DST, NB, L, BS, H, D, E);
+        assert!(geo(with(2 * part, part), ok).is_ok());
+        // K and V on the same bytes.
+        assert_invalid(geo(with(2 * part, 0), ok), "src");
+        // V of layer l is K of layer l + 1.
+        assert_invalid(geo(ok, with(part, part)), "dst");
+        // K of layer l + 1 starts inside V of layer l.
+        assert_invalid(geo(with(2 * part - E, part), ok), "src");
+        // V starts inside K.
+        assert_invalid(geo(with(2 * part, part - 1), ok), "src");
+    }
+
+    #[test]
+    fn zero_layers_or_parts_rejected() {
+        let ok = nhd(DST, NB, L, BS, H, D, E);
+        let mut z = nhd(SRC, NB, L, BS, H, D, E);
+        z.layers = 0;
+        assert_invalid(geo(z, ok), "src");
+        assert_invalid(geo(ok, z), "dst");
+        let mut z = nhd(SRC, NB, L, BS, H, D, E);
+        z.parts = 0;
+        assert_invalid(geo(z, ok), "src");
+    }
+
+    #[test]
+    fn stride_overflow_rejected() {
+        let mut p = nhd(SRC, NB, L, BS, H, D, E);
+        p.bases = Bases::Strided {
+            mem: bytes(SRC, usize::MAX),
+            layer_stride: usize::MAX,
+            part_stride: 0,
+        };
+        let r = geo(p, nhd(DST, NB, L, BS, H, D, E));
+        assert_eq!(r, Err(Error::Overflow { name: "src" }));
+    }
+
+    // ---- host block maps -----------------------------------------------------------------
+
+    /// Disjoint pools: src of 4 blocks, dst of 6.
+    fn disjoint() -> (BlockPool<'static>, BlockPool<'static>) {
+        (nhd(SRC, 4, 2, 4, 2, 8, 2), hnd(DST, 6, 2, 4, 2, 8, 2))
+    }
+
+    fn check(src: BlockPool<'_>, dst: BlockPool<'_>, pairs: &[[i64; 2]]) -> Result<()> {
+        check_host_map(&op(src, dst, pairs), pairs)
+    }
+
+    #[test]
+    fn host_map_ids_in_range_accepted() {
+        let (s, d) = disjoint();
+        assert_eq!(check(s, d, &[]), Ok(()));
+        assert_eq!(check(s, d, &[[0, 0], [3, 5], [3, 4], [1, 1]]), Ok(()));
+    }
+
+    #[test]
+    fn host_map_src_out_of_range() {
+        let (s, d) = disjoint();
+        // 4 is a valid destination but not a valid source.
+        let r = check(s, d, &[[0, 0], [1, 1], [4, 2]]);
+        assert_eq!(
+            r,
+            Err(Error::IndexOutOfRange {
+                name: "map.src",
+                at: 2,
+                value: 4,
+                limit: 4
+            })
+        );
+        let r = check(s, d, &[[i64::MAX, 0]]);
+        assert_eq!(
+            r,
+            Err(Error::IndexOutOfRange {
+                name: "map.src",
+                at: 0,
+                value: i64::MAX,
+                limit: 4
+            })
+        );
+    }
+
+    #[test]
+    fn host_map_dst_out_of_range() {
+        let (s, d) = disjoint();
+        let r = check(s, d, &[[0, 5], [1, 6]]);
+        assert_eq!(
+            r,
+            Err(Error::IndexOutOfRange {
+                name: "map.dst",
+                at: 1,
+                value: 6,
+                limit: 6
+            })
+        );
+        // The first bad pair is reported.
+        let r = check(s, d, &[[0, 0], [2, 100], [9, 1]]);
+        assert_eq!(
+            r,
+            Err(Error::IndexOutOfRange {
+                name: "map.dst",
+                at: 1,
+                value: 100,
+                limit: 6
+            })
+        );
+    }
+
+    #[test]
+    fn host_map_duplicate_destination() {
+        let (s, d) = disjoint();
+        let r = check(s, d, &[[0, 2], [1, 3], [3, 2]]);
+        assert_eq!(
+            r,
+            Err(Error::Overlap {
+                name: "map.dst",
+                first: 0,
+                second: 2
+            })
+        );
+        // Same source twice is fine.
+        assert_eq!(check(s, d, &[[0, 2], [0, 3]]), Ok(()));
+    }
+
+    #[test]
+    fn host_map_negative_ids_are_padding() {
+        let (s, d) = disjoint();
+        let pairs = [
+            [-1, -1],
+            [-1, -1],
+            [-1, 0],
+            [-1, 0],
+            [0, -1],
+            [0, -1],
+            [i64::MIN, 99],
+            [99, i64::MIN],
+            [1, 0],
+        ];
+        assert_eq!(check(s, d, &pairs), Ok(()));
+        // Padding in a pool that shares memory does not count as a read or a write.
+        let p = nhd(SRC, 4, 2, 4, 2, 8, 2);
+        assert_eq!(check(p, p, &[[-1, 1], [1, 2], [3, -1], [2, -5]]), Ok(()));
+    }
+
+    #[test]
+    fn host_map_shared_memory_block_read_and_written() {
+        let p = nhd(SRC, 4, 2, 4, 2, 8, 2);
+        // Block 1 is written by pair 0 and read by pair 1.
+        let r = check(p, p, &[[0, 1], [1, 2]]);
+        assert_eq!(
+            r,
+            Err(Error::Overlap {
+                name: "map",
+                first: 1,
+                second: 0
+            })
+        );
+        // A block copied onto itself.
+        let r = check(p, p, &[[3, 3]]);
+        assert_eq!(
+            r,
+            Err(Error::Overlap {
+                name: "map",
+                first: 0,
+                second: 0
+            })
+        );
+        // Same memory, other layout: still shared.
+        let q = hnd(SRC, 4, 2, 4, 2, 8, 2);
+        assert!(matches!(
+            check(p, q, &[[0, 1], [1, 2]]),
+            Err(Error::Overlap { name: "map", .. })
+        ));
+        // Disjoint sets of blocks in shared memory are fine (copy-on-write, defragmentation).
+        assert_eq!(check(p, p, &[[0, 2], [1, 3]]), Ok(()));
+    }
+
+    #[test]
+    fn host_map_disjoint_memory_same_ids_fine() {
+        let (s, d) = disjoint();
+        assert_eq!(check(s, d, &[[0, 0], [1, 1], [2, 2], [3, 3]]), Ok(()));
+        assert_eq!(check(s, d, &[[0, 1], [1, 2]]), Ok(()));
+        // Adjacent (touching, not overlapping) allocations are disjoint too.
+        let a = nhd(SRC, 4, 2, 4, 2, 8, 2);
+        let b = nhd(SRC + pool_bytes(4, 2, 4, 2, 8, 2) as u64, 4, 2, 4, 2, 8, 2);
+        assert_eq!(check(a, b, &[[0, 1], [1, 2]]), Ok(()));
+        assert_eq!(check(b, a, &[[0, 1], [1, 2]]), Ok(()));
+        // One byte of overlap makes them shared: only a pair touching that byte collides.
+        let c = nhd(
+            SRC + pool_bytes(4, 2, 4, 2, 8, 2) as u64 - 1,
+            4,
+            2,
+            4,
+            2,
+            8,
+            2,
+        );
+        assert_eq!(check(a, c, &[[0, 1], [1, 2]]), Ok(()));
+        assert!(matches!(
+            check(a, c, &[[3, 0]]),
+            Err(Error::Overlap { name: "map", .. })
+        ));
+    }
+
+    #[test]
+    fn host_map_shared_memory_offset_views_compare_bytes() {
+        // dst views the same allocation one block further on, in HND order: dst block 0 is
+        // the bytes of src block 1, rewritten in another order while they are read (a race).
+        let block = pool_bytes(1, 2, 4, 2, 8, 2);
+        let src = nhd(SRC, 4, 2, 4, 2, 8, 2);
+        let dst = hnd(SRC + block as u64, 3, 2, 4, 2, 8, 2);
+        let race = check(src, dst, &[[1, 0]]);
+        assert!(
+            matches!(race, Err(Error::Overlap { name: "map", .. })),
+            "{race:?}"
+        );
+        // src block 0 -> dst block 0 (= src block 1) touches no byte twice.
+        assert_eq!(check(src, dst, &[[0, 0]]), Ok(()));
+    }
+
+    // ---- layer views ---------------------------------------------------------------------
+
+    #[test]
+    fn layer_view_of_cross_layer_nhd() {
+        let pool = nhd(SRC, NB, L, BS, H, D, E);
+        let part = (BS * H * D * E) as u64;
+        let ext = pool.layout.extent("x").unwrap() as usize;
+        for l in 0..L {
+            let (k, v, layout) = pool.layer_view(l).unwrap();
+            let k_at = SRC + l as u64 * 2 * part;
+            assert_eq!(k, bytes(k_at, ext), "layer {l}");
+            assert_eq!(v, Some(bytes(k_at + part, ext)), "layer {l}");
+            assert_eq!(layout, pool.layout);
+        }
+        // The last view ends exactly at the end of the pool.
+        let (_, v, _) = pool.layer_view(L - 1).unwrap();
+        let v = v.unwrap();
+        assert_eq!(
+            v.ptr() + v.len() as u64,
+            SRC + pool_bytes(NB, L, BS, H, D, E) as u64
+        );
+    }
+
+    #[test]
+    fn layer_view_out_of_range() {
+        let pool = nhd(SRC, NB, L, BS, H, D, E);
+        for layer in [L, L + 1, usize::MAX / 2] {
+            assert_eq!(
+                pool.layer_view(layer),
+                Err(Error::IndexOutOfRange {
+                    name: "layer",
+                    at: 0,
+                    value: layer as i64,
+                    limit: L as u64
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn layer_view_of_one_part_pool_has_no_value() {
+        let cache = NB * BS * H * D * E;
+        let pool = BlockPool {
+            bases: Bases::Strided {
+                mem: bytes(SRC, L * cache),
+                layer_stride: cache,
+                part_stride: 0,
+            },
+            layers: L,
+            parts: 1,
+            layout: PagedLayout::nhd(NB, BS, H, D, E),
+        };
+        let (k, v, _) = pool.layer_view(2).unwrap();
+        assert_eq!((k, v), (bytes(SRC + 2 * cache as u64, cache), None));
+    }
+
+    #[test]
+    fn layer_view_checks_the_pool() {
+        let mut pool = nhd(SRC, NB, L, BS, H, D, E);
+        pool.bases = Bases::Strided {
+            mem: bytes(SRC, pool_bytes(NB, L, BS, H, D, E) - 1),
+            layer_stride: 2 * BS * H * D * E,
+            part_stride: BS * H * D * E,
+        };
+        assert!(matches!(
+            pool.layer_view(0),
+            Err(Error::BufferTooSmall { name: "pool", .. })
+        ));
+    }
 }

@@ -26,6 +26,8 @@ pub struct Kvio {
     pub(crate) update_slots: cu::CUfunction,
     pub(crate) update_slices: cu::CUfunction,
     pub(crate) copy_blocks: cu::CUfunction,
+    noop: cu::CUfunction,
+    naive_spans: cu::CUfunction,
     pub(crate) sm_count: u32,
     arch: Arch,
 }
@@ -69,12 +71,16 @@ impl Kvio {
             update_slots: ptr::null_mut(),
             update_slices: ptr::null_mut(),
             copy_blocks: ptr::null_mut(),
+            noop: ptr::null_mut(),
+            naive_spans: ptr::null_mut(),
             sm_count: sms.max(1) as u32,
             arch,
         };
         this.update_slots = this.function("kvio_update_slots")?;
         this.update_slices = this.function("kvio_update_slices")?;
         this.copy_blocks = this.function("kvio_copy_blocks")?;
+        this.noop = this.function("kvio_noop")?;
+        this.naive_spans = this.function("kvio_naive_spans")?;
         Ok(this)
     }
 
@@ -96,6 +102,37 @@ impl Kvio {
     /// The context the kernels live in.
     pub fn cu_context(&self) -> cu::CUcontext {
         self.ctx
+    }
+
+    /// Launches an empty kernel (one block of one thread): the launch-overhead yardstick of
+    /// the benchmarks.
+    #[doc(hidden)]
+    pub fn bench_noop(&self, stream: crate::StreamRef<'_>) -> Result<()> {
+        crate::driver::Params::new([]).launch(self.noop, 1, 1, stream)
+    }
+
+    /// The benchmarks' naive baseline: one thread per element over `n` spans listed as
+    /// `(src, dst)` address pairs in device memory.
+    ///
+    /// # Safety
+    /// Every listed span (`span_elems * elem_bytes` bytes) must be valid at both addresses.
+    #[doc(hidden)]
+    pub unsafe fn bench_naive_spans(
+        &self,
+        spans: crate::DeviceBytes,
+        n: u64,
+        span_elems: u64,
+        elem_bytes: u32,
+        stream: crate::StreamRef<'_>,
+    ) -> Result<()> {
+        let total = n * span_elems;
+        let grid = total.div_ceil(256).clamp(1, self.sm_count as u64 * 16) as u32;
+        crate::driver::Params::new([spans.ptr(), n, span_elems, elem_bytes as u64]).launch(
+            self.naive_spans,
+            grid,
+            256,
+            stream,
+        )
     }
 
     /// Number of multiprocessors of the device (used to size grids).

@@ -367,3 +367,44 @@ pub unsafe extern "ptx-kernel" fn kvio_copy_blocks(
         item += g.step;
     }
 }
+
+/// An empty kernel: the benchmarks' launch-overhead ceiling.
+#[no_mangle]
+pub extern "ptx-kernel" fn kvio_noop() {}
+
+/// The benchmarks' naive baseline: one thread per element over a precomputed list of spans
+/// (`spans[2i]` = source address, `spans[2i+1]` = destination address, each `span_elems`
+/// elements of `elem_bytes`), every element's index decomposed from scratch.
+///
+/// # Safety
+/// Every listed span must be readable at its source and writable at its destination.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn kvio_naive_spans(
+    spans: *const u64,
+    num_spans: u64,
+    span_elems: u64,
+    elem_bytes: u32,
+) {
+    let g = group(0);
+    let total = num_spans * span_elems;
+    let mut i = g.first;
+    while i < total {
+        let span = i / span_elems;
+        let e = i - span * span_elems;
+        // SAFETY: span < num_spans; the caller guarantees the spans.
+        unsafe {
+            let src = *spans.add(2 * span as usize) as *const u8;
+            let dst = *spans.add(2 * span as usize + 1) as *mut u8;
+            let off = (e * elem_bytes as u64) as usize;
+            copy_span(
+                src.add(off),
+                dst.add(off),
+                elem_bytes as u64,
+                0,
+                1,
+                elem_bytes,
+            );
+        }
+        i += g.step;
+    }
+}

@@ -1,0 +1,529 @@
+//! CPU tests of the block-copy index math (`kvio_kernels::index::{check_pair, split_n}`) and
+//! of the CPU reference block copy (`kvio::reference::copy_blocks`), against independent
+//! formulations.
+
+use kvio::reference::{copy_blocks, PoolImage};
+use kvio::{Bases, BlockPool, DeviceBytes, ErrorCounts, PagedLayout};
+use kvio_kernels::index::{check_pair, split_n, PairCheck};
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+// ---------------------------------------------------------------------------------------------
+// check_pair
+// ---------------------------------------------------------------------------------------------
+
+/// Independent expectation for `check_pair`, in i128.
+fn expected_pair(src: i64, dst: i64, src_blocks: u64, dst_blocks: u64) -> PairCheck {
+    if src < 0 || dst < 0 {
+        PairCheck::Skip
+    } else if src as i128 >= src_blocks as i128 || dst as i128 >= dst_blocks as i128 {
+        PairCheck::OutOfRange
+    } else {
+        PairCheck::Valid
+    }
+}
+
+#[test]
+fn check_pair_negative_either_side_is_skipped() {
+    let negs = [-1i64, -2, -(1 << 40), i64::MIN, i64::MIN + 1];
+    let others = [0i64, 1, 5, 1000, i64::MAX, -1, i64::MIN];
+    for &n in &negs {
+        for &o in &others {
+            for (sb, db) in [(0u64, 0u64), (1, 1), (10, 3), (u64::MAX, u64::MAX)] {
+                assert_eq!(check_pair(n, o, sb, db), PairCheck::Skip, "({n}, {o})");
+                assert_eq!(check_pair(o, n, sb, db), PairCheck::Skip, "({o}, {n})");
+            }
+        }
+    }
+}
+
+#[test]
+fn check_pair_ids_at_or_past_their_pool_are_out_of_range() {
+    // src pool of 10 blocks, dst pool of 3.
+    assert_eq!(check_pair(9, 2, 10, 3), PairCheck::Valid);
+    assert_eq!(check_pair(10, 2, 10, 3), PairCheck::OutOfRange);
+    assert_eq!(check_pair(9, 3, 10, 3), PairCheck::OutOfRange);
+    assert_eq!(check_pair(10, 3, 10, 3), PairCheck::OutOfRange);
+    // Each id is checked against its own pool: 5 is a valid source, not a valid destination.
+    assert_eq!(check_pair(5, 1, 10, 3), PairCheck::Valid);
+    assert_eq!(check_pair(1, 5, 10, 3), PairCheck::OutOfRange);
+    assert_eq!(check_pair(i64::MAX, 0, 10, 3), PairCheck::OutOfRange);
+    assert_eq!(check_pair(0, i64::MAX, 10, 3), PairCheck::OutOfRange);
+    assert_eq!(check_pair(1 << 33, 0, 1 << 33, 3), PairCheck::OutOfRange);
+    assert_eq!(check_pair((1 << 33) - 1, 0, 1 << 33, 3), PairCheck::Valid);
+}
+
+#[test]
+fn check_pair_extreme_values() {
+    assert_eq!(
+        check_pair(i64::MAX, i64::MAX, u64::MAX, u64::MAX),
+        PairCheck::Valid
+    );
+    assert_eq!(
+        check_pair(i64::MAX, i64::MAX, i64::MAX as u64, u64::MAX),
+        PairCheck::OutOfRange
+    );
+    assert_eq!(
+        check_pair(i64::MAX - 1, i64::MAX - 1, i64::MAX as u64, i64::MAX as u64),
+        PairCheck::Valid
+    );
+    assert_eq!(check_pair(i64::MIN, i64::MAX, 0, 0), PairCheck::Skip);
+    assert_eq!(check_pair(i64::MAX, i64::MIN, 0, 0), PairCheck::Skip);
+}
+
+#[test]
+fn check_pair_zero_block_pools_accept_nothing() {
+    for (s, d) in [(0i64, 0i64), (0, 1), (1, 0), (i64::MAX, i64::MAX)] {
+        assert_eq!(check_pair(s, d, 0, 0), PairCheck::OutOfRange);
+        assert_eq!(check_pair(s, 0, 0, 1), PairCheck::OutOfRange);
+        assert_eq!(check_pair(0, d, 1, 0), PairCheck::OutOfRange);
+    }
+    assert_eq!(check_pair(0, 0, 1, 1), PairCheck::Valid);
+    assert_eq!(check_pair(-1, 0, 0, 0), PairCheck::Skip);
+}
+
+#[test]
+fn check_pair_random_against_expectation() {
+    let mut rng = SmallRng::seed_from_u64(0xb10c);
+    let id = |rng: &mut SmallRng| -> i64 {
+        match rng.gen_range(0..4) {
+            0 => rng.gen_range(-3..20),
+            1 => rng.gen(),
+            2 => rng.gen_range(0..1i64 << 34),
+            _ => *[i64::MIN, i64::MAX, -1, 0].choose(rng).unwrap(),
+        }
+    };
+    let count = |rng: &mut SmallRng| -> u64 {
+        match rng.gen_range(0..3) {
+            0 => rng.gen_range(0..20),
+            1 => rng.gen(),
+            _ => rng.gen_range(0..1u64 << 34),
+        }
+    };
+    for _ in 0..100_000 {
+        let (s, d) = (id(&mut rng), id(&mut rng));
+        let (sb, db) = (count(&mut rng), count(&mut rng));
+        assert_eq!(
+            check_pair(s, d, sb, db),
+            expected_pair(s, d, sb, db),
+            "check_pair({s}, {d}, {sb}, {db})"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// split_n
+// ---------------------------------------------------------------------------------------------
+
+/// Recomposes `(outer, out)` over `dims` (outermost first) in u128.
+fn recompose<const N: usize>(outer: u64, dims: [u64; N], out: [u64; N]) -> u128 {
+    let mut v = outer as u128;
+    for (&d, &o) in dims.iter().zip(&out) {
+        // Saturating: a wrong split must fail the comparison, not overflow.
+        v = v.saturating_mul(d as u128).saturating_add(o as u128);
+    }
+    v
+}
+
+#[test]
+fn split_n_examples() {
+    let mut out = [0u64; 2];
+    assert_eq!(split_n(7, [2, 3], &mut out), 1);
+    assert_eq!(out, [0, 1]);
+    assert_eq!(split_n(5, [2, 3], &mut out), 0);
+    assert_eq!(out, [1, 2]);
+    let mut out = [9u64; 3];
+    assert_eq!(split_n(0, [4, 5, 6], &mut out), 0);
+    assert_eq!(out, [0, 0, 0]);
+    assert_eq!(split_n(4 * 5 * 6 - 1, [4, 5, 6], &mut out), 0);
+    assert_eq!(out, [3, 4, 5]);
+    assert_eq!(split_n(4 * 5 * 6, [4, 5, 6], &mut out), 1);
+    assert_eq!(out, [0, 0, 0]);
+    let mut out = [0u64; 1];
+    assert_eq!(split_n(u64::MAX, [1], &mut out), u64::MAX);
+    assert_eq!(out, [0]);
+    assert_eq!(split_n(u64::MAX, [u64::MAX], &mut out), 1);
+    assert_eq!(out, [0]);
+    assert_eq!(split_n(u64::MAX - 1, [u64::MAX], &mut out), 0);
+    assert_eq!(out, [u64::MAX - 1]);
+    // Past 2^32 on the 64-bit path.
+    let mut out = [0u64; 2];
+    let big = 1u64 << 33;
+    assert_eq!(split_n(3 * big * 5 + 2 * 5 + 4, [big, 5], &mut out), 3);
+    assert_eq!(out, [2, 4]);
+    let mut out = [0u64; 0];
+    assert_eq!(split_n(12345, [], &mut out), 12345);
+}
+
+/// Product of the extents in u128, saturating (four u64 extents can exceed u128).
+fn product(dims: &[u64]) -> u128 {
+    dims.iter()
+        .fold(1u128, |acc, &d| acc.saturating_mul(d as u128))
+}
+
+fn random_dim(rng: &mut SmallRng) -> u64 {
+    match rng.gen_range(0..6) {
+        0 => 1,
+        1 => rng.gen_range(1..17),
+        2 => rng.gen_range(1..1 << 20),
+        3 => rng.gen_range((1 << 32) - 3..(1 << 32) + 3),
+        4 => rng.gen_range(1..1u64 << 40),
+        _ => rng.gen_range(1..=u64::MAX),
+    }
+}
+
+fn random_item(rng: &mut SmallRng, dims: &[u64]) -> u64 {
+    let total = product(dims);
+    match rng.gen_range(0..4) {
+        // Inside the nested extents (outer quotient 0) when they fit in u64.
+        0 if total <= u64::MAX as u128 => rng.gen_range(0..total as u64),
+        1 => rng.gen_range(0..1u64 << 32),
+        2 => u64::MAX - rng.gen_range(0..4),
+        _ => rng.gen(),
+    }
+}
+
+fn split_n_inverse<const N: usize>(rng: &mut SmallRng, iters: usize) {
+    for _ in 0..iters {
+        let mut dims = [0u64; N];
+        for d in &mut dims {
+            *d = random_dim(rng);
+        }
+        let item = random_item(rng, &dims);
+        let mut out = [u64::MAX; N];
+        let outer = split_n(item, dims, &mut out);
+        assert!(
+            out.iter().zip(&dims).all(|(o, d)| o < d),
+            "split_n({item}, {dims:?}) = {outer}, {out:?}"
+        );
+        let total = product(&dims);
+        assert_eq!(
+            outer as u128,
+            item as u128 / total,
+            "split_n({item}, {dims:?}) outer"
+        );
+        assert_eq!(
+            recompose(outer, dims, out),
+            item as u128,
+            "split_n({item}, {dims:?}) = {outer}, {out:?}"
+        );
+    }
+}
+
+#[test]
+fn split_n_is_the_inverse_of_the_nested_index() {
+    let mut rng = SmallRng::seed_from_u64(0x5917);
+    split_n_inverse::<1>(&mut rng, 50_000);
+    split_n_inverse::<2>(&mut rng, 50_000);
+    split_n_inverse::<3>(&mut rng, 50_000);
+    split_n_inverse::<4>(&mut rng, 50_000);
+}
+
+#[test]
+fn split_n_enumerates_small_extents_in_order() {
+    // Consecutive items walk the innermost index fastest, like the kernels' nested loops.
+    let dims = [2u64, 3, 1, 4];
+    let mut item = 0u64;
+    for a in 0..2 {
+        for b in 0..3 {
+            for d in 0..4 {
+                let mut out = [0u64; 4];
+                assert_eq!(split_n(item, dims, &mut out), 0);
+                assert_eq!(out, [a, b, 0, d], "item {item}");
+                item += 1;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// reference::copy_blocks
+// ---------------------------------------------------------------------------------------------
+
+/// Hand example: 2 layers × 2 parts × 2 blocks × 2 tokens × 1 head × 2 elements of 1 byte.
+/// Cross-layer NHD `(NB, L, 2, bs, H, D)`: block 16 bytes, layer 8, part 4.
+fn tiny_cross_layer() -> PoolImage {
+    let mut layout = PagedLayout::nhd(2, 2, 1, 2, 1);
+    layout.block_stride = 16;
+    PoolImage {
+        layers: 2,
+        parts: 2,
+        layout,
+        layer_stride: 8,
+        part_stride: 4,
+    }
+}
+
+/// Layer-first, parts outer `(2, L, NB, bs, H, D)`: part 16 bytes, layer 8, block 4.
+fn tiny_layer_first() -> PoolImage {
+    PoolImage {
+        layers: 2,
+        parts: 2,
+        layout: PagedLayout::nhd(2, 2, 1, 2, 1),
+        layer_stride: 8,
+        part_stride: 16,
+    }
+}
+
+fn iota(n: usize) -> Vec<u8> {
+    (0..n).map(|i| i as u8).collect()
+}
+
+#[test]
+fn copy_blocks_hand_example() {
+    let src = iota(32);
+    let mut dst = vec![0xee; 32];
+    let counts = copy_blocks(
+        &tiny_cross_layer(),
+        &src,
+        &tiny_layer_first(),
+        &mut dst,
+        &[[0, 1], [1, 0]],
+    );
+    assert_eq!(counts, ErrorCounts::default());
+    #[rustfmt::skip]
+    let want: [u8; 32] = [
+        // K, layer 0: block 0 (= src block 1), block 1 (= src block 0)
+        16, 17, 18, 19, 0, 1, 2, 3,
+        // K, layer 1
+        24, 25, 26, 27, 8, 9, 10, 11,
+        // V, layer 0
+        20, 21, 22, 23, 4, 5, 6, 7,
+        // V, layer 1
+        28, 29, 30, 31, 12, 13, 14, 15,
+    ];
+    assert_eq!(dst, want);
+
+    // And back: the swapped blocks come home swapped again.
+    let mut back = vec![0xee; 32];
+    let counts = copy_blocks(
+        &tiny_layer_first(),
+        &dst,
+        &tiny_cross_layer(),
+        &mut back,
+        &[[0, 1], [1, 0]],
+    );
+    assert_eq!(counts, ErrorCounts::default());
+    assert_eq!(back, src);
+}
+
+#[test]
+fn copy_blocks_only_touches_mapped_blocks() {
+    let src = iota(32);
+    let mut dst = vec![0xee; 32];
+    copy_blocks(
+        &tiny_cross_layer(),
+        &src,
+        &tiny_layer_first(),
+        &mut dst,
+        &[[1, 1]],
+    );
+    #[rustfmt::skip]
+    let want: [u8; 32] = [
+        0xee, 0xee, 0xee, 0xee, 16, 17, 18, 19,
+        0xee, 0xee, 0xee, 0xee, 24, 25, 26, 27,
+        0xee, 0xee, 0xee, 0xee, 20, 21, 22, 23,
+        0xee, 0xee, 0xee, 0xee, 28, 29, 30, 31,
+    ];
+    assert_eq!(dst, want);
+}
+
+#[test]
+fn copy_blocks_padding_pairs_skipped() {
+    let src = iota(32);
+    let mut dst = vec![0xee; 32];
+    let pairs = [
+        [-1, 0],
+        [0, -1],
+        [-1, -1],
+        [i64::MIN, 1],
+        [1, i64::MIN],
+        [-1, 99],
+        [99, -1],
+    ];
+    let counts = copy_blocks(
+        &tiny_cross_layer(),
+        &src,
+        &tiny_layer_first(),
+        &mut dst,
+        &pairs,
+    );
+    assert_eq!(counts, ErrorCounts::default());
+    assert_eq!(dst, vec![0xee; 32]);
+}
+
+#[test]
+fn copy_blocks_out_of_range_pairs_counted_and_skipped() {
+    let src = iota(32);
+    let mut dst = vec![0xee; 32];
+    let pairs = [[2, 0], [0, 2], [i64::MAX, 0], [0, i64::MAX], [2, 2]];
+    let counts = copy_blocks(
+        &tiny_cross_layer(),
+        &src,
+        &tiny_layer_first(),
+        &mut dst,
+        &pairs,
+    );
+    assert_eq!(
+        counts,
+        ErrorCounts {
+            bad_blocks: 5,
+            ..ErrorCounts::default()
+        }
+    );
+    assert_eq!(dst, vec![0xee; 32]);
+
+    // Mixed with padding and a good pair: only the good pair lands.
+    let mut dst = vec![0xee; 32];
+    let pairs = [[-1, 0], [5, 0], [1, 1], [0, 3]];
+    let counts = copy_blocks(
+        &tiny_cross_layer(),
+        &src,
+        &tiny_layer_first(),
+        &mut dst,
+        &pairs,
+    );
+    assert_eq!(counts.bad_blocks, 2);
+    assert_eq!(counts.bad_slots + counts.bad_slices + counts.bad_counts, 0);
+    let mut want = vec![0xee; 32];
+    copy_blocks(
+        &tiny_cross_layer(),
+        &src,
+        &tiny_layer_first(),
+        &mut want,
+        &[[1, 1]],
+    );
+    assert_eq!(dst, want);
+}
+
+#[test]
+fn copy_blocks_limits_are_per_pool() {
+    // src has 2 blocks, dst 3: block 2 is a valid destination only.
+    let src = iota(32);
+    let mut big = tiny_layer_first();
+    big.layout.num_blocks = 3;
+    big.layer_stride = 12;
+    big.part_stride = 24;
+    let mut dst = vec![0xee; 48];
+    let counts = copy_blocks(&tiny_cross_layer(), &src, &big, &mut dst, &[[0, 2], [2, 0]]);
+    assert_eq!(counts.bad_blocks, 1);
+    // dst block 2 of (part p, layer l) at p*24 + l*12 + 8 holds src block 0's (l, p) bytes.
+    for l in 0..2 {
+        for p in 0..2 {
+            let at = p * 24 + l * 12;
+            assert_eq!(&dst[at..at + 8], &[0xee; 8], "l {l} p {p}");
+            let want: Vec<u8> = (0..4).map(|j| (l * 8 + p * 4 + j) as u8).collect();
+            assert_eq!(&dst[at + 8..at + 12], &want[..], "l {l} p {p}");
+        }
+    }
+}
+
+/// A pool image with the shape and strides of a strided `BlockPool` (fake memory: only the
+/// numbers are used).
+fn image_of(pool: &BlockPool<'_>) -> PoolImage {
+    let Bases::Strided {
+        layer_stride,
+        part_stride,
+        ..
+    } = pool.bases
+    else {
+        panic!("strided pools only");
+    };
+    PoolImage {
+        layers: pool.layers,
+        parts: pool.parts,
+        layout: pool.layout,
+        layer_stride,
+        part_stride,
+    }
+}
+
+fn pools(
+    nb: usize,
+    l: usize,
+    bs: usize,
+    h: usize,
+    d: usize,
+    e: usize,
+) -> (PoolImage, PoolImage, usize) {
+    let bytes = nb * l * 2 * bs * h * d * e;
+    // SAFETY: these views are only used for their shape, never dereferenced.
+    let mem = unsafe { DeviceBytes::from_raw(0x1000, bytes) };
+    let nhd = BlockPool::cross_layer_nhd(mem, nb, l, bs, h, d, e);
+    let hnd = BlockPool::cross_layer_hnd(mem, nb, l, bs, h, d, e);
+    (image_of(&nhd), image_of(&hnd), bytes)
+}
+
+#[test]
+fn copy_blocks_nhd_hnd_nhd_round_trip() {
+    let mut rng = SmallRng::seed_from_u64(0xc0b1);
+    for e in [1usize, 2, 4] {
+        for _ in 0..40 {
+            let (nb, l, bs, h, d) = (
+                rng.gen_range(1..5),
+                rng.gen_range(1..4),
+                rng.gen_range(1..6),
+                rng.gen_range(1..5),
+                rng.gen_range(1..7),
+            );
+            let (nhd, hnd, bytes) = pools(nb, l, bs, h, d, e);
+            let mut orig = vec![0u8; bytes];
+            rng.fill(&mut orig[..]);
+            let ident: Vec<[i64; 2]> = (0..nb as i64).map(|b| [b, b]).collect();
+
+            let mut mid = vec![0xa5u8; bytes];
+            let c = copy_blocks(&nhd, &orig, &hnd, &mut mid, &ident);
+            assert_eq!(c, ErrorCounts::default());
+            // The intermediate image is HND (NB, H, L, 2, bs, D), checked element by element
+            // against NHD (NB, L, 2, bs, H, D) with the offsets written out here.
+            for b in 0..nb {
+                for li in 0..l {
+                    for p in 0..2 {
+                        for t in 0..bs {
+                            for hi in 0..h {
+                                for x in 0..d {
+                                    let n = ((((b * l + li) * 2 + p) * bs + t) * h + hi) * d + x;
+                                    let m = ((((b * h + hi) * l + li) * 2 + p) * bs + t) * d + x;
+                                    assert_eq!(
+                                        mid[m * e..(m + 1) * e],
+                                        orig[n * e..(n + 1) * e],
+                                        "e {e} shape {:?} at {:?}",
+                                        (nb, l, bs, h, d),
+                                        (b, li, p, t, hi, x)
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+
+            let mut back = vec![0x5au8; bytes];
+            let c = copy_blocks(&hnd, &mid, &nhd, &mut back, &ident);
+            assert_eq!(c, ErrorCounts::default());
+            assert_eq!(back, orig, "e {e} shape {:?}", (nb, l, bs, h, d));
+        }
+    }
+}
+
+#[test]
+fn copy_blocks_round_trip_through_a_permutation() {
+    // NHD --perm--> HND --inverse perm--> NHD is the identity too.
+    let mut rng = SmallRng::seed_from_u64(0x9e4d);
+    for e in [1usize, 2, 4] {
+        let (nb, l, bs, h, d) = (6, 2, 3, 3, 5);
+        let (nhd, hnd, bytes) = pools(nb, l, bs, h, d, e);
+        let mut orig = vec![0u8; bytes];
+        rng.fill(&mut orig[..]);
+        let mut perm: Vec<i64> = (0..nb as i64).collect();
+        perm.shuffle(&mut rng);
+        let there: Vec<[i64; 2]> = (0..nb as i64).map(|b| [b, perm[b as usize]]).collect();
+        let back_pairs: Vec<[i64; 2]> = there.iter().map(|&[s, d]| [d, s]).collect();
+        let mut mid = vec![0u8; bytes];
+        copy_blocks(&nhd, &orig, &hnd, &mut mid, &there);
+        let mut back = vec![0u8; bytes];
+        copy_blocks(&hnd, &mid, &nhd, &mut back, &back_pairs);
+        assert_eq!(back, orig, "e {e} perm {perm:?}");
+    }
+}
