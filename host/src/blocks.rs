@@ -15,6 +15,7 @@
 //! kernel otherwise (DMA loses badly on small copies: vLLM #42212).
 
 use cust::sys as cu;
+use kvio_kernels::args::CopyArgs;
 use kvio_kernels::index::{access_width, group_shift};
 
 use crate::alloc::{memory_kind, LayerTable, MemoryKind};
@@ -703,80 +704,99 @@ impl Kvio {
                 (staging, host.len())
             }
         };
-        let items = (n as u64).saturating_mul(geo.ext.iter().product());
-        if items == 0 {
+        let Some((args, grid)) = copy_args(op, geo, pairs.ptr(), n, self.sm_count) else {
             return Ok(());
-        }
-        let side = |p: &BlockPool<'_>| -> [u64; 7] {
-            let e = p.layout.elem_bytes as u64;
-            let (base, table, ls, ps) = match p.bases {
-                Bases::Strided {
-                    mem,
-                    layer_stride,
-                    part_stride,
-                } => (mem.ptr(), 0, layer_stride as u64, part_stride as u64),
-                Bases::Table(t) => (0, t.ptr(), 0, 0),
-            };
+        };
+        Params::new(args.to_words()).launch(self.copy_blocks, grid, BLOCK_THREADS, stream)
+    }
+}
+
+/// Kernel arguments and grid of a validated block copy whose pairs are at `pairs` (`n` of
+/// them); `None` when there is nothing to do.
+pub(crate) fn copy_args(
+    op: &BlockCopy<'_>,
+    geo: &Geometry,
+    pairs: u64,
+    n: usize,
+    sm_count: u32,
+) -> Option<(CopyArgs, u32)> {
+    let items = (n as u64).saturating_mul(geo.ext.iter().product());
+    if items == 0 {
+        return None;
+    }
+    let side = |p: &BlockPool<'_>| -> (u64, u64, [u64; 5]) {
+        let e = p.layout.elem_bytes as u64;
+        let (base, table, ls, ps) = match p.bases {
+            Bases::Strided {
+                mem,
+                layer_stride,
+                part_stride,
+            } => (mem.ptr(), 0, layer_stride as u64, part_stride as u64),
+            Bases::Table(t) => (0, t.ptr(), 0, 0),
+        };
+        let l = &p.layout;
+        (
+            base,
+            table,
             [
-                base,
-                table,
                 ls,
                 ps,
-                p.layout.block_stride as u64 * e,
-                p.layout.token_stride as u64 * e,
-                p.layout.head_stride as u64 * e,
-            ]
-        };
-        let (s, d) = (side(&op.src), side(&op.dst));
-        let mut widths = vec![geo.chunk];
-        widths.extend_from_slice(&s);
-        widths.extend_from_slice(&d);
-        if let Bases::Table(t) = op.src.bases {
+                l.block_stride as u64 * e,
+                l.token_stride as u64 * e,
+                l.head_stride as u64 * e,
+            ],
+        )
+    };
+    let (sb, st, ss) = side(&op.src);
+    let (db, dt, ds) = side(&op.dst);
+    let mut widths = vec![geo.chunk, sb, db];
+    widths.extend_from_slice(&ss);
+    widths.extend_from_slice(&ds);
+    for pool in [&op.src, &op.dst] {
+        if let Bases::Table(t) = pool.bases {
             widths.extend(t.entries().iter().map(DeviceBytes::ptr));
         }
-        if let Bases::Table(t) = op.dst.bases {
-            widths.extend(t.entries().iter().map(DeviceBytes::ptr));
-        }
-        let width = access_width(&widths);
-        let shift = group_shift(geo.chunk / width as u64, 4);
-        let budget = op.max_ctas.unwrap_or(if geo.host_involved {
-            DEFAULT_TRANSFER_CTAS
-        } else {
-            self.sm_count * 8
-        });
-        let groups = (BLOCK_THREADS >> shift) as u64;
-        let grid = items.div_ceil(groups).clamp(1, budget.max(1) as u64) as u32;
-        let [l, p, t, h] = geo.ext;
-        Params::new([
-            s[0],
-            s[1],
-            s[2],
-            s[3],
-            s[4],
-            s[5],
-            s[6],
-            d[0],
-            d[1],
-            d[2],
-            d[3],
-            d[4],
-            d[5],
-            d[6],
-            l,
-            p,
-            t,
-            h,
-            geo.chunk,
-            pairs.ptr(),
-            n as u64,
-            op.src.layout.num_blocks as u64,
-            op.dst.layout.num_blocks as u64,
-            width as u64,
-            shift as u64,
-            op.errors.map_or(0, DeviceErrors::ptr),
-        ])
-        .launch(self.copy_blocks, grid, BLOCK_THREADS, stream)
     }
+    let width = access_width(&widths);
+    let shift = group_shift(geo.chunk / width as u64, 4);
+    let budget = op.max_ctas.unwrap_or(if geo.host_involved {
+        DEFAULT_TRANSFER_CTAS
+    } else {
+        sm_count * 8
+    });
+    let groups = (BLOCK_THREADS >> shift) as u64;
+    let grid = items.div_ceil(groups).clamp(1, budget.max(1) as u64) as u32;
+    let [layers, parts, tokens, heads] = geo.ext;
+    let args = CopyArgs {
+        src_base: sb as *mut u8,
+        src_table: st as *const u64,
+        src_layer_stride: ss[0],
+        src_part_stride: ss[1],
+        src_block_stride: ss[2],
+        src_token_stride: ss[3],
+        src_head_stride: ss[4],
+        dst_base: db as *mut u8,
+        dst_table: dt as *const u64,
+        dst_layer_stride: ds[0],
+        dst_part_stride: ds[1],
+        dst_block_stride: ds[2],
+        dst_token_stride: ds[3],
+        dst_head_stride: ds[4],
+        layers,
+        parts,
+        tokens,
+        heads,
+        chunk: geo.chunk,
+        pairs: pairs as *const i64,
+        num_pairs: n as u64,
+        src_blocks: op.src.layout.num_blocks as u64,
+        dst_blocks: op.dst.layout.num_blocks as u64,
+        table_parts: op.src.parts as u64,
+        width,
+        shift,
+        errors: op.errors.map_or(0, DeviceErrors::ptr) as *mut u32,
+    };
+    Some((args, grid))
 }
 
 /// The DMA backend: one `cuMemcpyAsync` per contiguous span; consecutive pairs `(s, d)`,

@@ -25,6 +25,7 @@
 mod alloc;
 pub mod blocks;
 mod driver;
+pub mod emulate;
 mod error;
 pub mod layout;
 mod mem;

@@ -6,6 +6,7 @@
 //! the slice count) are checked by the kernel: bad ones are skipped and counted in the
 //! [`DeviceErrors`] word, so nothing is ever written outside the cache.
 
+use kvio_kernels::args::{SliceArgs, SlotArgs};
 use kvio_kernels::index::{access_width, group_shift};
 
 use crate::driver::{Params, StreamRef};
@@ -169,78 +170,22 @@ impl Kvio {
     /// # Ok(()) }
     /// ```
     pub fn update_slots(&self, op: &SlotUpdate<'_>, stream: StreamRef<'_>) -> Result<()> {
-        let plan = plan_slots(op, self.sm_count)?;
-        let Some(p) = plan else { return Ok(()) };
-        let v_src = op.value.map_or(0, |b| b.ptr());
-        let v_dst = op.value_cache.map_or(0, |b| b.ptr());
-        Params::new([
-            op.key.ptr(),
-            v_src,
-            p.src_token_stride,
-            p.src_head_stride,
-            op.key_cache.ptr(),
-            v_dst,
-            p.dst_block_stride,
-            p.dst_token_stride,
-            p.dst_head_stride,
-            op.cache.num_blocks as u64,
-            op.cache.block_size as u64,
-            p.heads,
-            p.chunk,
-            op.slots.parts().0.ptr(),
-            (op.slots.parts().1 == 8) as u64,
-            op.slots.len() as u64,
-            p.width as u64,
-            p.shift as u64,
-            err_ptr(op.errors),
-        ])
-        .launch(self.update_slots, p.grid, BLOCK_THREADS, stream)
+        let Some((args, grid)) = plan_slots(op, self.sm_count)? else {
+            return Ok(());
+        };
+        Params::new(args.to_words()).launch(self.update_slots, grid, BLOCK_THREADS, stream)
     }
 
     /// Copies slices of new rows into a paged cache in place. See [`SliceUpdate`].
     pub fn update_slices(&self, op: &SliceUpdate<'_>, stream: StreamRef<'_>) -> Result<()> {
-        let p = plan_slices(op, self.sm_count)?;
-        let e = op.layout.elem_bytes as u64;
-        Params::new([
-            op.new_kv.ptr(),
-            op.input.token_stride as u64 * e,
-            op.cache.ptr(),
-            op.layout.block_stride as u64 * e,
-            op.layout.token_stride as u64 * e,
-            p.row_bytes,
-            op.layout.num_slots() as u64,
-            op.input.num_tokens as u64,
-            op.layout.block_size as u64,
-            op.slices.ptr(),
-            op.padded as u64,
-            op.num_slices.ptr(),
-            p.rows_per_item as u64,
-            p.merge as u64,
-            p.width as u64,
-            p.shift as u64,
-            err_ptr(op.errors),
-        ])
-        .launch(self.update_slices, p.grid, BLOCK_THREADS, stream)
+        let (args, grid) = plan_slices(op, self.sm_count)?;
+        Params::new(args.to_words()).launch(self.update_slices, grid, BLOCK_THREADS, stream)
     }
 }
 
-/// Launch geometry and byte strides of one slot update.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct SlotPlan {
-    src_token_stride: u64,
-    src_head_stride: u64,
-    dst_block_stride: u64,
-    dst_token_stride: u64,
-    dst_head_stride: u64,
-    heads: u64,
-    chunk: u64,
-    width: u32,
-    shift: u32,
-    grid: u32,
-}
-
-/// Validates a slot update; `None` when there is nothing to do (no token).
-pub(crate) fn plan_slots(op: &SlotUpdate<'_>, sm_count: u32) -> Result<Option<SlotPlan>> {
+/// Validates a slot update and returns the kernel arguments and grid; `None` when there is
+/// nothing to do (no token).
+pub(crate) fn plan_slots(op: &SlotUpdate<'_>, sm_count: u32) -> Result<Option<(SlotArgs, u32)>> {
     let src_ext = op.input.extent("input")?;
     let dst_ext = op.cache.extent("cache")?;
     same_shape(&op.input, &op.cache)?;
@@ -306,51 +251,53 @@ pub(crate) fn plan_slots(op: &SlotUpdate<'_>, sm_count: u32) -> Result<Option<Sl
     } else {
         (c.num_heads as u64, c.chunk_bytes() as u64)
     };
-    let mut plan = SlotPlan {
+    let (slots, w) = op.slots.parts();
+    let mut args = SlotArgs {
+        src_k: op.key.ptr() as *const u8,
+        src_v: op.value.map_or(0, |b| b.ptr()) as *const u8,
         src_token_stride: i.token_stride as u64 * e,
         src_head_stride: if merged { 0 } else { i.head_stride as u64 * e },
+        dst_k: op.key_cache.ptr() as *mut u8,
+        dst_v: op.value_cache.map_or(0, |b| b.ptr()) as *mut u8,
         dst_block_stride: c.block_stride as u64 * e,
         dst_token_stride: c.token_stride as u64 * e,
         dst_head_stride: if merged { 0 } else { c.head_stride as u64 * e },
+        num_blocks: c.num_blocks as u64,
+        block_size: c.block_size as u64,
         heads,
-        chunk,
+        chunk_bytes: chunk,
+        slots: slots.ptr() as *const u8,
+        slot_is_i64: (w == 8) as u32,
+        num_tokens: n as u64,
         width: 0,
         shift: 0,
-        grid: 0,
+        errors: err_ptr(op.errors) as *mut u32,
     };
-    plan.width = access_width(&[
-        op.key.ptr(),
-        op.value.map_or(0, |b| b.ptr()),
-        op.key_cache.ptr(),
-        op.value_cache.map_or(0, |b| b.ptr()),
-        plan.src_token_stride,
-        plan.src_head_stride,
-        plan.dst_block_stride,
-        plan.dst_token_stride,
-        plan.dst_head_stride,
+    args.width = access_width(&[
+        args.src_k as u64,
+        args.src_v as u64,
+        args.dst_k as u64,
+        args.dst_v as u64,
+        args.src_token_stride,
+        args.src_head_stride,
+        args.dst_block_stride,
+        args.dst_token_stride,
+        args.dst_head_stride,
         chunk,
     ]);
-    plan.shift = group_shift(chunk / plan.width as u64, PER_LANE);
+    args.shift = group_shift(chunk / args.width as u64, PER_LANE);
     let parts = if op.value.is_some() { 2 } else { 1 };
-    plan.grid = grid_for(n as u64 * parts * heads, plan.shift, sm_count);
-    Ok(Some(plan))
-}
-
-/// Launch geometry of one slice update.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct SlicePlan {
-    row_bytes: u64,
-    rows_per_item: u32,
-    merge: bool,
-    width: u32,
-    shift: u32,
-    grid: u32,
+    Ok(Some((
+        args,
+        grid_for(n as u64 * parts * heads, args.shift, sm_count),
+    )))
 }
 
 /// Bytes of rows one work item of the slice update copies (at most).
 const SLICE_ITEM_BYTES: usize = 8192;
 
-pub(crate) fn plan_slices(op: &SliceUpdate<'_>, sm_count: u32) -> Result<SlicePlan> {
+/// Validates a slice update and returns the kernel arguments and grid.
+pub(crate) fn plan_slices(op: &SliceUpdate<'_>, sm_count: u32) -> Result<(SliceArgs, u32)> {
     let src_ext = op.input.extent("input")?;
     let dst_ext = op.layout.extent("layout")?;
     same_shape(&op.input, &op.layout)?;
@@ -407,14 +354,26 @@ pub(crate) fn plan_slices(op: &SliceUpdate<'_>, sm_count: u32) -> Result<SlicePl
     };
     let shift = group_shift(span / width as u64, PER_LANE);
     let pieces = (l.block_size as u64).div_ceil(rows_per_item as u64);
-    Ok(SlicePlan {
+    let args = SliceArgs {
+        src: op.new_kv.ptr() as *const u8,
+        src_row_stride: (i.token_stride * e) as u64,
+        dst: op.cache.ptr() as *mut u8,
+        dst_page_stride: (l.block_stride * e) as u64,
+        dst_row_stride: (l.token_stride * e) as u64,
         row_bytes: row as u64,
+        num_slots: l.num_slots() as u64,
+        num_tokens: i.num_tokens as u64,
+        page_size: l.block_size as u32,
+        slices: op.slices.ptr() as *const i32,
+        padded: op.padded as u32,
+        num_slices: op.num_slices.ptr() as *const i32,
         rows_per_item,
-        merge,
+        merge: merge as u32,
         width,
         shift,
-        grid: grid_for(op.padded as u64 * pieces, shift, sm_count),
-    })
+        errors: err_ptr(op.errors) as *mut u32,
+    };
+    Ok((args, grid_for(op.padded as u64 * pieces, shift, sm_count)))
 }
 
 #[cfg(test)]
@@ -445,19 +404,19 @@ mod tests {
     #[test]
     fn plan_merges_contiguous_heads() {
         let op = slot_op(PagedLayout::nhd(8, 16, 8, 128, 2), 10);
-        let p = plan_slots(&op, 132).unwrap().unwrap();
-        assert_eq!((p.heads, p.chunk, p.width, p.shift), (1, 2048, 16, 5));
+        let (p, _) = plan_slots(&op, 132).unwrap().unwrap();
+        assert_eq!((p.heads, p.chunk_bytes, p.width, p.shift), (1, 2048, 16, 5));
         let op = slot_op(PagedLayout::hnd(8, 16, 8, 128, 2), 10);
-        let p = plan_slots(&op, 132).unwrap().unwrap();
-        assert_eq!((p.heads, p.chunk), (8, 256));
+        let (p, _) = plan_slots(&op, 132).unwrap().unwrap();
+        assert_eq!((p.heads, p.chunk_bytes), (8, 256));
     }
 
     #[test]
     fn odd_rows_use_narrow_access() {
         let op = slot_op(PagedLayout::nhd(8, 16, 1, 3, 1), 10);
-        assert_eq!(plan_slots(&op, 132).unwrap().unwrap().width, 1);
+        assert_eq!(plan_slots(&op, 132).unwrap().unwrap().0.width, 1);
         let op = slot_op(PagedLayout::nhd(8, 16, 3, 2, 2), 10);
-        assert_eq!(plan_slots(&op, 132).unwrap().unwrap().width, 4);
+        assert_eq!(plan_slots(&op, 132).unwrap().unwrap().0.width, 4);
     }
 
     #[test]
@@ -507,7 +466,7 @@ mod tests {
         ));
         let mut op = base;
         op.slots = SlotMapping::I64(bytes(0x3000_0000, 0));
-        assert_eq!(plan_slots(&op, 1).unwrap(), None);
+        assert!(plan_slots(&op, 1).unwrap().is_none());
     }
 
     #[test]
@@ -545,10 +504,10 @@ mod tests {
     #[test]
     fn slice_plan_and_rejections() {
         let op = slice_op(PagedLayout::nhd(8, 16, 16, 128, 2), 100, 20);
-        let p = plan_slices(&op, 132).unwrap();
+        let (p, _) = plan_slices(&op, 132).unwrap();
         assert_eq!(
             (p.row_bytes, p.rows_per_item, p.merge, p.width),
-            (4096, 2, true, 16)
+            (4096, 2, 1, 16)
         );
         let mut bad = op;
         bad.slices = bytes(0x2000_0000, 20 * 12 - 1);

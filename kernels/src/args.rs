@@ -1,0 +1,237 @@
+//! Kernel argument lists, defined once: each `kernel!` invocation declares the argument
+//! struct the body takes (module `ops`), its `to_words()` (the `cuLaunchKernel` parameter
+//! array the host builds, in declaration order), and — on nvptx — the `extern "ptx-kernel"`
+//! entry point with one scalar or raw-pointer parameter per field, in the same order. Host and
+//! device can therefore never disagree on parameter order.
+
+/// A kernel parameter as the 8-byte slot the host passes to `cuLaunchKernel` (a `u32`
+/// parameter reads the low 4 bytes of its slot).
+pub trait Word: Copy {
+    /// The value widened to 64 bits.
+    fn word(self) -> u64;
+}
+
+impl Word for u64 {
+    fn word(self) -> u64 {
+        self
+    }
+}
+impl Word for u32 {
+    fn word(self) -> u64 {
+        self as u64
+    }
+}
+impl<T> Word for *const T {
+    fn word(self) -> u64 {
+        self as u64
+    }
+}
+impl<T> Word for *mut T {
+    fn word(self) -> u64 {
+        self as u64
+    }
+}
+
+macro_rules! count {
+    () => { 0usize };
+    ($head:ident $($tail:ident)*) => { 1usize + count!($($tail)*) };
+}
+
+macro_rules! kernel {
+    (
+        $(#[$meta:meta])*
+        $entry:ident($args:ident) => $body:path {
+            $($(#[$fmeta:meta])* $field:ident : $ty:ty),* $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug)]
+        pub struct $args {
+            $($(#[$fmeta])* pub $field: $ty),*
+        }
+
+        impl $args {
+            /// Number of kernel parameters.
+            pub const WORDS: usize = count!($($field)*);
+            /// Name of the PTX entry point.
+            pub const ENTRY: &'static str = stringify!($entry);
+            /// The parameter slots for `cuLaunchKernel`, in the entry point's order.
+            pub fn to_words(&self) -> [u64; Self::WORDS] {
+                [$($crate::args::Word::word(self.$field)),*]
+            }
+        }
+
+        /// PTX entry point: rebuilds the argument struct and runs the body on this thread's
+        /// group.
+        ///
+        /// # Safety
+        /// The host validated the arguments (see the body's contract).
+        #[cfg(target_arch = "nvptx64")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $entry($($field: $ty),*) {
+            let a = $args { $($field),* };
+            // SAFETY: forwarded from the launcher's validation.
+            unsafe { $body(&a, $crate::ops::Group::this_thread(a.shift)) }
+        }
+    };
+}
+
+kernel! {
+    /// Arguments of the slot-mapping update (see [`crate::ops::update_slots`]).
+    kvio_update_slots(SlotArgs) => crate::ops::update_slots {
+        /// New keys.
+        src_k: *const u8,
+        /// New values (null: K only).
+        src_v: *const u8,
+        /// Bytes between input tokens.
+        src_token_stride: u64,
+        /// Bytes between input heads (0 when heads are merged).
+        src_head_stride: u64,
+        /// Key cache.
+        dst_k: *mut u8,
+        /// Value cache (null: K only).
+        dst_v: *mut u8,
+        /// Bytes between cache blocks.
+        dst_block_stride: u64,
+        /// Bytes between slots of a block.
+        dst_token_stride: u64,
+        /// Bytes between cache heads (0 when heads are merged).
+        dst_head_stride: u64,
+        /// Blocks in the cache.
+        num_blocks: u64,
+        /// Slots per block.
+        block_size: u64,
+        /// Head chunks per token (1 when merged).
+        heads: u64,
+        /// Bytes per chunk.
+        chunk_bytes: u64,
+        /// Slot per token (i32 or i64).
+        slots: *const u8,
+        /// Non-zero: slots are i64.
+        slot_is_i64: u32,
+        /// Tokens (slots) to process.
+        num_tokens: u64,
+        /// Access width in bytes.
+        width: u32,
+        /// log2 of lanes per work item.
+        shift: u32,
+        /// Error word (may be null).
+        errors: *mut u32,
+    }
+}
+
+kernel! {
+    /// Arguments of the slice-based update (see [`crate::ops::update_slices`]).
+    kvio_update_slices(SliceArgs) => crate::ops::update_slices {
+        /// New K/V rows.
+        src: *const u8,
+        /// Bytes between source rows.
+        src_row_stride: u64,
+        /// The cache.
+        dst: *mut u8,
+        /// Bytes between cache pages.
+        dst_page_stride: u64,
+        /// Bytes between rows of a page.
+        dst_row_stride: u64,
+        /// Bytes per row.
+        row_bytes: u64,
+        /// Slots in the cache.
+        num_slots: u64,
+        /// Rows in the source.
+        num_tokens: u64,
+        /// Slots per page.
+        page_size: u32,
+        /// `[3, padded]` i32 slice table.
+        slices: *const i32,
+        /// Capacity of the table.
+        padded: u32,
+        /// Device-side slice count.
+        num_slices: *const i32,
+        /// Rows one work item copies at most.
+        rows_per_item: u32,
+        /// Non-zero: rows contiguous on both sides (an item is one span).
+        merge: u32,
+        /// Access width in bytes.
+        width: u32,
+        /// log2 of lanes per work item.
+        shift: u32,
+        /// Error word (may be null).
+        errors: *mut u32,
+    }
+}
+
+kernel! {
+    /// Arguments of the block copy (see [`crate::ops::copy_blocks`]).
+    kvio_copy_blocks(CopyArgs) => crate::ops::copy_blocks {
+        /// Source pool base (strided pools).
+        src_base: *mut u8,
+        /// Source layer/part pointer table (null: strided).
+        src_table: *const u64,
+        /// Source bytes between layers.
+        src_layer_stride: u64,
+        /// Source bytes between parts.
+        src_part_stride: u64,
+        /// Source bytes between blocks.
+        src_block_stride: u64,
+        /// Source bytes between tokens.
+        src_token_stride: u64,
+        /// Source bytes between heads.
+        src_head_stride: u64,
+        /// Destination pool base (strided pools).
+        dst_base: *mut u8,
+        /// Destination layer/part pointer table (null: strided).
+        dst_table: *const u64,
+        /// Destination bytes between layers.
+        dst_layer_stride: u64,
+        /// Destination bytes between parts.
+        dst_part_stride: u64,
+        /// Destination bytes between blocks.
+        dst_block_stride: u64,
+        /// Destination bytes between tokens.
+        dst_token_stride: u64,
+        /// Destination bytes between heads.
+        dst_head_stride: u64,
+        /// Layer extent (1 when merged).
+        layers: u64,
+        /// Part extent (1 when merged).
+        parts: u64,
+        /// Token extent (1 when merged).
+        tokens: u64,
+        /// Head extent (1 when merged).
+        heads: u64,
+        /// Bytes per chunk.
+        chunk: u64,
+        /// `[n, 2]` i64 block pairs.
+        pairs: *const i64,
+        /// Number of pairs.
+        num_pairs: u64,
+        /// Blocks in the source pool.
+        src_blocks: u64,
+        /// Blocks in the destination pool.
+        dst_blocks: u64,
+        /// Parts per layer of the pools (table indexing), before merging.
+        table_parts: u64,
+        /// Access width in bytes.
+        width: u32,
+        /// log2 of lanes per work item.
+        shift: u32,
+        /// Error word (may be null).
+        errors: *mut u32,
+    }
+}
+
+kernel! {
+    /// Arguments of the benchmarks' naive baseline (see [`crate::ops::naive_spans`]).
+    kvio_naive_spans(NaiveArgs) => crate::ops::naive_spans {
+        /// `(src, dst)` address pairs.
+        spans: *const u64,
+        /// Number of spans.
+        num_spans: u64,
+        /// Elements per span.
+        span_elems: u64,
+        /// Bytes per element.
+        elem_bytes: u32,
+        /// Always 0 (one thread per element).
+        shift: u32,
+    }
+}

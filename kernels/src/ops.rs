@@ -1,0 +1,333 @@
+//! Kernel bodies: what one thread does, as plain functions of the argument struct (module
+//! `args`) and the thread's [`Group`]. On the GPU the entry points call them for the calling
+//! thread; on the CPU [`emulate`] calls them for every thread of a grid in turn, so the very
+//! same code is property-tested against the reference without a GPU.
+
+use core::sync::atomic::{AtomicU32, Ordering};
+
+use crate::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs};
+use crate::index::{self, err, PairCheck, SliceCheck, SlotTarget};
+use crate::span::copy_span;
+
+/// A thread's place in a grid split into groups of `1 << shift` lanes: each group owns one
+/// work item at a time (items `first`, `first + step`, ...), so two groups never write the
+/// same span, and the lanes of a group split the span's units between them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Group {
+    /// This group's first item.
+    pub first: u64,
+    /// Items a group moves on by (the number of groups in the grid).
+    pub step: u64,
+    /// Lane inside the group.
+    pub lane: u64,
+    /// Lanes in a group.
+    pub lanes: u64,
+}
+
+impl Group {
+    /// The group of global thread `thread` in a grid of `threads` threads (a multiple of
+    /// `1 << shift`).
+    #[inline(always)]
+    pub fn new(thread: u64, threads: u64, shift: u32) -> Group {
+        let lanes = 1u64 << shift;
+        Group {
+            first: thread >> shift,
+            step: threads >> shift,
+            lane: thread & (lanes - 1),
+            lanes,
+        }
+    }
+
+    /// The calling GPU thread's group.
+    #[cfg(target_arch = "nvptx64")]
+    #[inline(always)]
+    pub fn this_thread(shift: u32) -> Group {
+        use core::arch::nvptx::{_block_dim_x, _block_idx_x, _grid_dim_x, _thread_idx_x};
+        // SAFETY: reading special registers has no preconditions.
+        let (tid, bid, bdim, gdim) = unsafe {
+            (
+                _thread_idx_x(),
+                _block_idx_x(),
+                _block_dim_x(),
+                _grid_dim_x(),
+            )
+        };
+        Group::new(
+            bid as u64 * bdim as u64 + tid as u64,
+            gdim as u64 * bdim as u64,
+            shift,
+        )
+    }
+}
+
+/// Runs `body` for every thread of a `grid × block` launch, one thread after another (the
+/// kernels have no inter-thread synchronisation, so any order is a valid schedule).
+pub fn emulate(grid: u32, block: u32, shift: u32, mut body: impl FnMut(Group)) {
+    let threads = grid as u64 * block as u64;
+    for t in 0..threads {
+        body(Group::new(t, threads, shift));
+    }
+}
+
+/// Adds one to counter `which` of the error word (if there is one).
+///
+/// # Safety
+/// `errors` is null or points at `err::WORDS` aligned `u32` alive for the launch.
+#[inline(always)]
+unsafe fn count_error(errors: *mut u32, which: usize) {
+    if !errors.is_null() {
+        // SAFETY: forwarded; atomics make concurrent increments sound.
+        unsafe { AtomicU32::from_ptr(errors.add(which)).fetch_add(1, Ordering::Relaxed) };
+    }
+}
+
+/// Slot-mapping update (vLLM `reshape_and_cache_flash` semantics): token `t` of K (and V when
+/// `src_v` is non-null) goes to slot `slots[t]`; negative slots are skipped, slots past the
+/// cache are skipped and counted. One item = one (token, K/V, head chunk) span.
+///
+/// # Safety
+/// Host-validated arguments: every in-range target lies inside the destination caches, every
+/// token row inside the sources, `slots` holds `num_tokens` entries.
+#[inline(always)]
+pub unsafe fn update_slots(a: &SlotArgs, g: Group) {
+    let parts = if a.src_v.is_null() { 1 } else { 2 };
+    let items = a.num_tokens * parts * a.heads;
+    let mut item = g.first;
+    while item < items {
+        let (tok, part, head) = index::split3(item, parts, a.heads);
+        // SAFETY: tok < num_tokens, the length of the slot array.
+        let slot = unsafe {
+            if a.slot_is_i64 != 0 {
+                *(a.slots as *const i64).add(tok as usize)
+            } else {
+                *(a.slots as *const i32).add(tok as usize) as i64
+            }
+        };
+        match index::slot_target(slot, a.block_size, a.num_blocks) {
+            SlotTarget::Skip => {}
+            SlotTarget::OutOfRange => {
+                if g.lane == 0 && part == 0 && head == 0 {
+                    // SAFETY: see count_error.
+                    unsafe { count_error(a.errors, err::BAD_SLOT) };
+                }
+            }
+            SlotTarget::At { block, offset } => {
+                let (src, dst) = if part == 0 {
+                    (a.src_k, a.dst_k)
+                } else {
+                    (a.src_v, a.dst_v)
+                };
+                // SAFETY: block < num_blocks, offset < block_size, head < heads, tok <
+                // num_tokens: the host checked that all such spans lie in the buffers.
+                unsafe {
+                    let s = src.add((tok * a.src_token_stride + head * a.src_head_stride) as usize);
+                    let d = dst.add(
+                        (block * a.dst_block_stride
+                            + offset * a.dst_token_stride
+                            + head * a.dst_head_stride) as usize,
+                    );
+                    copy_span(s, d, a.chunk_bytes, g.lane, g.lanes, a.width);
+                }
+            }
+        }
+        item += g.step;
+    }
+}
+
+/// Slice-based update (vLLM TPU `kv_cache_update` semantics): the first `*num_slices` entries
+/// of the `[3, padded]` table (cache start, source start, length) are copied; a bad count
+/// skips everything (counted once), a bad slice is skipped and counted. Slot `s` lives at
+/// `(s / page_size) * dst_page_stride + (s % page_size) * dst_row_stride`.
+///
+/// # Safety
+/// Host-validated arguments: every valid slice's rows lie in the buffers; `slices` holds
+/// `3 * padded` entries and `num_slices` one.
+#[inline(always)]
+pub unsafe fn update_slices(a: &SliceArgs, g: Group) {
+    // SAFETY: num_slices points at one i32.
+    let raw = unsafe { *a.num_slices };
+    let Some(n) = index::checked_count(raw, a.padded) else {
+        if g.first == 0 && g.lane == 0 {
+            // SAFETY: see count_error.
+            unsafe { count_error(a.errors, err::BAD_COUNT) };
+        }
+        return;
+    };
+    let per = a.rows_per_item as u64;
+    let page = a.page_size as u64;
+    let pieces = page.div_ceil(per);
+    let items = n as u64 * pieces;
+    let mut item = g.first;
+    while item < items {
+        let (i, _, piece) = index::split3(item, 1, pieces);
+        // SAFETY: i < n <= padded, and `slices` holds 3 * padded i32.
+        let (start, from, len) = unsafe {
+            let p = a.padded as usize;
+            (
+                *a.slices.add(i as usize),
+                *a.slices.add(p + i as usize),
+                *a.slices.add(2 * p + i as usize),
+            )
+        };
+        match index::check_slice(start, from, len, a.page_size, a.num_slots, a.num_tokens) {
+            SliceCheck::Padding => {}
+            SliceCheck::Invalid => {
+                if g.lane == 0 && piece == 0 {
+                    // SAFETY: see count_error.
+                    unsafe { count_error(a.errors, err::BAD_SLICE) };
+                }
+            }
+            SliceCheck::Valid => {
+                let r0 = piece * per;
+                let len = len as u64;
+                if r0 < len {
+                    let rows = if len - r0 < per { len - r0 } else { per };
+                    let first_slot = start as u64 + r0;
+                    let pg = index::div_u64(first_slot, page);
+                    let s0 = (from as u64 + r0) * a.src_row_stride;
+                    let d0 = pg * a.dst_page_stride + (first_slot - pg * page) * a.dst_row_stride;
+                    // SAFETY: the slice is valid (inside both buffers, one page), so are these rows.
+                    unsafe {
+                        if a.merge != 0 {
+                            copy_span(
+                                a.src.add(s0 as usize),
+                                a.dst.add(d0 as usize),
+                                rows * a.row_bytes,
+                                g.lane,
+                                g.lanes,
+                                a.width,
+                            );
+                        } else {
+                            let mut r = 0;
+                            while r < rows {
+                                let s = a.src.add((s0 + r * a.src_row_stride) as usize);
+                                let d = a.dst.add((d0 + r * a.dst_row_stride) as usize);
+                                copy_span(s, d, a.row_bytes, g.lane, g.lanes, a.width);
+                                r += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        item += g.step;
+    }
+}
+
+/// Address of one chunk of a pool side: layer/part base from the table (when non-null) or
+/// from `base + layer * layer_stride + part * part_stride`, then block/token/head strides.
+///
+/// # Safety
+/// Indices inside the host-validated pool; a table holds `table_parts` entries per layer.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn chunk_at(
+    base: *mut u8,
+    table: *const u64,
+    strides: [u64; 5],
+    table_parts: u64,
+    block: u64,
+    ix: [u64; 4],
+) -> *mut u8 {
+    let [layer, part, token, head] = ix;
+    let [ls, ps, bs, ts, hs] = strides;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        let b = if table.is_null() {
+            base.add((layer * ls + part * ps) as usize)
+        } else {
+            *table.add((layer * table_parts + part) as usize) as *mut u8
+        };
+        b.add((block * bs + token * ts + head * hs) as usize)
+    }
+}
+
+/// Block copy between two pools (device or mapped pinned host memory, any layouts): for pair
+/// `i` (`pairs[2i]` source block, `pairs[2i+1]` destination block), every (layer, part, token,
+/// head) chunk of `chunk` bytes; merged dimensions have extent 1. Negative ids are padding,
+/// ids past a pool are skipped and counted.
+///
+/// # Safety
+/// Host-validated descriptors: every chunk of a valid pair lies inside both pools; `pairs`
+/// holds `2 * num_pairs` entries.
+#[inline(always)]
+pub unsafe fn copy_blocks(a: &CopyArgs, g: Group) {
+    let ext = [a.layers, a.parts, a.tokens, a.heads];
+    let per_pair = a.layers * a.parts * a.tokens * a.heads;
+    let items = a.num_pairs * per_pair;
+    let ss = [
+        a.src_layer_stride,
+        a.src_part_stride,
+        a.src_block_stride,
+        a.src_token_stride,
+        a.src_head_stride,
+    ];
+    let ds = [
+        a.dst_layer_stride,
+        a.dst_part_stride,
+        a.dst_block_stride,
+        a.dst_token_stride,
+        a.dst_head_stride,
+    ];
+    let mut item = g.first;
+    let mut ix = [0u64; 4];
+    while item < items {
+        let pair = index::split_n(item, ext, &mut ix);
+        // SAFETY: pair < num_pairs.
+        let (s, d) = unsafe {
+            (
+                *a.pairs.add(2 * pair as usize),
+                *a.pairs.add(2 * pair as usize + 1),
+            )
+        };
+        match index::check_pair(s, d, a.src_blocks, a.dst_blocks) {
+            PairCheck::Skip => {}
+            PairCheck::OutOfRange => {
+                if g.lane == 0 && item == pair * per_pair {
+                    // SAFETY: see count_error.
+                    unsafe { count_error(a.errors, err::BAD_BLOCK) };
+                }
+            }
+            PairCheck::Valid => {
+                // SAFETY: both blocks are inside their pools, the other indices below their
+                // validated extents.
+                unsafe {
+                    let from = chunk_at(a.src_base, a.src_table, ss, a.table_parts, s as u64, ix);
+                    let to = chunk_at(a.dst_base, a.dst_table, ds, a.table_parts, d as u64, ix);
+                    copy_span(from, to, a.chunk, g.lane, g.lanes, a.width);
+                }
+            }
+        }
+        item += g.step;
+    }
+}
+
+/// The benchmarks' naive baseline: thread per element over `(src, dst)` span pairs, each
+/// element's position decomposed from scratch.
+///
+/// # Safety
+/// Every listed span must be readable at its source and writable at its destination.
+#[inline(always)]
+pub unsafe fn naive_spans(a: &NaiveArgs, g: Group) {
+    let total = a.num_spans * a.span_elems;
+    let mut i = g.first;
+    while i < total {
+        let span = i / a.span_elems;
+        let e = i - span * a.span_elems;
+        // SAFETY: span < num_spans; the caller guarantees the spans.
+        unsafe {
+            let src = *a.spans.add(2 * span as usize) as *const u8;
+            let dst = *a.spans.add(2 * span as usize + 1) as *mut u8;
+            let off = (e * a.elem_bytes as u64) as usize;
+            copy_span(
+                src.add(off),
+                dst.add(off),
+                a.elem_bytes as u64,
+                0,
+                1,
+                a.elem_bytes,
+            );
+        }
+        i += g.step;
+    }
+}
