@@ -1,1 +1,675 @@
-fn main() {}
+//! `cargo bench`: kvio's throughput per page size, with the GPU's own ceilings and naive
+//! baselines measured in the same process, so every figure is also a ratio.
+//!
+//! GPU time comes from CUDA events recorded on the launch stream (criterion `iter_custom`);
+//! criterion warms up, samples and writes its HTML report under `target/criterion`. At the end
+//! a table per group (GB/s, % of ceiling, speedup over each baseline) is printed and the same
+//! rows are written as JSON to `target/kvio-bench.json` (or `$KVIO_BENCH_JSON`).
+//!
+//! Settings (environment): `KVIO_BENCH_LAYERS` (32), `KVIO_BENCH_HEADS` (8), `KVIO_BENCH_DIM`
+//! (128), `KVIO_BENCH_ELEM` (2 = bf16), `KVIO_BENCH_PAGES` (`1,2,4,8,16,32,64,128,256`),
+//! `KVIO_BENCH_GROUPS` (comma list of groups to run; default all). Without a GPU it says so and
+//! exits 0.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use criterion::{measurement::WallTime, BenchmarkGroup, Criterion, Throughput};
+use cust::event::{Event, EventFlags};
+use cust::memory::DeviceBuffer;
+use cust::stream::Stream;
+use cust::sys as cu;
+use kvio::plan::{slices_to_table, slots_to_slices};
+use kvio::{
+    Backend, BlockCopy, BlockMap, BlockPool, DeviceBytes, LayerTable, PagedLayout, SliceUpdate, SlotMapping,
+    SlotUpdate, StreamRef, TokenLayout,
+};
+use kvio_suite::{random_bytes, upload, Gpu, Graph, Mem, Rng};
+
+/// Model shape and sweep, from the environment.
+#[derive(Clone, Debug)]
+struct Cfg {
+    layers: usize,
+    heads: usize,
+    dim: usize,
+    elem: usize,
+    pages: Vec<usize>,
+    groups: Option<Vec<String>>,
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+impl Cfg {
+    fn from_env() -> Cfg {
+        let pages = std::env::var("KVIO_BENCH_PAGES")
+            .ok()
+            .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+            .unwrap_or_else(|| vec![1, 2, 4, 8, 16, 32, 64, 128, 256]);
+        let groups = std::env::var("KVIO_BENCH_GROUPS").ok().map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
+        Cfg {
+            layers: env_usize("KVIO_BENCH_LAYERS", 32),
+            heads: env_usize("KVIO_BENCH_HEADS", 8),
+            dim: env_usize("KVIO_BENCH_DIM", 128),
+            elem: env_usize("KVIO_BENCH_ELEM", 2),
+            pages,
+            groups,
+        }
+    }
+    fn wants(&self, group: &str) -> bool {
+        self.groups.as_ref().is_none_or(|g| g.iter().any(|x| x == group))
+    }
+    /// Bytes of one (block, layer, K or V) chunk at page size `bs`.
+    fn chunk(&self, bs: usize) -> usize {
+        bs * self.heads * self.dim * self.elem
+    }
+}
+
+/// Bytes moved through device memory by device-side benchmarks (read + write counted).
+const D2D_BYTES: usize = 512 << 20;
+/// Bytes moved over the host link by each offload/onload iteration.
+const PCIE_BYTES: usize = 128 << 20;
+/// The per-chunk memcpy baseline issues at most this many copies per iteration.
+const MAX_MEMCPY_SPANS: usize = 16384;
+
+/// One measured benchmark: bytes per iteration and the seconds per iteration of each sample.
+#[derive(Default, Clone)]
+struct Run {
+    bytes: u64,
+    secs: Vec<f64>,
+}
+
+impl Run {
+    fn median(&self) -> f64 {
+        let mut v = self.secs.clone();
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        if v.is_empty() {
+            f64::NAN
+        } else {
+            v[v.len() / 2]
+        }
+    }
+    fn gbps(&self) -> f64 {
+        self.bytes as f64 / self.median() / 1e9
+    }
+}
+
+/// Results by (group, parameter, variant).
+#[derive(Default)]
+struct Rec {
+    runs: BTreeMap<(String, usize, String), Run>,
+}
+
+/// GPU time of `iters` calls of `f` on `stream`, from events recorded on that stream.
+fn time_on(stream: &Stream, iters: u64, f: &mut dyn FnMut()) -> Duration {
+    let start = Event::new(EventFlags::DEFAULT).expect("event");
+    let stop = Event::new(EventFlags::DEFAULT).expect("event");
+    start.record(stream).expect("record");
+    for _ in 0..iters {
+        f();
+    }
+    stop.record(stream).expect("record");
+    stop.synchronize().expect("event sync (a kernel fault shows here)");
+    let ms = stop.elapsed_time_f32(&start).expect("elapsed");
+    Duration::from_secs_f64(ms as f64 / 1e3)
+}
+
+/// Measures one variant with criterion and records its per-iteration samples.
+#[allow(clippy::too_many_arguments)]
+fn measure(
+    grp: &mut BenchmarkGroup<'_, WallTime>,
+    rec: &RefCell<Rec>,
+    group: &str,
+    param: usize,
+    variant: &str,
+    bytes: u64,
+    stream: &Stream,
+    mut f: impl FnMut(),
+) {
+    f(); // first call outside timing: module/JIT/first-touch costs
+    stream.synchronize().expect("sync");
+    grp.throughput(Throughput::Bytes(bytes.max(1)));
+    grp.bench_function(format!("{}-{variant}/{param}", group.replace('/', "-")), |b| {
+        b.iter_custom(|iters| {
+            let d = time_on(stream, iters, &mut f);
+            let mut r = rec.borrow_mut();
+            let run = r.runs.entry((group.to_string(), param, variant.to_string())).or_default();
+            run.bytes = bytes;
+            run.secs.push(d.as_secs_f64() / iters as f64);
+            d
+        })
+    });
+}
+
+fn check(call: &str, r: cu::CUresult) {
+    assert_eq!(r, cu::CUresult::CUDA_SUCCESS, "{call}");
+}
+
+fn memcpy(dst: u64, src: u64, bytes: usize, stream: &Stream) {
+    // SAFETY: callers pass ranges inside live allocations.
+    check("cuMemcpyAsync", unsafe { cu::cuMemcpyAsync(dst, src, bytes, stream.as_inner()) });
+}
+
+/// Uploads `(src, dst)` span address pairs for the naive kernel.
+fn span_table(spans: &[(u64, u64)]) -> DeviceBuffer<u64> {
+    upload(&spans.iter().flat_map(|&(s, d)| [s, d]).chain([0, 0]).collect::<Vec<u64>>())
+}
+
+/// The naive baseline: one thread per element over the spans.
+fn naive(g: &Gpu, table: &DeviceBuffer<u64>, n: usize, span_bytes: usize, elem: usize, stream: &Stream) {
+    // SAFETY: the table lists spans inside live allocations.
+    unsafe {
+        g.kv.bench_naive_spans(
+            DeviceBytes::of(table),
+            n as u64,
+            (span_bytes / elem) as u64,
+            elem as u32,
+            StreamRef::from_cust(stream),
+        )
+    }
+    .expect("naive kernel");
+}
+
+/// The per-chunk memcpy baseline over (at most MAX_MEMCPY_SPANS of) the spans; returns the
+/// bytes one iteration moves.
+fn memcpy_spans<'a>(spans: &'a [(u64, u64)], span_bytes: usize, stream: &'a Stream) -> impl FnMut() + 'a {
+    let spans = &spans[..spans.len().min(MAX_MEMCPY_SPANS)];
+    move || {
+        for &(s, d) in spans {
+            memcpy(d, s, span_bytes, stream);
+        }
+    }
+}
+
+fn ceilings(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
+    let mut grp = c.benchmark_group("ceiling");
+    let a = Mem::new(false, D2D_BYTES / 2);
+    let b = Mem::new(false, D2D_BYTES / 2);
+    measure(&mut grp, rec, "ceiling", 0, "device-copy", D2D_BYTES as u64, stream, || {
+        memcpy(b.bytes().ptr(), a.bytes().ptr(), D2D_BYTES / 2, stream)
+    });
+    let h = Mem::new(true, PCIE_BYTES);
+    let d = Mem::new(false, PCIE_BYTES);
+    measure(&mut grp, rec, "ceiling", 0, "pinned-h2d", PCIE_BYTES as u64, stream, || {
+        memcpy(d.bytes().ptr(), h.bytes().ptr(), PCIE_BYTES, stream)
+    });
+    measure(&mut grp, rec, "ceiling", 0, "pinned-d2h", PCIE_BYTES as u64, stream, || {
+        memcpy(h.bytes().ptr(), d.bytes().ptr(), PCIE_BYTES, stream)
+    });
+    // Launch costs, recorded as seconds per call (bytes 0).
+    measure(&mut grp, rec, "ceiling", 0, "empty-launch", 0, stream, || {
+        g.kv.bench_noop(StreamRef::from_cust(stream)).expect("noop")
+    });
+    let graph = Graph::capture(stream, |s| {
+        for _ in 0..100 {
+            g.kv.bench_noop(s).expect("noop");
+        }
+    });
+    measure(&mut grp, rec, "ceiling", 0, "empty-launch-in-graph-x100", 0, stream, || graph.launch(stream));
+    grp.finish();
+}
+
+/// A K/V write-path setup: inputs of `t` tokens, NHD caches of `blocks × bs`.
+struct WriteSetup {
+    key: DeviceBuffer<u8>,
+    value: DeviceBuffer<u8>,
+    kc: Mem,
+    vc: Mem,
+    input: TokenLayout,
+    cache: PagedLayout,
+    slots: DeviceBuffer<i64>,
+    slot_host: Vec<i64>,
+}
+
+impl WriteSetup {
+    fn new(cfg: &Cfg, t: usize, bs: usize, seed: u64) -> WriteSetup {
+        let blocks = t.div_ceil(bs) + 8;
+        let cache = PagedLayout::nhd(blocks, bs, cfg.heads, cfg.dim, cfg.elem);
+        let input = TokenLayout::contiguous(t, cfg.heads, cfg.dim, cfg.elem);
+        let n = input.extent("i").unwrap() as usize;
+        let mut rng = Rng::new(seed);
+        let mut all: Vec<i64> = (0..(blocks * bs) as i64).collect();
+        rng.shuffle(&mut all);
+        let slot_host = all[..t].to_vec();
+        let mut kc = Mem::new(false, cache.extent("c").unwrap() as usize);
+        let mut vc = Mem::new(false, cache.extent("c").unwrap() as usize);
+        kc.fill(&random_bytes(kc.bytes().len(), seed + 1));
+        vc.fill(&random_bytes(vc.bytes().len(), seed + 2));
+        WriteSetup {
+            key: upload(&random_bytes(n, seed + 3)),
+            value: upload(&random_bytes(n, seed + 4)),
+            kc,
+            vc,
+            input,
+            cache,
+            slots: upload(&slot_host),
+            slot_host,
+        }
+    }
+    fn op(&self) -> SlotUpdate<'_> {
+        SlotUpdate {
+            key: DeviceBytes::of(&self.key),
+            value: Some(DeviceBytes::of(&self.value)),
+            input: self.input,
+            key_cache: self.kc.bytes(),
+            value_cache: Some(self.vc.bytes()),
+            cache: self.cache,
+            slots: SlotMapping::I64(DeviceBytes::of(&self.slots)),
+            errors: None,
+        }
+    }
+    /// (src, dst) spans of one token row each, K then V.
+    fn spans(&self) -> Vec<(u64, u64)> {
+        let row = self.input.row_bytes() as u64;
+        let mut v = Vec::new();
+        for (src, dst) in [(DeviceBytes::of(&self.key), self.kc.bytes()), (DeviceBytes::of(&self.value), self.vc.bytes())] {
+            for (t, &s) in self.slot_host.iter().enumerate() {
+                v.push((src.ptr() + t as u64 * row, dst.ptr() + s as u64 * row));
+            }
+        }
+        v
+    }
+    /// Bytes read + written by one update (K and V).
+    fn bytes(&self) -> u64 {
+        2 * 2 * (self.slot_host.len() * self.input.row_bytes()) as u64
+    }
+}
+
+fn slot_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
+    let mut grp = c.benchmark_group("slot-update");
+    let row = cfg.heads * cfg.dim * cfg.elem;
+    let mut cases: Vec<(usize, usize)> = [1usize, 16, 256, 4096, 65536].iter().map(|&t| (t, 16)).collect();
+    cases.extend(cfg.pages.iter().map(|&bs| (16384usize, bs)));
+    for (t, bs) in cases {
+        let w = WriteSetup::new(cfg, t, bs, t as u64 ^ bs as u64);
+        let name = if bs == 16 && t != 16384 { "slot-update/T" } else { "slot-update/page" };
+        let param = if name == "slot-update/T" { t } else { bs };
+        let op = w.op();
+        measure(&mut grp, rec, name, param, "kvio", w.bytes(), stream, || {
+            g.kv.update_slots(&op, StreamRef::from_cust(stream)).expect("update_slots")
+        });
+        let spans = w.spans();
+        let table = span_table(&spans);
+        measure(&mut grp, rec, name, param, "naive-kernel", w.bytes(), stream, || {
+            naive(g, &table, spans.len(), row, cfg.elem, stream)
+        });
+        let n = spans.len().min(MAX_MEMCPY_SPANS);
+        measure(&mut grp, rec, name, param, "memcpy-per-chunk", 2 * (n * row) as u64, stream, memcpy_spans(&spans, row, stream));
+    }
+    // Decode-size updates inside a CUDA graph: time per call, against an empty kernel.
+    for t in [1usize, 16, 64, 256] {
+        let w = WriteSetup::new(cfg, t, 16, 77 + t as u64);
+        let op = w.op();
+        let graph = Graph::capture(stream, |s| {
+            for _ in 0..100 {
+                g.kv.update_slots(&op, s).expect("update_slots");
+            }
+        });
+        measure(&mut grp, rec, "slot-update/graph-latency", t, "kvio-x100", 0, stream, || graph.launch(stream));
+    }
+    grp.finish();
+}
+
+fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
+    let mut grp = c.benchmark_group("slice-update");
+    // vLLM TPU layout: rows of K and V heads together (H' = 2H), flat cache.
+    let heads = 2 * cfg.heads;
+    let row = heads * cfg.dim * cfg.elem;
+    let mut cases: Vec<(usize, usize)> = [1usize, 16, 256, 4096, 65536].iter().map(|&t| (t, 16)).collect();
+    cases.extend(cfg.pages.iter().map(|&bs| (16384usize, bs)));
+    for (t, bs) in cases {
+        let name = if bs == 16 && t != 16384 { "slice-update/T" } else { "slice-update/page" };
+        let param = if name == "slice-update/T" { t } else { bs };
+        let blocks = t.div_ceil(bs) + 8;
+        let layout = PagedLayout::nhd(blocks, bs, heads, cfg.dim, cfg.elem);
+        let input = TokenLayout::contiguous(t, heads, cfg.dim, cfg.elem);
+        let src = upload(&random_bytes(input.extent("i").unwrap() as usize, 5));
+        let mut cache = Mem::new(false, layout.extent("l").unwrap() as usize);
+        cache.fill(&random_bytes(cache.bytes().len(), 6));
+        // Prefill-like: tokens fill whole pages, taken in random order.
+        let mut rng = Rng::new(t as u64);
+        let mut pages: Vec<i64> = (0..blocks as i64).collect();
+        rng.shuffle(&mut pages);
+        let slots: Vec<i64> = (0..t).map(|i| pages[i / bs] * bs as i64 + (i % bs) as i64).collect();
+        let slices = slots_to_slices(&slots, bs).unwrap();
+        let padded = slices.len() + 8;
+        let table = upload(&slices_to_table(&slices, padded).unwrap());
+        let count = upload(&[slices.len() as i32]);
+        let op = SliceUpdate {
+            new_kv: DeviceBytes::of(&src),
+            input,
+            cache: cache.bytes(),
+            layout,
+            slices: DeviceBytes::of(&table),
+            padded,
+            num_slices: DeviceBytes::of(&count),
+            errors: None,
+        };
+        let bytes = 2 * (t * row) as u64;
+        measure(&mut grp, rec, name, param, "kvio", bytes, stream, || {
+            g.kv.update_slices(&op, StreamRef::from_cust(stream)).expect("update_slices")
+        });
+        let spans: Vec<(u64, u64)> = slots
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| (src.as_device_ptr().as_raw() + (i * row) as u64, cache.bytes().ptr() + s as u64 * row as u64))
+            .collect();
+        let st = span_table(&spans);
+        measure(&mut grp, rec, name, param, "naive-kernel", bytes, stream, || naive(g, &st, spans.len(), row, cfg.elem, stream));
+    }
+    grp.finish();
+}
+
+/// Pool layouts of the block benchmarks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum PoolKind {
+    /// Per-layer K and V caches (NHD) through a pointer table.
+    LayerSeparate,
+    /// SGLang's layer-first host pool `(2, L, NB, bs, H, D)` in one allocation.
+    LayerFirst,
+    /// vLLM's cross-layer blocks `(NB, L, 2, bs, H, D)`.
+    CrossLayer,
+}
+
+struct Pool {
+    mem: Mem,
+    table: Option<LayerTable>,
+    kind: PoolKind,
+    blocks: usize,
+    layers: usize,
+    chunk: usize,
+}
+
+impl Pool {
+    fn new(cfg: &Cfg, kind: PoolKind, on_host: bool, blocks: usize, bs: usize) -> Pool {
+        let chunk = cfg.chunk(bs);
+        let mut mem = Mem::new(on_host, blocks * cfg.layers * 2 * chunk);
+        mem.fill(&random_bytes(mem.bytes().len(), blocks as u64 ^ bs as u64));
+        let table = (kind == PoolKind::LayerSeparate).then(|| {
+            let part = blocks * chunk;
+            let views: Vec<DeviceBytes> = (0..2 * cfg.layers).map(|i| mem.bytes().slice(i * part, part).unwrap()).collect();
+            LayerTable::new(&views, 2).unwrap()
+        });
+        Pool { mem, table, kind, blocks, layers: cfg.layers, chunk }
+    }
+    fn pool(&self, cfg: &Cfg, bs: usize) -> BlockPool<'_> {
+        let layout = PagedLayout::nhd(self.blocks, bs, cfg.heads, cfg.dim, cfg.elem);
+        match self.kind {
+            PoolKind::LayerSeparate => BlockPool::layer_separate(self.table.as_ref().unwrap(), layout),
+            PoolKind::LayerFirst => BlockPool {
+                bases: kvio::Bases::Strided {
+                    mem: self.mem.bytes(),
+                    layer_stride: self.blocks * self.chunk,
+                    part_stride: self.layers * self.blocks * self.chunk,
+                },
+                layers: self.layers,
+                parts: 2,
+                layout,
+            },
+            PoolKind::CrossLayer => {
+                BlockPool::cross_layer_nhd(self.mem.bytes(), self.blocks, cfg.layers, bs, cfg.heads, cfg.dim, cfg.elem)
+            }
+        }
+    }
+    /// Address of the contiguous (block, layer, part) chunk.
+    fn chunk_addr(&self, block: usize, layer: usize, part: usize) -> u64 {
+        let (b, c, l) = (block as u64, self.chunk as u64, self.layers as u64);
+        let nb = self.blocks as u64;
+        self.mem.bytes().ptr()
+            + match self.kind {
+                PoolKind::LayerSeparate => ((layer * 2 + part) as u64 * nb + b) * c,
+                PoolKind::LayerFirst => ((part as u64 * l + layer as u64) * nb + b) * c,
+                PoolKind::CrossLayer => (b * l * 2 + (layer * 2 + part) as u64) * c,
+            }
+    }
+}
+
+/// Spans of a block copy: whole blocks when both pools are cross-layer, else one span per
+/// (block, layer, K/V) chunk.
+fn block_spans(src: &Pool, dst: &Pool, pairs: &[[i64; 2]]) -> (Vec<(u64, u64)>, usize) {
+    if src.kind == PoolKind::CrossLayer && dst.kind == PoolKind::CrossLayer {
+        let whole = src.layers * 2 * src.chunk;
+        let v = pairs.iter().map(|p| (src.chunk_addr(p[0] as usize, 0, 0), dst.chunk_addr(p[1] as usize, 0, 0))).collect();
+        return (v, whole);
+    }
+    let mut v = Vec::new();
+    for p in pairs {
+        for l in 0..src.layers {
+            for part in 0..2 {
+                v.push((src.chunk_addr(p[0] as usize, l, part), dst.chunk_addr(p[1] as usize, l, part)));
+            }
+        }
+    }
+    (v, src.chunk)
+}
+
+/// One block-copy benchmark set: kvio kernel, kvio DMA, per-chunk memcpy, naive kernel.
+#[allow(clippy::too_many_arguments)]
+fn block_case(
+    grp: &mut BenchmarkGroup<'_, WallTime>,
+    rec: &RefCell<Rec>,
+    g: &Gpu,
+    stream: &Stream,
+    cfg: &Cfg,
+    group: &str,
+    bs: usize,
+    src: &Pool,
+    dst: &Pool,
+    pairs: &[[i64; 2]],
+    bytes_factor: u64,
+    ctas: Option<u32>,
+) {
+    let moved = (pairs.len() * cfg.layers * 2 * cfg.chunk(bs)) as u64;
+    let map_d = upload(&pairs.iter().flatten().copied().collect::<Vec<i64>>());
+    let base = BlockCopy {
+        src: src.pool(cfg, bs),
+        dst: dst.pool(cfg, bs),
+        map: BlockMap::Device { pairs: DeviceBytes::of(&map_d), len: pairs.len() },
+        backend: Backend::Kernel,
+        max_ctas: ctas,
+        staging: None,
+        errors: None,
+    };
+    measure(grp, rec, group, bs, "kvio-kernel", moved * bytes_factor, stream, || {
+        g.kv.copy_blocks(&base, StreamRef::from_cust(stream)).expect("copy_blocks kernel");
+    });
+    let dma = BlockCopy { map: BlockMap::Host(pairs), backend: Backend::Dma, ..base };
+    measure(grp, rec, group, bs, "kvio-dma", moved * bytes_factor, stream, || {
+        g.kv.copy_blocks(&dma, StreamRef::from_cust(stream)).expect("copy_blocks dma");
+    });
+    let (spans, span_bytes) = block_spans(src, dst, pairs);
+    let n = spans.len().min(MAX_MEMCPY_SPANS);
+    measure(grp, rec, group, bs, "memcpy-per-chunk", (n * span_bytes) as u64 * bytes_factor, stream, memcpy_spans(&spans, span_bytes, stream));
+    let table = span_table(&spans);
+    measure(grp, rec, group, bs, "naive-kernel", moved * bytes_factor, stream, || {
+        naive(g, &table, spans.len(), span_bytes, cfg.elem, stream)
+    });
+}
+
+fn shuffled_pairs(n: usize, src_blocks: usize, dst_offset: usize, seed: u64) -> Vec<[i64; 2]> {
+    let mut rng = Rng::new(seed);
+    let mut src: Vec<i64> = (0..src_blocks as i64).collect();
+    let mut dst: Vec<i64> = (0..n as i64).map(|d| d + dst_offset as i64).collect();
+    rng.shuffle(&mut src);
+    rng.shuffle(&mut dst);
+    (0..n).map(|i| [src[i], dst[i]]).collect()
+}
+
+fn copy_blocks(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
+    let mut grp = c.benchmark_group("copy-blocks");
+    for &bs in &cfg.pages {
+        let block = cfg.layers * 2 * cfg.chunk(bs);
+        let n = (D2D_BYTES / 2 / block).max(1);
+        for kind in [PoolKind::LayerSeparate, PoolKind::CrossLayer] {
+            // Copy-on-write inside one pool: blocks 0..n to n..2n.
+            let pool = Pool::new(cfg, kind, false, 2 * n, bs);
+            let pairs = shuffled_pairs(n, n, n, bs as u64);
+            let group = format!("copy-blocks/{kind:?}");
+            block_case(&mut grp, rec, g, stream, cfg, &group, bs, &pool, &pool, &pairs, 2, None);
+        }
+    }
+    grp.finish();
+}
+
+fn transfers(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg, offload: bool) {
+    let dir = if offload { "offload" } else { "onload" };
+    let mut grp = c.benchmark_group(dir);
+    // D2H on 2 CTAs, H2D on 4 (the targets' budgets).
+    let ctas = Some(if offload { 2 } else { 4 });
+    for &bs in &cfg.pages {
+        let block = cfg.layers * 2 * cfg.chunk(bs);
+        let n = (PCIE_BYTES / block).max(1);
+        for (gpu_kind, host_kind, label) in [
+            (PoolKind::LayerSeparate, PoolKind::LayerFirst, "layer-separate"),
+            (PoolKind::CrossLayer, PoolKind::CrossLayer, "cross-layer"),
+            (PoolKind::LayerSeparate, PoolKind::CrossLayer, "convert-lf-pf"),
+        ] {
+            let gpu_pool = Pool::new(cfg, gpu_kind, false, n, bs);
+            let host_pool = Pool::new(cfg, host_kind, true, n, bs);
+            let pairs = shuffled_pairs(n, n, 0, bs as u64 + 1);
+            let group = format!("{dir}/{label}");
+            if offload {
+                block_case(&mut grp, rec, g, stream, cfg, &group, bs, &gpu_pool, &host_pool, &pairs, 1, ctas);
+            } else {
+                block_case(&mut grp, rec, g, stream, cfg, &group, bs, &host_pool, &gpu_pool, &pairs, 1, ctas);
+            }
+        }
+    }
+    grp.finish();
+}
+
+/// Prints one table per group and writes the JSON file.
+fn report(rec: &Rec, device: &str, driver: i32) {
+    let get = |g: &str, p: usize, v: &str| rec.runs.get(&(g.to_string(), p, v.to_string()));
+    let ceil = |v: &str| get("ceiling", 0, v).map(Run::gbps).unwrap_or(f64::NAN);
+    let (d2d, h2d, d2h) = (ceil("device-copy"), ceil("pinned-h2d"), ceil("pinned-d2h"));
+    let launch = get("ceiling", 0, "empty-launch").map(|r| r.median() * 1e6).unwrap_or(f64::NAN);
+    let glaunch = get("ceiling", 0, "empty-launch-in-graph-x100").map(|r| r.median() * 1e6 / 100.0).unwrap_or(f64::NAN);
+    println!("\n=== kvio benchmarks on {device} (driver {driver}) ===");
+    println!("ceilings: device copy {d2d:.0} GB/s (read+write), pinned H2D {h2d:.1} GB/s, D2H {d2h:.1} GB/s");
+    println!("empty kernel: {launch:.2} us per stream launch, {glaunch:.2} us per launch inside a CUDA graph");
+    let mut json = Vec::new();
+    json.push(format!(
+        "  \"device\": \"{device}\",\n  \"driver\": {driver},\n  \"ceilings\": {{\"device_copy_gbps\": {d2d:.1}, \"pinned_h2d_gbps\": {h2d:.2}, \"pinned_d2h_gbps\": {d2h:.2}, \"empty_launch_us\": {launch:.3}, \"graph_launch_us\": {glaunch:.3}}}"
+    ));
+    let mut rows = Vec::new();
+    let groups: Vec<String> = {
+        let mut v: Vec<String> = rec.runs.keys().map(|k| k.0.clone()).filter(|g| g != "ceiling").collect();
+        v.dedup();
+        v
+    };
+    for group in groups {
+        let ceiling = if group.starts_with("offload") {
+            d2h
+        } else if group.starts_with("onload") {
+            h2d
+        } else {
+            d2d
+        };
+        println!("\n--- {group} ---");
+        if group.ends_with("graph-latency") {
+            println!("{:>8} {:>14} {:>16}", "T", "us per call", "x empty launch");
+            for ((g, p, v), r) in rec.runs.iter().filter(|(k, _)| k.0 == group) {
+                let us = r.median() * 1e6 / 100.0;
+                println!("{p:>8} {us:>14.2} {:>16.2}", us / glaunch);
+                rows.push(format!(
+                    "    {{\"group\": \"{g}\", \"param\": {p}, \"variant\": \"{v}\", \"us_per_call\": {us:.3}, \"x_empty_launch\": {:.3}}}",
+                    us / glaunch
+                ));
+            }
+            continue;
+        }
+        println!(
+            "{:>8} {:<18} {:>10} {:>10} {:>12} {:>12}",
+            "param", "variant", "GB/s", "% ceiling", "x memcpy", "x naive"
+        );
+        let params: Vec<usize> = {
+            let mut v: Vec<usize> = rec.runs.keys().filter(|k| k.0 == group).map(|k| k.1).collect();
+            v.dedup();
+            v
+        };
+        for p in params {
+            let base_m = get(&group, p, "memcpy-per-chunk").map(Run::gbps).unwrap_or(f64::NAN);
+            let base_n = get(&group, p, "naive-kernel").map(Run::gbps).unwrap_or(f64::NAN);
+            for ((_, _, v), r) in rec.runs.iter().filter(|(k, _)| k.0 == group && k.1 == p) {
+                let gb = r.gbps();
+                let pct = 100.0 * gb / ceiling;
+                println!("{p:>8} {v:<18} {gb:>10.1} {pct:>9.1}% {:>12.2} {:>12.2}", gb / base_m, gb / base_n);
+                rows.push(format!(
+                    "    {{\"group\": \"{group}\", \"param\": {p}, \"variant\": \"{v}\", \"bytes\": {}, \"median_s\": {:.9}, \"gbps\": {gb:.3}, \"pct_ceiling\": {pct:.2}, \"x_memcpy\": {:.3}, \"x_naive\": {:.3}}}",
+                    r.bytes,
+                    r.median(),
+                    gb / base_m,
+                    gb / base_n
+                ));
+            }
+        }
+    }
+    json.push(format!("  \"rows\": [\n{}\n  ]", rows.join(",\n")));
+    let text = format!("{{\n{}\n}}\n", json.join(",\n")).replace("NaN", "null").replace("inf", "null");
+    let path = std::env::var("KVIO_BENCH_JSON").unwrap_or_else(|_| "target/kvio-bench.json".into());
+    if let Some(dir) = std::path::Path::new(&path).parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    match std::fs::write(&path, text) {
+        Ok(()) => println!("\nJSON written to {path}"),
+        Err(e) => println!("\ncould not write {path}: {e}"),
+    }
+}
+
+fn device_info() -> (String, i32) {
+    let mut name = [0i8; 256];
+    let mut dev = 0;
+    let mut ver = 0;
+    // SAFETY: out-pointers to locals; a context is current.
+    unsafe {
+        cu::cuCtxGetDevice(&mut dev);
+        cu::cuDeviceGetName(name.as_mut_ptr(), 255, dev);
+        cu::cuDriverGetVersion(&mut ver);
+    }
+    // SAFETY: the driver wrote a NUL-terminated string into the buffer.
+    let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
+    (name, ver)
+}
+
+fn main() {
+    // `cargo test --benches` runs this binary without `--bench`: do nothing then.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let Some(g) = kvio_suite::gpu("kvio benches") else {
+        println!("kvio benches: no usable GPU on this machine; nothing measured.");
+        return;
+    };
+    let cfg = Cfg::from_env();
+    let stream = g.stream();
+    let (device, driver) = device_info();
+    println!("kvio benches: {device}, model {} layers x {} heads x {} x {} bytes", cfg.layers, cfg.heads, cfg.dim, cfg.elem);
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_millis(100))
+        .measurement_time(Duration::from_millis(300))
+        .sample_size(10)
+        .nresamples(1000)
+        .configure_from_args();
+    let rec = RefCell::new(Rec::default());
+    ceilings(&mut c, &rec, g, &stream);
+    if cfg.wants("slot-update") {
+        slot_update(&mut c, &rec, g, &stream, &cfg);
+    }
+    if cfg.wants("slice-update") {
+        slice_update(&mut c, &rec, g, &stream, &cfg);
+    }
+    if cfg.wants("copy-blocks") {
+        copy_blocks(&mut c, &rec, g, &stream, &cfg);
+    }
+    if cfg.wants("offload") {
+        transfers(&mut c, &rec, g, &stream, &cfg, true);
+    }
+    if cfg.wants("onload") {
+        transfers(&mut c, &rec, g, &stream, &cfg, false);
+    }
+    c.final_summary();
+    report(&rec.borrow(), &device, driver);
+}
