@@ -22,8 +22,8 @@ use cust::stream::Stream;
 use cust::sys as cu;
 use kvio::plan::{slices_to_table, slots_to_slices};
 use kvio::{
-    Backend, BlockCopy, BlockMap, BlockPool, DeviceBytes, LayerTable, PagedLayout, SliceUpdate, SlotMapping,
-    SlotUpdate, StreamRef, TokenLayout,
+    Backend, BlockCopy, BlockMap, BlockPool, DeviceBytes, LayerTable, PagedLayout, SliceUpdate,
+    SlotMapping, SlotUpdate, StreamRef, TokenLayout,
 };
 use kvio_suite::{random_bytes, upload, Gpu, Graph, Mem, Rng};
 
@@ -39,7 +39,10 @@ struct Cfg {
 }
 
 fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 impl Cfg {
@@ -48,7 +51,9 @@ impl Cfg {
             .ok()
             .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
             .unwrap_or_else(|| vec![1, 2, 4, 8, 16, 32, 64, 128, 256]);
-        let groups = std::env::var("KVIO_BENCH_GROUPS").ok().map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
+        let groups = std::env::var("KVIO_BENCH_GROUPS")
+            .ok()
+            .map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
         Cfg {
             layers: env_usize("KVIO_BENCH_LAYERS", 32),
             heads: env_usize("KVIO_BENCH_HEADS", 8),
@@ -59,7 +64,9 @@ impl Cfg {
         }
     }
     fn wants(&self, group: &str) -> bool {
-        self.groups.as_ref().is_none_or(|g| g.iter().any(|x| x == group))
+        self.groups
+            .as_ref()
+            .is_none_or(|g| g.iter().any(|x| x == group))
     }
     /// Bytes of one (block, layer, K or V) chunk at page size `bs`.
     fn chunk(&self, bs: usize) -> usize {
@@ -111,7 +118,8 @@ fn time_on(stream: &Stream, iters: u64, f: &mut dyn FnMut()) -> Duration {
         f();
     }
     stop.record(stream).expect("record");
-    stop.synchronize().expect("event sync (a kernel fault shows here)");
+    stop.synchronize()
+        .expect("event sync (a kernel fault shows here)");
     let ms = stop.elapsed_time_f32(&start).expect("elapsed");
     Duration::from_secs_f64(ms as f64 / 1e3)
 }
@@ -131,16 +139,22 @@ fn measure(
     f(); // first call outside timing: module/JIT/first-touch costs
     stream.synchronize().expect("sync");
     grp.throughput(Throughput::Bytes(bytes.max(1)));
-    grp.bench_function(format!("{}-{variant}/{param}", group.replace('/', "-")), |b| {
-        b.iter_custom(|iters| {
-            let d = time_on(stream, iters, &mut f);
-            let mut r = rec.borrow_mut();
-            let run = r.runs.entry((group.to_string(), param, variant.to_string())).or_default();
-            run.bytes = bytes;
-            run.secs.push(d.as_secs_f64() / iters as f64);
-            d
-        })
-    });
+    grp.bench_function(
+        format!("{}-{variant}/{param}", group.replace('/', "-")),
+        |b| {
+            b.iter_custom(|iters| {
+                let d = time_on(stream, iters, &mut f);
+                let mut r = rec.borrow_mut();
+                let run = r
+                    .runs
+                    .entry((group.to_string(), param, variant.to_string()))
+                    .or_default();
+                run.bytes = bytes;
+                run.secs.push(d.as_secs_f64() / iters as f64);
+                d
+            })
+        },
+    );
 }
 
 fn check(call: &str, r: cu::CUresult) {
@@ -149,16 +163,31 @@ fn check(call: &str, r: cu::CUresult) {
 
 fn memcpy(dst: u64, src: u64, bytes: usize, stream: &Stream) {
     // SAFETY: callers pass ranges inside live allocations.
-    check("cuMemcpyAsync", unsafe { cu::cuMemcpyAsync(dst, src, bytes, stream.as_inner()) });
+    check("cuMemcpyAsync", unsafe {
+        cu::cuMemcpyAsync(dst, src, bytes, stream.as_inner())
+    });
 }
 
 /// Uploads `(src, dst)` span address pairs for the naive kernel.
 fn span_table(spans: &[(u64, u64)]) -> DeviceBuffer<u64> {
-    upload(&spans.iter().flat_map(|&(s, d)| [s, d]).chain([0, 0]).collect::<Vec<u64>>())
+    upload(
+        &spans
+            .iter()
+            .flat_map(|&(s, d)| [s, d])
+            .chain([0, 0])
+            .collect::<Vec<u64>>(),
+    )
 }
 
 /// The naive baseline: one thread per element over the spans.
-fn naive(g: &Gpu, table: &DeviceBuffer<u64>, n: usize, span_bytes: usize, elem: usize, stream: &Stream) {
+fn naive(
+    g: &Gpu,
+    table: &DeviceBuffer<u64>,
+    n: usize,
+    span_bytes: usize,
+    elem: usize,
+    stream: &Stream,
+) {
     // SAFETY: the table lists spans inside live allocations.
     unsafe {
         g.kv.bench_naive_spans(
@@ -174,7 +203,11 @@ fn naive(g: &Gpu, table: &DeviceBuffer<u64>, n: usize, span_bytes: usize, elem: 
 
 /// The per-chunk memcpy baseline over (at most MAX_MEMCPY_SPANS of) the spans; returns the
 /// bytes one iteration moves.
-fn memcpy_spans<'a>(spans: &'a [(u64, u64)], span_bytes: usize, stream: &'a Stream) -> impl FnMut() + 'a {
+fn memcpy_spans<'a>(
+    spans: &'a [(u64, u64)],
+    span_bytes: usize,
+    stream: &'a Stream,
+) -> impl FnMut() + 'a {
     let spans = &spans[..spans.len().min(MAX_MEMCPY_SPANS)];
     move || {
         for &(s, d) in spans {
@@ -187,27 +220,64 @@ fn ceilings(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
     let mut grp = c.benchmark_group("ceiling");
     let a = Mem::new(false, D2D_BYTES / 2);
     let b = Mem::new(false, D2D_BYTES / 2);
-    measure(&mut grp, rec, "ceiling", 0, "device-copy", D2D_BYTES as u64, stream, || {
-        memcpy(b.bytes().ptr(), a.bytes().ptr(), D2D_BYTES / 2, stream)
-    });
+    measure(
+        &mut grp,
+        rec,
+        "ceiling",
+        0,
+        "device-copy",
+        D2D_BYTES as u64,
+        stream,
+        || memcpy(b.bytes().ptr(), a.bytes().ptr(), D2D_BYTES / 2, stream),
+    );
     let h = Mem::new(true, PCIE_BYTES);
     let d = Mem::new(false, PCIE_BYTES);
-    measure(&mut grp, rec, "ceiling", 0, "pinned-h2d", PCIE_BYTES as u64, stream, || {
-        memcpy(d.bytes().ptr(), h.bytes().ptr(), PCIE_BYTES, stream)
-    });
-    measure(&mut grp, rec, "ceiling", 0, "pinned-d2h", PCIE_BYTES as u64, stream, || {
-        memcpy(h.bytes().ptr(), d.bytes().ptr(), PCIE_BYTES, stream)
-    });
+    measure(
+        &mut grp,
+        rec,
+        "ceiling",
+        0,
+        "pinned-h2d",
+        PCIE_BYTES as u64,
+        stream,
+        || memcpy(d.bytes().ptr(), h.bytes().ptr(), PCIE_BYTES, stream),
+    );
+    measure(
+        &mut grp,
+        rec,
+        "ceiling",
+        0,
+        "pinned-d2h",
+        PCIE_BYTES as u64,
+        stream,
+        || memcpy(h.bytes().ptr(), d.bytes().ptr(), PCIE_BYTES, stream),
+    );
     // Launch costs, recorded as seconds per call (bytes 0).
-    measure(&mut grp, rec, "ceiling", 0, "empty-launch", 0, stream, || {
-        g.kv.bench_noop(StreamRef::from_cust(stream)).expect("noop")
-    });
+    measure(
+        &mut grp,
+        rec,
+        "ceiling",
+        0,
+        "empty-launch",
+        0,
+        stream,
+        || g.kv.bench_noop(StreamRef::from_cust(stream)).expect("noop"),
+    );
     let graph = Graph::capture(stream, |s| {
         for _ in 0..100 {
             g.kv.bench_noop(s).expect("noop");
         }
     });
-    measure(&mut grp, rec, "ceiling", 0, "empty-launch-in-graph-x100", 0, stream, || graph.launch(stream));
+    measure(
+        &mut grp,
+        rec,
+        "ceiling",
+        0,
+        "empty-launch-in-graph-x100",
+        0,
+        stream,
+        || graph.launch(stream),
+    );
     grp.finish();
 }
 
@@ -264,7 +334,10 @@ impl WriteSetup {
     fn spans(&self) -> Vec<(u64, u64)> {
         let row = self.input.row_bytes() as u64;
         let mut v = Vec::new();
-        for (src, dst) in [(DeviceBytes::of(&self.key), self.kc.bytes()), (DeviceBytes::of(&self.value), self.vc.bytes())] {
+        for (src, dst) in [
+            (DeviceBytes::of(&self.key), self.kc.bytes()),
+            (DeviceBytes::of(&self.value), self.vc.bytes()),
+        ] {
             for (t, &s) in self.slot_host.iter().enumerate() {
                 v.push((src.ptr() + t as u64 * row, dst.ptr() + s as u64 * row));
             }
@@ -280,23 +353,56 @@ impl WriteSetup {
 fn slot_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
     let mut grp = c.benchmark_group("slot-update");
     let row = cfg.heads * cfg.dim * cfg.elem;
-    let mut cases: Vec<(usize, usize)> = [1usize, 16, 256, 4096, 65536].iter().map(|&t| (t, 16)).collect();
+    let mut cases: Vec<(usize, usize)> = [1usize, 16, 256, 4096, 65536]
+        .iter()
+        .map(|&t| (t, 16))
+        .collect();
     cases.extend(cfg.pages.iter().map(|&bs| (16384usize, bs)));
     for (t, bs) in cases {
         let w = WriteSetup::new(cfg, t, bs, t as u64 ^ bs as u64);
-        let name = if bs == 16 && t != 16384 { "slot-update/T" } else { "slot-update/page" };
+        let name = if bs == 16 && t != 16384 {
+            "slot-update/T"
+        } else {
+            "slot-update/page"
+        };
         let param = if name == "slot-update/T" { t } else { bs };
         let op = w.op();
-        measure(&mut grp, rec, name, param, "kvio", w.bytes(), stream, || {
-            g.kv.update_slots(&op, StreamRef::from_cust(stream)).expect("update_slots")
-        });
+        measure(
+            &mut grp,
+            rec,
+            name,
+            param,
+            "kvio",
+            w.bytes(),
+            stream,
+            || {
+                g.kv.update_slots(&op, StreamRef::from_cust(stream))
+                    .expect("update_slots")
+            },
+        );
         let spans = w.spans();
         let table = span_table(&spans);
-        measure(&mut grp, rec, name, param, "naive-kernel", w.bytes(), stream, || {
-            naive(g, &table, spans.len(), row, cfg.elem, stream)
-        });
+        measure(
+            &mut grp,
+            rec,
+            name,
+            param,
+            "naive-kernel",
+            w.bytes(),
+            stream,
+            || naive(g, &table, spans.len(), row, cfg.elem, stream),
+        );
         let n = spans.len().min(MAX_MEMCPY_SPANS);
-        measure(&mut grp, rec, name, param, "memcpy-per-chunk", 2 * (n * row) as u64, stream, memcpy_spans(&spans, row, stream));
+        measure(
+            &mut grp,
+            rec,
+            name,
+            param,
+            "memcpy-per-chunk",
+            2 * (n * row) as u64,
+            stream,
+            memcpy_spans(&spans, row, stream),
+        );
     }
     // Decode-size updates inside a CUDA graph: time per call, against an empty kernel.
     for t in [1usize, 16, 64, 256] {
@@ -307,7 +413,16 @@ fn slot_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, 
                 g.kv.update_slots(&op, s).expect("update_slots");
             }
         });
-        measure(&mut grp, rec, "slot-update/graph-latency", t, "kvio-x100", 0, stream, || graph.launch(stream));
+        measure(
+            &mut grp,
+            rec,
+            "slot-update/graph-latency",
+            t,
+            "kvio-x100",
+            0,
+            stream,
+            || graph.launch(stream),
+        );
     }
     grp.finish();
 }
@@ -317,10 +432,17 @@ fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream,
     // vLLM TPU layout: rows of K and V heads together (H' = 2H), flat cache.
     let heads = 2 * cfg.heads;
     let row = heads * cfg.dim * cfg.elem;
-    let mut cases: Vec<(usize, usize)> = [1usize, 16, 256, 4096, 65536].iter().map(|&t| (t, 16)).collect();
+    let mut cases: Vec<(usize, usize)> = [1usize, 16, 256, 4096, 65536]
+        .iter()
+        .map(|&t| (t, 16))
+        .collect();
     cases.extend(cfg.pages.iter().map(|&bs| (16384usize, bs)));
     for (t, bs) in cases {
-        let name = if bs == 16 && t != 16384 { "slice-update/T" } else { "slice-update/page" };
+        let name = if bs == 16 && t != 16384 {
+            "slice-update/T"
+        } else {
+            "slice-update/page"
+        };
         let param = if name == "slice-update/T" { t } else { bs };
         let blocks = t.div_ceil(bs) + 8;
         let layout = PagedLayout::nhd(blocks, bs, heads, cfg.dim, cfg.elem);
@@ -332,7 +454,9 @@ fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream,
         let mut rng = Rng::new(t as u64);
         let mut pages: Vec<i64> = (0..blocks as i64).collect();
         rng.shuffle(&mut pages);
-        let slots: Vec<i64> = (0..t).map(|i| pages[i / bs] * bs as i64 + (i % bs) as i64).collect();
+        let slots: Vec<i64> = (0..t)
+            .map(|i| pages[i / bs] * bs as i64 + (i % bs) as i64)
+            .collect();
         let slices = slots_to_slices(&slots, bs).unwrap();
         let padded = slices.len() + 8;
         let table = upload(&slices_to_table(&slices, padded).unwrap());
@@ -349,15 +473,30 @@ fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream,
         };
         let bytes = 2 * (t * row) as u64;
         measure(&mut grp, rec, name, param, "kvio", bytes, stream, || {
-            g.kv.update_slices(&op, StreamRef::from_cust(stream)).expect("update_slices")
+            g.kv.update_slices(&op, StreamRef::from_cust(stream))
+                .expect("update_slices")
         });
         let spans: Vec<(u64, u64)> = slots
             .iter()
             .enumerate()
-            .map(|(i, &s)| (src.as_device_ptr().as_raw() + (i * row) as u64, cache.bytes().ptr() + s as u64 * row as u64))
+            .map(|(i, &s)| {
+                (
+                    src.as_device_ptr().as_raw() + (i * row) as u64,
+                    cache.bytes().ptr() + s as u64 * row as u64,
+                )
+            })
             .collect();
         let st = span_table(&spans);
-        measure(&mut grp, rec, name, param, "naive-kernel", bytes, stream, || naive(g, &st, spans.len(), row, cfg.elem, stream));
+        measure(
+            &mut grp,
+            rec,
+            name,
+            param,
+            "naive-kernel",
+            bytes,
+            stream,
+            || naive(g, &st, spans.len(), row, cfg.elem, stream),
+        );
     }
     grp.finish();
 }
@@ -389,15 +528,26 @@ impl Pool {
         mem.fill(&random_bytes(mem.bytes().len(), blocks as u64 ^ bs as u64));
         let table = (kind == PoolKind::LayerSeparate).then(|| {
             let part = blocks * chunk;
-            let views: Vec<DeviceBytes> = (0..2 * cfg.layers).map(|i| mem.bytes().slice(i * part, part).unwrap()).collect();
+            let views: Vec<DeviceBytes> = (0..2 * cfg.layers)
+                .map(|i| mem.bytes().slice(i * part, part).unwrap())
+                .collect();
             LayerTable::new(&views, 2).unwrap()
         });
-        Pool { mem, table, kind, blocks, layers: cfg.layers, chunk }
+        Pool {
+            mem,
+            table,
+            kind,
+            blocks,
+            layers: cfg.layers,
+            chunk,
+        }
     }
     fn pool(&self, cfg: &Cfg, bs: usize) -> BlockPool<'_> {
         let layout = PagedLayout::nhd(self.blocks, bs, cfg.heads, cfg.dim, cfg.elem);
         match self.kind {
-            PoolKind::LayerSeparate => BlockPool::layer_separate(self.table.as_ref().unwrap(), layout),
+            PoolKind::LayerSeparate => {
+                BlockPool::layer_separate(self.table.as_ref().unwrap(), layout)
+            }
             PoolKind::LayerFirst => BlockPool {
                 bases: kvio::Bases::Strided {
                     mem: self.mem.bytes(),
@@ -408,9 +558,15 @@ impl Pool {
                 parts: 2,
                 layout,
             },
-            PoolKind::CrossLayer => {
-                BlockPool::cross_layer_nhd(self.mem.bytes(), self.blocks, cfg.layers, bs, cfg.heads, cfg.dim, cfg.elem)
-            }
+            PoolKind::CrossLayer => BlockPool::cross_layer_nhd(
+                self.mem.bytes(),
+                self.blocks,
+                cfg.layers,
+                bs,
+                cfg.heads,
+                cfg.dim,
+                cfg.elem,
+            ),
         }
     }
     /// Address of the contiguous (block, layer, part) chunk.
@@ -431,14 +587,25 @@ impl Pool {
 fn block_spans(src: &Pool, dst: &Pool, pairs: &[[i64; 2]]) -> (Vec<(u64, u64)>, usize) {
     if src.kind == PoolKind::CrossLayer && dst.kind == PoolKind::CrossLayer {
         let whole = src.layers * 2 * src.chunk;
-        let v = pairs.iter().map(|p| (src.chunk_addr(p[0] as usize, 0, 0), dst.chunk_addr(p[1] as usize, 0, 0))).collect();
+        let v = pairs
+            .iter()
+            .map(|p| {
+                (
+                    src.chunk_addr(p[0] as usize, 0, 0),
+                    dst.chunk_addr(p[1] as usize, 0, 0),
+                )
+            })
+            .collect();
         return (v, whole);
     }
     let mut v = Vec::new();
     for p in pairs {
         for l in 0..src.layers {
             for part in 0..2 {
-                v.push((src.chunk_addr(p[0] as usize, l, part), dst.chunk_addr(p[1] as usize, l, part)));
+                v.push((
+                    src.chunk_addr(p[0] as usize, l, part),
+                    dst.chunk_addr(p[1] as usize, l, part),
+                ));
             }
         }
     }
@@ -466,26 +633,69 @@ fn block_case(
     let base = BlockCopy {
         src: src.pool(cfg, bs),
         dst: dst.pool(cfg, bs),
-        map: BlockMap::Device { pairs: DeviceBytes::of(&map_d), len: pairs.len() },
+        map: BlockMap::Device {
+            pairs: DeviceBytes::of(&map_d),
+            len: pairs.len(),
+        },
         backend: Backend::Kernel,
         max_ctas: ctas,
         staging: None,
         errors: None,
     };
-    measure(grp, rec, group, bs, "kvio-kernel", moved * bytes_factor, stream, || {
-        g.kv.copy_blocks(&base, StreamRef::from_cust(stream)).expect("copy_blocks kernel");
-    });
-    let dma = BlockCopy { map: BlockMap::Host(pairs), backend: Backend::Dma, ..base };
-    measure(grp, rec, group, bs, "kvio-dma", moved * bytes_factor, stream, || {
-        g.kv.copy_blocks(&dma, StreamRef::from_cust(stream)).expect("copy_blocks dma");
-    });
+    measure(
+        grp,
+        rec,
+        group,
+        bs,
+        "kvio-kernel",
+        moved * bytes_factor,
+        stream,
+        || {
+            g.kv.copy_blocks(&base, StreamRef::from_cust(stream))
+                .expect("copy_blocks kernel");
+        },
+    );
+    let dma = BlockCopy {
+        map: BlockMap::Host(pairs),
+        backend: Backend::Dma,
+        ..base
+    };
+    measure(
+        grp,
+        rec,
+        group,
+        bs,
+        "kvio-dma",
+        moved * bytes_factor,
+        stream,
+        || {
+            g.kv.copy_blocks(&dma, StreamRef::from_cust(stream))
+                .expect("copy_blocks dma");
+        },
+    );
     let (spans, span_bytes) = block_spans(src, dst, pairs);
     let n = spans.len().min(MAX_MEMCPY_SPANS);
-    measure(grp, rec, group, bs, "memcpy-per-chunk", (n * span_bytes) as u64 * bytes_factor, stream, memcpy_spans(&spans, span_bytes, stream));
+    measure(
+        grp,
+        rec,
+        group,
+        bs,
+        "memcpy-per-chunk",
+        (n * span_bytes) as u64 * bytes_factor,
+        stream,
+        memcpy_spans(&spans, span_bytes, stream),
+    );
     let table = span_table(&spans);
-    measure(grp, rec, group, bs, "naive-kernel", moved * bytes_factor, stream, || {
-        naive(g, &table, spans.len(), span_bytes, cfg.elem, stream)
-    });
+    measure(
+        grp,
+        rec,
+        group,
+        bs,
+        "naive-kernel",
+        moved * bytes_factor,
+        stream,
+        || naive(g, &table, spans.len(), span_bytes, cfg.elem, stream),
+    );
 }
 
 fn shuffled_pairs(n: usize, src_blocks: usize, dst_offset: usize, seed: u64) -> Vec<[i64; 2]> {
@@ -507,13 +717,22 @@ fn copy_blocks(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, 
             let pool = Pool::new(cfg, kind, false, 2 * n, bs);
             let pairs = shuffled_pairs(n, n, n, bs as u64);
             let group = format!("copy-blocks/{kind:?}");
-            block_case(&mut grp, rec, g, stream, cfg, &group, bs, &pool, &pool, &pairs, 2, None);
+            block_case(
+                &mut grp, rec, g, stream, cfg, &group, bs, &pool, &pool, &pairs, 2, None,
+            );
         }
     }
     grp.finish();
 }
 
-fn transfers(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg, offload: bool) {
+fn transfers(
+    c: &mut Criterion,
+    rec: &RefCell<Rec>,
+    g: &Gpu,
+    stream: &Stream,
+    cfg: &Cfg,
+    offload: bool,
+) {
     let dir = if offload { "offload" } else { "onload" };
     let mut grp = c.benchmark_group(dir);
     // D2H on 2 CTAs, H2D on 4 (the targets' budgets).
@@ -522,18 +741,32 @@ fn transfers(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cf
         let block = cfg.layers * 2 * cfg.chunk(bs);
         let n = (PCIE_BYTES / block).max(1);
         for (gpu_kind, host_kind, label) in [
-            (PoolKind::LayerSeparate, PoolKind::LayerFirst, "layer-separate"),
+            (
+                PoolKind::LayerSeparate,
+                PoolKind::LayerFirst,
+                "layer-separate",
+            ),
             (PoolKind::CrossLayer, PoolKind::CrossLayer, "cross-layer"),
-            (PoolKind::LayerSeparate, PoolKind::CrossLayer, "convert-lf-pf"),
+            (
+                PoolKind::LayerSeparate,
+                PoolKind::CrossLayer,
+                "convert-lf-pf",
+            ),
         ] {
             let gpu_pool = Pool::new(cfg, gpu_kind, false, n, bs);
             let host_pool = Pool::new(cfg, host_kind, true, n, bs);
             let pairs = shuffled_pairs(n, n, 0, bs as u64 + 1);
             let group = format!("{dir}/{label}");
             if offload {
-                block_case(&mut grp, rec, g, stream, cfg, &group, bs, &gpu_pool, &host_pool, &pairs, 1, ctas);
+                block_case(
+                    &mut grp, rec, g, stream, cfg, &group, bs, &gpu_pool, &host_pool, &pairs, 1,
+                    ctas,
+                );
             } else {
-                block_case(&mut grp, rec, g, stream, cfg, &group, bs, &host_pool, &gpu_pool, &pairs, 1, ctas);
+                block_case(
+                    &mut grp, rec, g, stream, cfg, &group, bs, &host_pool, &gpu_pool, &pairs, 1,
+                    ctas,
+                );
             }
         }
     }
@@ -545,8 +778,12 @@ fn report(rec: &Rec, device: &str, driver: i32) {
     let get = |g: &str, p: usize, v: &str| rec.runs.get(&(g.to_string(), p, v.to_string()));
     let ceil = |v: &str| get("ceiling", 0, v).map(Run::gbps).unwrap_or(f64::NAN);
     let (d2d, h2d, d2h) = (ceil("device-copy"), ceil("pinned-h2d"), ceil("pinned-d2h"));
-    let launch = get("ceiling", 0, "empty-launch").map(|r| r.median() * 1e6).unwrap_or(f64::NAN);
-    let glaunch = get("ceiling", 0, "empty-launch-in-graph-x100").map(|r| r.median() * 1e6 / 100.0).unwrap_or(f64::NAN);
+    let launch = get("ceiling", 0, "empty-launch")
+        .map(|r| r.median() * 1e6)
+        .unwrap_or(f64::NAN);
+    let glaunch = get("ceiling", 0, "empty-launch-in-graph-x100")
+        .map(|r| r.median() * 1e6 / 100.0)
+        .unwrap_or(f64::NAN);
     println!("\n=== kvio benchmarks on {device} (driver {driver}) ===");
     println!("ceilings: device copy {d2d:.0} GB/s (read+write), pinned H2D {h2d:.1} GB/s, D2H {d2h:.1} GB/s");
     println!("empty kernel: {launch:.2} us per stream launch, {glaunch:.2} us per launch inside a CUDA graph");
@@ -556,7 +793,12 @@ fn report(rec: &Rec, device: &str, driver: i32) {
     ));
     let mut rows = Vec::new();
     let groups: Vec<String> = {
-        let mut v: Vec<String> = rec.runs.keys().map(|k| k.0.clone()).filter(|g| g != "ceiling").collect();
+        let mut v: Vec<String> = rec
+            .runs
+            .keys()
+            .map(|k| k.0.clone())
+            .filter(|g| g != "ceiling")
+            .collect();
         v.dedup();
         v
     };
@@ -586,17 +828,30 @@ fn report(rec: &Rec, device: &str, driver: i32) {
             "param", "variant", "GB/s", "% ceiling", "x memcpy", "x naive"
         );
         let params: Vec<usize> = {
-            let mut v: Vec<usize> = rec.runs.keys().filter(|k| k.0 == group).map(|k| k.1).collect();
+            let mut v: Vec<usize> = rec
+                .runs
+                .keys()
+                .filter(|k| k.0 == group)
+                .map(|k| k.1)
+                .collect();
             v.dedup();
             v
         };
         for p in params {
-            let base_m = get(&group, p, "memcpy-per-chunk").map(Run::gbps).unwrap_or(f64::NAN);
-            let base_n = get(&group, p, "naive-kernel").map(Run::gbps).unwrap_or(f64::NAN);
+            let base_m = get(&group, p, "memcpy-per-chunk")
+                .map(Run::gbps)
+                .unwrap_or(f64::NAN);
+            let base_n = get(&group, p, "naive-kernel")
+                .map(Run::gbps)
+                .unwrap_or(f64::NAN);
             for ((_, _, v), r) in rec.runs.iter().filter(|(k, _)| k.0 == group && k.1 == p) {
                 let gb = r.gbps();
                 let pct = 100.0 * gb / ceiling;
-                println!("{p:>8} {v:<18} {gb:>10.1} {pct:>9.1}% {:>12.2} {:>12.2}", gb / base_m, gb / base_n);
+                println!(
+                    "{p:>8} {v:<18} {gb:>10.1} {pct:>9.1}% {:>12.2} {:>12.2}",
+                    gb / base_m,
+                    gb / base_n
+                );
                 rows.push(format!(
                     "    {{\"group\": \"{group}\", \"param\": {p}, \"variant\": \"{v}\", \"bytes\": {}, \"median_s\": {:.9}, \"gbps\": {gb:.3}, \"pct_ceiling\": {pct:.2}, \"x_memcpy\": {:.3}, \"x_naive\": {:.3}}}",
                     r.bytes,
@@ -608,7 +863,9 @@ fn report(rec: &Rec, device: &str, driver: i32) {
         }
     }
     json.push(format!("  \"rows\": [\n{}\n  ]", rows.join(",\n")));
-    let text = format!("{{\n{}\n}}\n", json.join(",\n")).replace("NaN", "null").replace("inf", "null");
+    let text = format!("{{\n{}\n}}\n", json.join(",\n"))
+        .replace("NaN", "null")
+        .replace("inf", "null");
     let path = std::env::var("KVIO_BENCH_JSON").unwrap_or_else(|_| "target/kvio-bench.json".into());
     if let Some(dir) = std::path::Path::new(&path).parent() {
         let _ = std::fs::create_dir_all(dir);
@@ -630,7 +887,9 @@ fn device_info() -> (String, i32) {
         cu::cuDriverGetVersion(&mut ver);
     }
     // SAFETY: the driver wrote a NUL-terminated string into the buffer.
-    let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
+    let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
     (name, ver)
 }
 
@@ -646,7 +905,10 @@ fn main() {
     let cfg = Cfg::from_env();
     let stream = g.stream();
     let (device, driver) = device_info();
-    println!("kvio benches: {device}, model {} layers x {} heads x {} x {} bytes", cfg.layers, cfg.heads, cfg.dim, cfg.elem);
+    println!(
+        "kvio benches: {device}, model {} layers x {} heads x {} x {} bytes",
+        cfg.layers, cfg.heads, cfg.dim, cfg.elem
+    );
     let mut c = Criterion::default()
         .warm_up_time(Duration::from_millis(100))
         .measurement_time(Duration::from_millis(300))

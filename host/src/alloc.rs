@@ -23,6 +23,16 @@ fn with_ctx(ctx: cu::CUcontext, f: impl FnOnce()) {
 }
 
 /// Device memory owned by kvio (for example a cross-layer cache), freed on drop.
+///
+/// ```no_run
+/// # fn main() -> kvio::Result<()> {
+/// let _ctx = kvio::PrimaryContext::retain(0)?;
+/// let (blocks, layers, bs, h, d) = (64, 32, 16, 8, 128);
+/// let mem = kvio::DeviceAlloc::new(blocks * layers * 2 * bs * h * d * 2)?; // uninitialised
+/// let pool = kvio::BlockPool::cross_layer_nhd(mem.bytes(), blocks, layers, bs, h, d, 2);
+/// assert_eq!(pool.layers, layers);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct DeviceAlloc {
     ptr: u64,
@@ -67,6 +77,20 @@ unsafe impl Sync for DeviceAlloc {}
 /// Page-locked host memory mapped into the device's address space: a host KV pool that both
 /// the copy engines (DMA) and kernels (SM loads/stores over PCIe/NVLink-C2C) can reach.
 /// Either allocated by kvio or the caller's own memory registered in place.
+///
+/// ```no_run
+/// # fn main() -> kvio::Result<()> {
+/// let _ctx = kvio::PrimaryContext::retain(0)?;
+/// let mut pool = kvio::PinnedHost::alloc(64 << 20)?;
+/// pool.as_mut_slice().fill(0);
+/// assert_eq!(kvio::memory_kind(pool.bytes().ptr()), kvio::MemoryKind::PinnedHost);
+/// // Memory the program already owns, pinned and mapped in place:
+/// let mut mine = vec![0u8; 1 << 20];
+/// // SAFETY: `mine` outlives `registered` and every transfer using it.
+/// let registered = unsafe { kvio::PinnedHost::register(mine.as_mut_ptr(), mine.len())? };
+/// assert_eq!(registered.as_slice().len(), 1 << 20);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct PinnedHost {
     host: *mut u8,
@@ -177,6 +201,17 @@ unsafe impl Send for PinnedHost {}
 unsafe impl Sync for PinnedHost {}
 
 /// What kind of memory an address is, as the driver sees it.
+///
+/// ```no_run
+/// # fn main() -> kvio::Result<()> {
+/// use kvio::{memory_kind, MemoryKind};
+/// let _ctx = kvio::PrimaryContext::retain(0)?;
+/// let pageable = vec![0u8; 4096];
+/// assert_eq!(memory_kind(pageable.as_ptr() as u64), MemoryKind::Unregistered);
+/// let dev = kvio::DeviceAlloc::new(4096)?;
+/// assert_eq!(memory_kind(dev.bytes().ptr()), MemoryKind::Device);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MemoryKind {
     /// Device memory.
@@ -212,6 +247,22 @@ pub fn memory_kind(ptr: u64) -> MemoryKind {
 
 /// A device-resident table of per-layer cache base pointers (`layers × parts` entries, layer
 /// major: entry `l * parts + p`), so one launch reaches every layer of a layer-separate cache.
+///
+/// ```no_run
+/// # fn main() -> kvio::Result<()> {
+/// use kvio::{BlockPool, DeviceAlloc, LayerTable, PagedLayout};
+/// let _ctx = kvio::PrimaryContext::retain(0)?;
+/// let (layers, blocks, bs, h, d) = (4, 128, 16, 8, 128);
+/// let layout = PagedLayout::nhd(blocks, bs, h, d, 2);
+/// let bytes = layout.extent("layout")? as usize;
+/// // One K and one V cache per layer, anywhere in memory (e.g. a framework's tensors).
+/// let caches: Vec<DeviceAlloc> = (0..2 * layers).map(|_| DeviceAlloc::new(bytes)).collect::<kvio::Result<_>>()?;
+/// let views: Vec<_> = caches.iter().map(DeviceAlloc::bytes).collect(); // L0 K, L0 V, L1 K, ...
+/// let table = LayerTable::new(&views, 2)?;
+/// let pool = BlockPool::layer_separate(&table, layout);
+/// assert_eq!((pool.layers, pool.parts), (layers, 2));
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct LayerTable {
     table: DeviceAlloc,

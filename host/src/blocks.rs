@@ -32,6 +32,26 @@ pub const DMA_MIN_SPAN: usize = 28 * 1024;
 pub const DEFAULT_TRANSFER_CTAS: u32 = 4;
 
 /// Where the per-layer, per-part (K/V) bases of a pool come from.
+///
+/// ```
+/// # fn main() -> kvio::Result<()> {
+/// use kvio::{Bases, BlockPool, DeviceBytes, PagedLayout};
+/// // SGLang's layer-first host pool `(2, L, NB, bs, H, D)` in one allocation.
+/// let (nb, l, bs, h, d, e) = (100, 4, 16, 8, 128, 2);
+/// let cache = nb * bs * h * d * e; // bytes of one layer's K (or V)
+/// // SAFETY: a description only; nothing here touches the memory.
+/// let mem = unsafe { DeviceBytes::from_raw(0x7000_0000, 2 * l * cache) };
+/// let layer_first = BlockPool {
+///     bases: Bases::Strided { mem, layer_stride: cache, part_stride: l * cache },
+///     layers: l,
+///     parts: 2,
+///     layout: PagedLayout::nhd(nb, bs, h, d, e),
+/// };
+/// let (k, v, _) = layer_first.layer_view(1)?;
+/// assert_eq!(k.ptr(), 0x7000_0000 + cache as u64);
+/// assert_eq!(v.unwrap().ptr(), 0x7000_0000 + (5 * cache) as u64);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub enum Bases<'a> {
     /// One allocation: layer `l`, part `p` starts at byte `l * layer_stride + p * part_stride`
@@ -96,6 +116,13 @@ impl<'a> BlockPool<'a> {
     }
 
     /// Cross-layer blocks in the HND order `(NB, H, L, 2, bs, D)`.
+    ///
+    /// ```
+    /// # let mem = unsafe { kvio::DeviceBytes::from_raw(0x1000, 10 * 8 * 4 * 2 * 16 * 128 * 2) };
+    /// let pool = kvio::BlockPool::cross_layer_hnd(mem, 10, 4, 16, 8, 128, 2);
+    /// assert_eq!(pool.layout.head_stride, 4 * 2 * 16 * 128); // a head holds every layer's K and V
+    /// assert_eq!(pool.layout.token_stride, 128);
+    /// ```
     pub fn cross_layer_hnd(
         mem: DeviceBytes,
         num_blocks: usize,
@@ -141,6 +168,20 @@ impl<'a> BlockPool<'a> {
 
     /// The K and V caches of layer `layer` of a strided pool as views the write path accepts
     /// ([`crate::SlotUpdate`]): `(key_cache, value_cache, layout)`.
+    ///
+    /// ```
+    /// # fn main() -> kvio::Result<()> {
+    /// let (nb, l, bs, h, d, e) = (8, 4, 16, 2, 64, 2);
+    /// let part = bs * h * d * e; // bytes of one layer's K (or V) in one block
+    /// // SAFETY: a description only; nothing here touches the memory.
+    /// let mem = unsafe { kvio::DeviceBytes::from_raw(0x10_0000, nb * l * 2 * part) };
+    /// let pool = kvio::BlockPool::cross_layer_nhd(mem, nb, l, bs, h, d, e);
+    /// let (k, v, layout) = pool.layer_view(2)?;
+    /// assert_eq!(k.ptr(), 0x10_0000 + (2 * 2 * part) as u64);
+    /// assert_eq!(v.unwrap().ptr(), k.ptr() + part as u64);
+    /// assert_eq!(layout.block_stride, l * 2 * bs * h * d); // next block: past every layer
+    /// # Ok(()) }
+    /// ```
     pub fn layer_view(
         &self,
         layer: usize,
@@ -282,6 +323,15 @@ impl<'a> BlockPool<'a> {
 }
 
 /// The `(src_block, dst_block)` pairs of a block copy. Negative ids mark padding (skipped).
+///
+/// ```
+/// use kvio::BlockMap;
+/// let pairs = [[3i64, 0], [-1, -1], [7, 1]]; // block 3 -> 0, padding, block 7 -> 1
+/// let map = BlockMap::Host(&pairs);
+/// assert!(matches!(map, BlockMap::Host(p) if p.len() == 3));
+/// // On the device (vLLM's `block_mapping [n, 2]` i64): `BlockMap::Device { pairs, len: 3 }`,
+/// // with `pairs` a `DeviceBytes` view of the 48 bytes.
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub enum BlockMap<'a> {
     /// Pairs in host memory: fully validated (ranges, duplicate destinations, overlap).
@@ -297,6 +347,16 @@ pub enum BlockMap<'a> {
 }
 
 /// How the bytes move.
+///
+/// ```
+/// use kvio::{blocks::DMA_MIN_SPAN, Backend};
+/// // `Auto` uses the copy engines when contiguous spans are long, SM threads otherwise.
+/// let page_16_tokens = 16 * 8 * 128 * 2; // one layer's K of a 16-token bf16 page: 32 KiB
+/// assert!(page_16_tokens >= DMA_MIN_SPAN); // DMA
+/// let page_1_token = 8 * 128 * 2; // 2 KiB spans: the kernel backend
+/// assert!(page_1_token < DMA_MIN_SPAN);
+/// # let _ = Backend::Auto;
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
     /// DMA for contiguous spans of at least [`DMA_MIN_SPAN`] bytes with a host map, the
@@ -309,6 +369,40 @@ pub enum Backend {
 }
 
 /// Arguments of [`Kvio::copy_blocks`].
+///
+/// Run here through the CPU emulation on host memory; on a GPU the same value goes to
+/// [`Kvio::copy_blocks`] with device or pinned memory.
+///
+/// ```
+/// use kvio::{Backend, BlockCopy, BlockMap, BlockPool, DeviceBytes};
+/// let (nb, l, bs, h, d) = (4, 2, 2, 1, 4); // f32 pools
+/// let block = l * 2 * bs * h * d; // elements of one cross-layer block
+/// let src: Vec<f32> = (0..nb * block).map(|x| x as f32).collect();
+/// let mut dst = vec![0f32; nb * block];
+/// let bytes = nb * block * 4;
+/// // SAFETY: host memory, used by the emulation only.
+/// let (s, t) = unsafe {
+///     (
+///         DeviceBytes::from_raw(src.as_ptr() as u64, bytes),
+///         DeviceBytes::from_raw(dst.as_mut_ptr() as u64, bytes),
+///     )
+/// };
+/// let op = BlockCopy {
+///     src: BlockPool::cross_layer_nhd(s, nb, l, bs, h, d, 4),
+///     dst: BlockPool::cross_layer_hnd(t, nb, l, bs, h, d, 4), // converted on the way
+///     map: BlockMap::Host(&[[3, 0], [-1, -1], [1, 2]]),
+///     backend: Backend::Kernel,
+///     max_ctas: None,
+///     staging: None,
+///     errors: None,
+/// };
+/// // SAFETY: every view is live host memory of its length.
+/// unsafe { kvio::emulate::copy_blocks(&op) }.unwrap();
+/// // With one head, NHD and HND blocks hold the same bytes: block 3 -> 0, block 1 -> 2.
+/// assert_eq!(dst[..block], src[3 * block..4 * block]);
+/// assert_eq!(dst[2 * block..3 * block], src[block..2 * block]);
+/// assert!(dst[block..2 * block].iter().all(|&x| x == 0.0));
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct BlockCopy<'a> {
     /// Pool read from.
@@ -707,7 +801,12 @@ impl Kvio {
         let Some((args, grid)) = copy_args(op, geo, pairs.ptr(), n, self.sm_count) else {
             return Ok(());
         };
-        Params::new(args.to_words()).launch(self.copy_blocks, grid, BLOCK_THREADS, stream)
+        Params::new(&args.to_words(), &CopyArgs::SIZES).launch(
+            self.copy_blocks,
+            grid,
+            BLOCK_THREADS,
+            stream,
+        )
     }
 }
 

@@ -27,6 +27,16 @@ pub(crate) fn check(call: &'static str, r: cu::CUresult) -> Result<()> {
 ///
 /// Make one from any framework's raw `CUstream` with [`StreamRef::from_raw`], or from a cust
 /// stream with [`StreamRef::from_cust`].
+///
+/// ```no_run
+/// let _ctx = kvio::PrimaryContext::retain(0).unwrap();
+/// let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None).unwrap();
+/// let s = kvio::StreamRef::from_cust(&stream);
+/// // Any framework's raw handle works too (cudarc: `cu_stream()`, torch: `cuda_stream`):
+/// // SAFETY: the stream outlives every use of `raw`.
+/// let raw = unsafe { kvio::StreamRef::from_raw(s.cu_stream()) };
+/// assert_eq!(raw.cu_stream(), stream.as_inner());
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct StreamRef<'a> {
     raw: cu::CUstream,
@@ -61,6 +71,13 @@ impl<'a> StreamRef<'a> {
 }
 
 /// The context current on this thread, or [`Error::NoContext`].
+///
+/// ```no_run
+/// # fn main() -> kvio::Result<()> {
+/// let ctx = kvio::PrimaryContext::retain(0)?;
+/// assert_eq!(kvio::current_context()?, ctx.cu_context());
+/// # Ok(()) }
+/// ```
 pub fn current_context() -> Result<cu::CUcontext> {
     let mut ctx = ptr::null_mut();
     // SAFETY: out-pointer to a local.
@@ -82,6 +99,16 @@ pub fn current_device() -> Result<cu::CUdevice> {
 }
 
 /// One integer attribute of a device.
+///
+/// ```no_run
+/// # fn main() -> kvio::Result<()> {
+/// use kvio::cust::sys::CUdevice_attribute as A;
+/// let _ctx = kvio::PrimaryContext::retain(0)?;
+/// let dev = kvio::current_device()?;
+/// let sms = kvio::device_attribute(dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+/// println!("{sms} SMs");
+/// # Ok(()) }
+/// ```
 pub fn device_attribute(dev: cu::CUdevice, attr: cu::CUdevice_attribute) -> Result<i32> {
     let mut v = 0;
     // SAFETY: out-pointer to a local.
@@ -94,6 +121,19 @@ pub fn device_attribute(dev: cu::CUdevice, attr: cu::CUdevice_attribute) -> Resu
 /// The primary context of a device, retained and made current on this thread; released on
 /// drop. For programs that have no framework to create a context (tests, examples). Frameworks
 /// (cudarc, candle, cust's `quick_init`) make their own current instead.
+///
+/// ```no_run
+/// # fn main() -> kvio::Result<()> {
+/// let ctx = kvio::PrimaryContext::retain(0)?; // current on this thread from here on
+/// let kv = kvio::Kvio::load()?;
+/// std::thread::scope(|s| {
+///     s.spawn(|| {
+///         ctx.make_current().unwrap(); // other threads make it current themselves
+///         // ... launches through `kv` ...
+///     });
+/// });
+/// # drop(kv); Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct PrimaryContext {
     dev: cu::CUdevice,
@@ -147,16 +187,33 @@ unsafe impl Send for PrimaryContext {}
 // SAFETY: as above; the handle is only read.
 unsafe impl Sync for PrimaryContext {}
 
-/// Kernel parameters for `cuLaunchKernel`: each value sits in its own 8-byte slot. A `u32`
-/// parameter reads the first 4 bytes of its slot, which on little-endian hosts hold the value.
-pub(crate) struct Params<const N: usize> {
-    vals: [u64; N],
+/// Kernel parameters packed into one buffer with the kernel ABI's layout (each parameter at
+/// the next offset aligned to its size), passed to `cuLaunchKernel` through
+/// `CU_LAUNCH_PARAM_BUFFER_POINTER`: the driver copies exactly `len` bytes from one buffer and
+/// dereferences no per-parameter pointers.
+pub(crate) struct Params {
+    buf: [u64; 32],
+    len: usize,
 }
 
-impl<const N: usize> Params<N> {
-    pub(crate) fn new(vals: [u64; N]) -> Self {
+impl Params {
+    /// Packs `words[i]` (little-endian, its low `sizes[i]` bytes) at naturally aligned offsets.
+    pub(crate) fn new(words: &[u64], sizes: &[usize]) -> Self {
         const { assert!(cfg!(target_endian = "little")) };
-        Params { vals }
+        assert_eq!(words.len(), sizes.len(), "one size per parameter");
+        let mut bytes = [0u8; 256];
+        let mut off = 0usize;
+        for (w, &size) in words.iter().zip(sizes) {
+            assert!(matches!(size, 1 | 2 | 4 | 8), "parameter size {size}");
+            off = off.next_multiple_of(size);
+            bytes[off..off + size].copy_from_slice(&w.to_le_bytes()[..size]);
+            off += size;
+        }
+        let mut buf = [0u64; 32];
+        for (i, chunk) in bytes.chunks_exact(8).enumerate() {
+            buf[i] = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+        }
+        Params { buf, len: off }
     }
 
     /// Launches `f` on `stream` with `grid` blocks of `block` threads.
@@ -167,13 +224,23 @@ impl<const N: usize> Params<N> {
         block: u32,
         stream: StreamRef<'_>,
     ) -> Result<()> {
-        let mut ptrs: [*mut c_void; N] = [ptr::null_mut(); N];
-        for (p, v) in ptrs.iter_mut().zip(self.vals.iter_mut()) {
-            *p = v as *mut u64 as *mut c_void;
-        }
-        // SAFETY: `f` is a loaded kernel whose parameter list has N entries of the sizes the
-        // launcher encoded; the pointers point at live slots for the duration of the call
-        // (the driver copies the values before returning).
+        // CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE, CU_LAUNCH_PARAM_END.
+        let mut len = self.len;
+        let mut extra: [*mut c_void; 5] = [
+            1 as *mut c_void,
+            self.buf.as_mut_ptr().cast(),
+            2 as *mut c_void,
+            (&mut len as *mut usize).cast(),
+            ptr::null_mut(),
+        ];
+        let extra_ptr = if self.len == 0 {
+            ptr::null_mut()
+        } else {
+            extra.as_mut_ptr()
+        };
+        // SAFETY: `f` is a loaded kernel whose parameters are exactly the packed buffer
+        // (layout from its generated argument struct); the buffer and its size outlive the
+        // call, which copies them before returning.
         check("cuLaunchKernel", unsafe {
             cu::cuLaunchKernel(
                 f,
@@ -185,9 +252,29 @@ impl<const N: usize> Params<N> {
                 1,
                 0,
                 stream.cu_stream(),
-                ptrs.as_mut_ptr(),
                 ptr::null_mut(),
+                extra_ptr,
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Params;
+
+    #[test]
+    fn params_pack_with_natural_alignment() {
+        // u64, u32, u64, u32, u32 -> offsets 0, 8, 16, 24, 28; 32 bytes.
+        let p = Params::new(&[0x1111_2222_3333_4444, 5, 6, 7, 8], &[8, 4, 8, 4, 4]);
+        assert_eq!(p.len, 32);
+        assert_eq!(p.buf[0], 0x1111_2222_3333_4444);
+        assert_eq!(p.buf[1], 5);
+        assert_eq!(p.buf[2], 6);
+        assert_eq!(p.buf[3], 7 | (8 << 32));
+        // a u32 followed by a u64 leaves a 4-byte hole
+        let p = Params::new(&[u32::MAX as u64, 9], &[4, 8]);
+        assert_eq!((p.len, p.buf[0], p.buf[1]), (16, u32::MAX as u64, 9));
+        assert_eq!(Params::new(&[], &[]).len, 0);
     }
 }

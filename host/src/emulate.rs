@@ -17,6 +17,8 @@ const EMULATED_SMS: u32 = 2;
 
 /// [`Kvio::update_slots`](crate::Kvio::update_slots) on host memory.
 ///
+/// See the example of [`crate::SlotUpdate`].
+///
 /// # Safety
 /// Every view in `op` (and the error word, if any) is valid host memory of its length.
 pub unsafe fn update_slots(op: &SlotUpdate<'_>) -> Result<()> {
@@ -31,6 +33,8 @@ pub unsafe fn update_slots(op: &SlotUpdate<'_>) -> Result<()> {
 
 /// [`Kvio::update_slices`](crate::Kvio::update_slices) on host memory.
 ///
+/// See the example of [`crate::SliceUpdate`].
+///
 /// # Safety
 /// As [`update_slots`].
 pub unsafe fn update_slices(op: &SliceUpdate<'_>) -> Result<()> {
@@ -44,6 +48,8 @@ pub unsafe fn update_slices(op: &SliceUpdate<'_>) -> Result<()> {
 
 /// [`Kvio::copy_blocks`](crate::Kvio::copy_blocks) on host memory, kernel backend, pools with
 /// strided bases (pointer tables live on a device). All pools count as device memory.
+///
+/// See the example of [`crate::BlockCopy`].
 ///
 /// # Safety
 /// As [`update_slots`]; a device map's pairs are host memory too.

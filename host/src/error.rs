@@ -4,6 +4,13 @@ use std::fmt;
 
 /// What went wrong. Argument errors name the argument and its value; none of them launched
 /// anything.
+///
+/// ```
+/// let layout = kvio::PagedLayout::nhd(16, 16, 8, 128, 3); // 3-byte elements
+/// let e = layout.extent("cache").unwrap_err();
+/// assert!(matches!(e, kvio::Error::InvalidArgument { name: "cache", .. }));
+/// assert_eq!(e.to_string(), "invalid `cache` = 3: elem_bytes must be 1, 2 or 4");
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Error {
@@ -81,9 +88,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Driver { call, code } => {
-                write!(f, "CUDA driver call {call} failed with CUresult {code}")
-            }
+            Error::Driver { call, code } => match result_name(*code) {
+                Some(n) => write!(f, "CUDA driver call {call} failed with CUresult {code} ({n})"),
+                None => write!(f, "CUDA driver call {call} failed with CUresult {code}"),
+            },
             Error::NoContext => write!(f, "no CUDA context is current on this thread"),
             Error::UnsupportedDevice { major, minor } => {
                 write!(
@@ -134,11 +142,266 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+macro_rules! result_names {
+    ($($name:ident),* $(,)?) => {
+        /// The `CUresult` names kvio's messages spell out, with their numbers.
+        const RESULT_NAMES: &[(u32, &str)] = &[$((cust::sys::CUresult::$name as u32, stringify!($name))),*];
+    };
+}
+
+result_names!(
+    CUDA_ERROR_INVALID_VALUE,
+    CUDA_ERROR_OUT_OF_MEMORY,
+    CUDA_ERROR_NOT_INITIALIZED,
+    CUDA_ERROR_DEINITIALIZED,
+    CUDA_ERROR_STUB_LIBRARY,
+    CUDA_ERROR_NO_DEVICE,
+    CUDA_ERROR_INVALID_DEVICE,
+    CUDA_ERROR_INVALID_IMAGE,
+    CUDA_ERROR_INVALID_CONTEXT,
+    CUDA_ERROR_NO_BINARY_FOR_GPU,
+    CUDA_ERROR_INVALID_PTX,
+    CUDA_ERROR_JIT_COMPILER_NOT_FOUND,
+    CUDA_ERROR_UNSUPPORTED_PTX_VERSION,
+    CUDA_ERROR_INVALID_HANDLE,
+    CUDA_ERROR_ILLEGAL_STATE,
+    CUDA_ERROR_NOT_FOUND,
+    CUDA_ERROR_NOT_READY,
+    CUDA_ERROR_ILLEGAL_ADDRESS,
+    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
+    CUDA_ERROR_LAUNCH_TIMEOUT,
+    CUDA_ERROR_CONTEXT_IS_DESTROYED,
+    CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+    CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
+    CUDA_ERROR_MISALIGNED_ADDRESS,
+    CUDA_ERROR_LAUNCH_FAILED,
+    CUDA_ERROR_NOT_PERMITTED,
+    CUDA_ERROR_NOT_SUPPORTED,
+    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+    CUDA_ERROR_STREAM_CAPTURE_ISOLATION,
+    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+    CUDA_ERROR_CAPTURED_EVENT,
+    CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+    CUDA_ERROR_UNKNOWN,
+);
+
+/// The symbolic name of a `CUresult` number, when kvio knows it (no driver call: the stub
+/// library and a dead context can still be named).
+fn result_name(code: u32) -> Option<&'static str> {
+    RESULT_NAMES.iter().find(|e| e.0 == code).map(|e| e.1)
+}
+
 /// Shorthand for [`Error::InvalidArgument`].
 pub(crate) fn invalid(name: &'static str, value: impl fmt::Debug, reason: &'static str) -> Error {
     Error::InvalidArgument {
         name,
         value: format!("{value:?}"),
         reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[track_caller]
+    fn says(e: Error, want: &str) {
+        assert_eq!(e.to_string(), want, "{e:?}");
+    }
+
+    #[test]
+    fn driver_names_the_call_and_the_result() {
+        says(
+            Error::Driver {
+                call: "cuMemAlloc",
+                code: 2,
+            },
+            "CUDA driver call cuMemAlloc failed with CUresult 2 (CUDA_ERROR_OUT_OF_MEMORY)",
+        );
+        says(
+            Error::Driver {
+                call: "cuInit",
+                code: 34,
+            },
+            "CUDA driver call cuInit failed with CUresult 34 (CUDA_ERROR_STUB_LIBRARY)",
+        );
+        says(
+            Error::Driver {
+                call: "cuLaunchKernel",
+                code: 719,
+            },
+            "CUDA driver call cuLaunchKernel failed with CUresult 719 (CUDA_ERROR_LAUNCH_FAILED)",
+        );
+        // A number kvio has no name for is still printed.
+        says(
+            Error::Driver {
+                call: "cuFoo",
+                code: 123_456,
+            },
+            "CUDA driver call cuFoo failed with CUresult 123456",
+        );
+    }
+
+    #[test]
+    fn result_names_match_the_driver_enum() {
+        use cust::sys::CUresult as R;
+        for (r, n) in [
+            (R::CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE"),
+            (R::CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE"),
+            (R::CUDA_ERROR_INVALID_PTX, "CUDA_ERROR_INVALID_PTX"),
+            (R::CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS"),
+            (
+                R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+            ),
+            (R::CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN"),
+        ] {
+            assert_eq!(result_name(r as u32), Some(n));
+        }
+        assert_eq!(result_name(0), None, "success is not an error name");
+        let mut codes: Vec<u32> = RESULT_NAMES.iter().map(|e| e.0).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), RESULT_NAMES.len(), "one name per number");
+    }
+
+    #[test]
+    fn no_context() {
+        says(
+            Error::NoContext,
+            "no CUDA context is current on this thread",
+        );
+    }
+
+    #[test]
+    fn unsupported_device_names_the_compute_capability() {
+        says(
+            Error::UnsupportedDevice { major: 7, minor: 5 },
+            "compute capability 7.5 is not supported (kvio needs 8.0 or newer)",
+        );
+    }
+
+    #[test]
+    fn invalid_argument_names_argument_value_and_reason() {
+        says(
+            invalid("elem_bytes", 3usize, "elem_bytes must be 1, 2 or 4"),
+            "invalid `elem_bytes` = 3: elem_bytes must be 1, 2 or 4",
+        );
+        // Values are printed with Debug: strings quoted, tuples as tuples.
+        says(
+            invalid(
+                "staging",
+                "None",
+                "the kernel backend with a host map needs staging",
+            ),
+            "invalid `staging` = \"None\": the kernel backend with a host map needs staging",
+        );
+        says(
+            invalid("caches", (3usize, 2usize), "need layers × parts views"),
+            "invalid `caches` = (3, 2): need layers × parts views",
+        );
+    }
+
+    #[test]
+    fn buffer_too_small_names_buffer_length_and_need() {
+        says(
+            Error::BufferTooSmall {
+                name: "key_cache",
+                needed: 4096,
+                len: 100,
+            },
+            "`key_cache` is 100 bytes but its layout reaches 4096 bytes",
+        );
+    }
+
+    #[test]
+    fn index_out_of_range_names_position_value_and_limit() {
+        says(
+            Error::IndexOutOfRange {
+                name: "map.src",
+                at: 2,
+                value: -7,
+                limit: 4,
+            },
+            "`map.src`[2] = -7 is out of range (must be < 4)",
+        );
+    }
+
+    #[test]
+    fn overlap_names_both_entries() {
+        says(
+            Error::Overlap {
+                name: "map.dst",
+                first: 0,
+                second: 2,
+            },
+            "`map.dst` entries 0 and 2 write the same bytes",
+        );
+    }
+
+    #[test]
+    fn not_device_accessible_names_the_address() {
+        says(
+            Error::NotDeviceAccessible {
+                name: "dst",
+                ptr: 0x7f00_dead_b000,
+            },
+            "`dst` at 0x7f00deadb000 is not device memory or pinned, mapped host memory (kernels cannot reach it)",
+        );
+    }
+
+    #[test]
+    fn overflow_names_the_argument() {
+        says(
+            Error::Overflow { name: "slices" },
+            "size of `slices` overflows",
+        );
+    }
+
+    #[test]
+    fn every_variant_is_covered() {
+        // Adding a variant breaks this match: give it a Display arm and a test above.
+        let all = [
+            Error::Driver { call: "c", code: 1 },
+            Error::NoContext,
+            Error::UnsupportedDevice { major: 1, minor: 0 },
+            invalid("a", 1, "r"),
+            Error::BufferTooSmall {
+                name: "b",
+                needed: 2,
+                len: 1,
+            },
+            Error::IndexOutOfRange {
+                name: "i",
+                at: 0,
+                value: 1,
+                limit: 1,
+            },
+            Error::Overlap {
+                name: "o",
+                first: 0,
+                second: 1,
+            },
+            Error::NotDeviceAccessible { name: "n", ptr: 1 },
+            Error::Overflow { name: "v" },
+        ];
+        for e in all {
+            let named = match &e {
+                Error::Driver { call, .. } => *call,
+                Error::NoContext => "context",
+                Error::UnsupportedDevice { .. } => "compute capability",
+                Error::InvalidArgument { name, .. }
+                | Error::BufferTooSmall { name, .. }
+                | Error::IndexOutOfRange { name, .. }
+                | Error::Overlap { name, .. }
+                | Error::NotDeviceAccessible { name, .. }
+                | Error::Overflow { name } => name,
+            };
+            let msg = e.to_string();
+            assert!(msg.contains(named), "{msg:?} does not name {named:?}");
+            let _: &dyn std::error::Error = &e;
+        }
     }
 }

@@ -6,6 +6,16 @@ use crate::error::{invalid, Error, Result};
 
 /// Token-major K or V input: token `t`, head `h`, element `d` at element offset
 /// `t * token_stride + h * head_stride + d`.
+///
+/// ```
+/// # fn main() -> kvio::Result<()> {
+/// // K heads inside a packed `[T, Hq + 2 * Hkv, D]` qkv tensor: a strided view, no copy.
+/// let (t, hq, hkv, d) = (4, 32, 8, 128);
+/// let mut k = kvio::TokenLayout::contiguous(t, hkv, d, 2);
+/// k.token_stride = (hq + 2 * hkv) * d; // the view starts at element hq * d of the qkv buffer
+/// assert_eq!(k.extent("key")?, (((t - 1) * (hq + 2 * hkv) * d + hkv * d) * 2) as u64);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TokenLayout {
     /// Number of tokens `T`.
@@ -126,6 +136,11 @@ impl PagedLayout {
     }
 
     /// `[num_blocks, H, block_size, D]`, contiguous (HND).
+    ///
+    /// ```
+    /// let l = kvio::PagedLayout::hnd(100, 16, 8, 128, 2);
+    /// assert_eq!((l.head_stride, l.token_stride), (16 * 128, 128));
+    /// ```
     pub fn hnd(
         num_blocks: usize,
         block_size: usize,
@@ -167,6 +182,14 @@ impl PagedLayout {
 
     /// Checks the shape (non-zero sizes, element size, no two slots or heads sharing bytes,
     /// no overflow) and returns the number of bytes the layout reaches from its base.
+    ///
+    /// ```
+    /// let l = kvio::PagedLayout::nhd(100, 16, 8, 128, 2);
+    /// assert_eq!(l.extent("cache").unwrap(), 100 * 16 * 8 * 128 * 2);
+    /// let mut bad = l;
+    /// bad.token_stride = 64; // two slots would share bytes
+    /// assert!(bad.extent("cache").is_err());
+    /// ```
     pub fn extent(&self, name: &'static str) -> Result<u64> {
         check_elem(name, self.elem_bytes)?;
         nonzero(name, "num_blocks", self.num_blocks)?;

@@ -24,6 +24,8 @@
 
 mod alloc;
 pub mod blocks;
+#[cfg(feature = "cudarc")]
+pub mod cudarc;
 mod driver;
 pub mod emulate;
 mod error;

@@ -10,6 +10,16 @@ use crate::error::{Error, Result};
 
 /// A view of `len` bytes of device memory at `ptr` (memory kvio reads or writes, owned by the
 /// caller). It is only a pair of numbers: make sure the memory outlives the work enqueued on it.
+///
+/// ```
+/// # fn main() -> kvio::Result<()> {
+/// // SAFETY: only described here, never dereferenced.
+/// let cache = unsafe { kvio::DeviceBytes::from_raw(0x7f00_0000_0000, 4096) };
+/// let v_half = cache.slice(2048, 2048)?; // e.g. V of a combined K|V allocation
+/// assert_eq!((v_half.ptr(), v_half.len()), (0x7f00_0000_0800, 2048));
+/// assert!(cache.slice(4000, 100).is_err()); // past the end: BufferTooSmall
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceBytes {
     ptr: u64,
@@ -71,6 +81,12 @@ impl DeviceBytes {
 }
 
 /// Counters read back from a [`DeviceErrors`] word: device-resident indices a kernel refused.
+///
+/// ```
+/// let counts = kvio::ErrorCounts { bad_slots: 2, ..Default::default() };
+/// assert!(!counts.is_clean());
+/// assert!(kvio::ErrorCounts::default().is_clean());
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ErrorCounts {
     /// Slot-mapping entries past the end of the cache (tokens skipped).
@@ -92,6 +108,21 @@ impl ErrorCounts {
 
 /// The device-side error word: counters the kernels increment (atomically) for each index
 /// they skip because it was out of range. One word may serve many launches and streams.
+///
+/// ```no_run
+/// # fn main() -> kvio::Result<()> {
+/// let _ctx = kvio::PrimaryContext::retain(0)?;
+/// let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None).unwrap();
+/// let s = kvio::StreamRef::from_cust(&stream);
+/// let errors = kvio::DeviceErrors::new()?; // set-up time
+/// errors.reset(s)?;                         // before a step (capturable)
+/// // ... launches with `errors: Some(&errors)` ...
+/// let counts = errors.read(s)?;             // waits for the stream
+/// if !counts.is_clean() {
+///     eprintln!("kernels skipped bad indices: {counts:?}");
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct DeviceErrors {
     ptr: u64,

@@ -51,6 +51,15 @@ impl Kvio {
     }
 
     /// Loads the PTX of a given architecture (it must not be newer than the device).
+    ///
+    /// ```no_run
+    /// # fn main() -> kvio::Result<()> {
+    /// let _ctx = kvio::PrimaryContext::retain(0)?;
+    /// // The sm_80 build on a Hopper GPU (for comparisons; `Kvio::load` picks sm_90 there).
+    /// let kv = kvio::Kvio::load_arch(kvio::Arch::Sm80)?;
+    /// assert_eq!(kv.arch(), kvio::Arch::Sm80);
+    /// # Ok(()) }
+    /// ```
     pub fn load_arch(arch: Arch) -> Result<Self> {
         let ctx = current_context()?;
         let dev = current_device()?;
@@ -108,7 +117,7 @@ impl Kvio {
     /// the benchmarks.
     #[doc(hidden)]
     pub fn bench_noop(&self, stream: crate::StreamRef<'_>) -> Result<()> {
-        crate::driver::Params::new([]).launch(self.noop, 1, 1, stream)
+        crate::driver::Params::new(&[], &[]).launch(self.noop, 1, 1, stream)
     }
 
     /// The benchmarks' naive baseline: one thread per element over `n` spans listed as
@@ -127,7 +136,14 @@ impl Kvio {
     ) -> Result<()> {
         let total = n * span_elems;
         let grid = total.div_ceil(256).clamp(1, self.sm_count as u64 * 16) as u32;
-        crate::driver::Params::new([spans.ptr(), n, span_elems, elem_bytes as u64]).launch(
+        let args = kvio_kernels::args::NaiveArgs {
+            spans: spans.ptr() as *const u64,
+            num_spans: n,
+            span_elems,
+            elem_bytes,
+            shift: 0,
+        };
+        crate::driver::Params::new(&args.to_words(), &kvio_kernels::args::NaiveArgs::SIZES).launch(
             self.naive_spans,
             grid,
             256,

@@ -8,6 +8,13 @@ use crate::error::{invalid, Error, Result};
 
 /// One slice of the slice-based update: `len` rows of the new K/V starting at token
 /// `new_kv_start` go to cache slots `cache_start..cache_start + len` (inside one page).
+///
+/// ```
+/// use kvio::plan::Slice;
+/// let s = Slice { cache_start: 32, new_kv_start: 0, len: 16 }; // a whole page of 16 slots
+/// assert_eq!(Slice::default().len, 0); // padding
+/// # let _ = s;
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Slice {
     /// First cache slot.
@@ -88,6 +95,12 @@ pub fn slots_to_slices<S: SlotIndex>(slots: &[S], page_size: usize) -> Result<Ve
 
 /// Packs slices into vLLM's `[3, padded]` struct-of-arrays `i32` table (padding entries are
 /// zero, i.e. `len == 0`).
+///
+/// ```
+/// use kvio::plan::{slices_to_table, Slice};
+/// let s = [Slice { cache_start: 4, new_kv_start: 0, len: 2 }, Slice { cache_start: 9, new_kv_start: 2, len: 1 }];
+/// assert_eq!(slices_to_table(&s, 3).unwrap(), vec![4, 9, 0, 0, 2, 0, 2, 1, 0]);
+/// ```
 pub fn slices_to_table(slices: &[Slice], padded: usize) -> Result<Vec<i32>> {
     if slices.len() > padded {
         return Err(invalid("padded", padded, "fewer entries than slices"));
@@ -108,6 +121,13 @@ pub fn slices_to_table(slices: &[Slice], padded: usize) -> Result<Vec<i32>> {
 
 /// Checks host-held slots: each is negative (skip) or `< num_slots`, and no slot is written
 /// twice (two tokens racing for one slot).
+///
+/// ```
+/// use kvio::plan::validate_slots;
+/// assert!(validate_slots(&[3i64, -1, 7], 8).is_ok());
+/// assert!(validate_slots(&[3i64, 8], 8).is_err()); // past the cache
+/// assert!(validate_slots(&[3i32, 3], 8).is_err()); // slot 3 written twice
+/// ```
 pub fn validate_slots<S: SlotIndex>(slots: &[S], num_slots: usize) -> Result<()> {
     let mut seen: Vec<(i64, usize)> = Vec::with_capacity(slots.len());
     for (t, s) in slots.iter().enumerate() {
@@ -140,6 +160,14 @@ pub fn validate_slots<S: SlotIndex>(slots: &[S], num_slots: usize) -> Result<()>
 
 /// Checks host-held slices the way the kernel does (`0 ≤ len ≤ page_size`, inside the cache
 /// and the source, one page) and also that no two slices write the same cache slot.
+///
+/// ```
+/// use kvio::plan::{validate_slices, Slice};
+/// let ok = [Slice { cache_start: 0, new_kv_start: 0, len: 4 }, Slice::default()];
+/// assert!(validate_slices(&ok, 4, 16, 4).is_ok());
+/// let crosses = [Slice { cache_start: 2, new_kv_start: 0, len: 4 }]; // pages 0 and 1
+/// assert!(validate_slices(&crosses, 4, 16, 4).is_err());
+/// ```
 pub fn validate_slices(
     slices: &[Slice],
     page_size: usize,

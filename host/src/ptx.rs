@@ -10,13 +10,29 @@ pub const PTX_SM80: &str = include_str!(concat!(env!("OUT_DIR"), "/kvio_sm80.ptx
 pub const PTX_SM90: &str = include_str!(concat!(env!("OUT_DIR"), "/kvio_sm90.ptx"));
 
 /// Names of the kernel entry points in the PTX.
+///
+/// ```
+/// for k in kvio::KERNELS {
+///     assert!(kvio::ptx(kvio::Arch::Sm80).contains(&format!(".entry {k}(")));
+/// }
+/// ```
 pub const KERNELS: &[&str] = &[
     "kvio_update_slots",
     "kvio_update_slices",
     "kvio_copy_blocks",
+    "kvio_noop",
+    "kvio_naive_spans",
 ];
 
 /// A PTX target architecture kvio ships.
+///
+/// ```
+/// use kvio::Arch;
+/// assert_eq!(Arch::for_compute_capability(9, 0), Some(Arch::Sm90)); // H100, H200
+/// assert_eq!(Arch::for_compute_capability(12, 0), Some(Arch::Sm90)); // newer: JIT from sm_90
+/// assert_eq!(Arch::for_compute_capability(8, 6), Some(Arch::Sm80)); // A10, RTX 30xx
+/// assert_eq!(Arch::for_compute_capability(7, 5), None);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
     /// `sm_80`.

@@ -11,6 +11,18 @@ fn copy_elem(src: &[u8], s: usize, dst: &mut [u8], d: usize, e: usize) {
 
 /// Slot-mapping update on host memory. `cache` is one host buffer that holds the K cache at
 /// byte `key_at` and, when `value` is given, the V cache at byte `value_at`.
+///
+/// ```
+/// use kvio::{reference, PagedLayout, TokenLayout};
+/// let key = [1u8, 2, 3, 4]; // 2 tokens, 1 head of 2 fp8 elements
+/// let mut cache = [0u8; 8]; // NHD: 2 blocks of 2 slots
+/// let c = reference::update_slots(
+///     &key, None, &TokenLayout::contiguous(2, 1, 2, 1), &mut cache, 0, None,
+///     &PagedLayout::nhd(2, 2, 1, 2, 1), &[2, 9],
+/// );
+/// assert_eq!(cache, [0, 0, 0, 0, 1, 2, 0, 0]); // slot 2; slot 9 is past the cache:
+/// assert_eq!(c.bad_slots, 1); // counted and skipped
+/// ```
 #[allow(clippy::too_many_arguments)]
 pub fn update_slots(
     key: &[u8],
@@ -58,6 +70,19 @@ pub fn update_slots(
 
 /// Slice-based update on host memory; `num_slices` is the device-side count (checked against
 /// `slices.len()`, the padded capacity, like the kernel does).
+///
+/// ```
+/// use kvio::plan::Slice;
+/// use kvio::{reference, PagedLayout, TokenLayout};
+/// let rows = [1u8, 2, 3]; // 3 tokens of 1 byte
+/// let mut cache = [0u8; 4]; // 2 pages of 2 slots
+/// let slices = [Slice { cache_start: 1, new_kv_start: 1, len: 1 }, Slice::default()];
+/// let layout = PagedLayout::nhd(2, 2, 1, 1, 1);
+/// reference::update_slices(&rows, &TokenLayout::contiguous(3, 1, 1, 1), &mut cache, &layout, &slices, 1);
+/// assert_eq!(cache, [0, 2, 0, 0]);
+/// // A count past the padded capacity writes nothing and is counted.
+/// assert_eq!(reference::update_slices(&rows, &TokenLayout::contiguous(3, 1, 1, 1), &mut cache, &layout, &slices, 3).bad_counts, 1);
+/// ```
 pub fn update_slices(
     new_kv: &[u8],
     input: &TokenLayout,
@@ -149,6 +174,18 @@ impl PoolImage {
 /// Block copy on host images: for each pair `[src, dst]` (negative = padding, skipped; past a
 /// pool = counted in `bad_blocks`, skipped), every element of every layer and part of block
 /// `src` of `src` is written to block `dst` of `dst`.
+///
+/// ```
+/// use kvio::reference::{copy_blocks, PoolImage};
+/// use kvio::PagedLayout;
+/// // One layer, K and V, blocks of 1 slot × 1 head × 1 byte: K of all blocks, then V.
+/// let img = PoolImage { layers: 1, parts: 2, layout: PagedLayout::nhd(3, 1, 1, 1, 1), layer_stride: 6, part_stride: 3 };
+/// let src = [10u8, 11, 12, 20, 21, 22]; // K0 K1 K2 V0 V1 V2
+/// let mut dst = [0u8; 6];
+/// let c = copy_blocks(&img, &src, &img, &mut dst, &[[2, 0], [-1, -1], [5, 1]]);
+/// assert_eq!(dst, [12, 0, 0, 22, 0, 0]); // block 2 -> 0; block 5 does not exist:
+/// assert_eq!(c.bad_blocks, 1);
+/// ```
 pub fn copy_blocks(
     src: &PoolImage,
     src_mem: &[u8],

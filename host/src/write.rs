@@ -22,6 +22,13 @@ const PER_LANE: u64 = 4;
 
 /// A device-resident slot mapping: one slot per token, `slot = block * block_size + offset`,
 /// negative = skip the token.
+///
+/// ```
+/// // SAFETY: a description only (three i32 slots at some device address).
+/// let slots = unsafe { kvio::DeviceBytes::from_raw(0x7f00_0000_0000, 12) };
+/// let mapping = kvio::SlotMapping::I32(slots);
+/// assert_eq!(mapping.len(), 3);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SlotMapping {
     /// `i32` slots (4 bytes each).
@@ -55,6 +62,34 @@ impl SlotMapping {
 /// Token `t < slots.len()` of `key` (and `value`) is written to slot `slots[t]` of `key_cache`
 /// (and `value_cache`). K and V caches share one [`PagedLayout`]; for a combined K/V
 /// allocation pass two views of it (e.g. `value_cache` = `key_cache` + the V offset).
+///
+/// Run here through the CPU emulation on host memory; on a GPU the same value goes to
+/// [`Kvio::update_slots`] (see its example) with device memory.
+///
+/// ```
+/// use kvio::{DeviceBytes, PagedLayout, SlotMapping, SlotUpdate, TokenLayout};
+/// // Two tokens of one head of 4 f32 into an NHD cache of 2 blocks × 2 slots.
+/// let key: Vec<f32> = (0..8).map(|x| x as f32).collect();
+/// let mut cache = vec![0f32; 2 * 2 * 4];
+/// let slots = [3i64, -1]; // token 0 -> block 1, offset 1; token 1 skipped
+/// // SAFETY: host memory, used by the emulation only.
+/// let op = unsafe {
+///     SlotUpdate {
+///         key: DeviceBytes::from_raw(key.as_ptr() as u64, 32),
+///         value: None,
+///         input: TokenLayout::contiguous(2, 1, 4, 4),
+///         key_cache: DeviceBytes::from_raw(cache.as_mut_ptr() as u64, 64),
+///         value_cache: None,
+///         cache: PagedLayout::nhd(2, 2, 1, 4, 4),
+///         slots: SlotMapping::I64(DeviceBytes::from_raw(slots.as_ptr() as u64, 16)),
+///         errors: None,
+///     }
+/// };
+/// // SAFETY: every view is live host memory of its length.
+/// unsafe { kvio::emulate::update_slots(&op) }.unwrap();
+/// assert_eq!(cache[12..16], [0.0, 1.0, 2.0, 3.0]);
+/// assert!(cache[..12].iter().all(|&x| x == 0.0));
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct SlotUpdate<'a> {
     /// New keys, `[T, H, D]` as described by `input`.
@@ -82,6 +117,37 @@ pub struct SlotUpdate<'a> {
 /// used (the count lives on the device, so the same padded launch can be replayed in a CUDA
 /// graph with another count). A slice has `0 < len ≤ block_size` and stays inside one page;
 /// `len == 0` is padding.
+///
+/// Run here through the CPU emulation on host memory; on a GPU the same value goes to
+/// [`Kvio::update_slices`] with device memory.
+///
+/// ```
+/// use kvio::plan::{slices_to_table, slots_to_slices};
+/// use kvio::{DeviceBytes, PagedLayout, SliceUpdate, TokenLayout};
+/// // Three tokens of one head of 2 u16 into a flat cache of 4 pages × 2 slots.
+/// let rows: Vec<u16> = (0..6).collect();
+/// let mut cache = vec![0u16; 4 * 2 * 2];
+/// let slices = slots_to_slices(&[2i64, 3, 6], 2).unwrap(); // [2, 3] and [6]
+/// let table = slices_to_table(&slices, 4).unwrap(); // `[3, 4]`, padded
+/// let count = [slices.len() as i32];
+/// // SAFETY: host memory, used by the emulation only.
+/// let op = unsafe {
+///     SliceUpdate {
+///         new_kv: DeviceBytes::from_raw(rows.as_ptr() as u64, 12),
+///         input: TokenLayout::contiguous(3, 1, 2, 2),
+///         cache: DeviceBytes::from_raw(cache.as_mut_ptr() as u64, 32),
+///         layout: PagedLayout::nhd(4, 2, 1, 2, 2),
+///         slices: DeviceBytes::from_raw(table.as_ptr() as u64, 48),
+///         padded: 4,
+///         num_slices: DeviceBytes::from_raw(count.as_ptr() as u64, 4),
+///         errors: None,
+///     }
+/// };
+/// // SAFETY: every view is live host memory of its length.
+/// unsafe { kvio::emulate::update_slices(&op) }.unwrap();
+/// assert_eq!(cache[4..8], [0, 1, 2, 3]); // slots 2 and 3: tokens 0 and 1
+/// assert_eq!(cache[12..14], [4, 5]); // slot 6: token 2
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct SliceUpdate<'a> {
     /// New K/V rows, `[T, H', D]` (each token's heads contiguous).
@@ -173,13 +239,52 @@ impl Kvio {
         let Some((args, grid)) = plan_slots(op, self.sm_count)? else {
             return Ok(());
         };
-        Params::new(args.to_words()).launch(self.update_slots, grid, BLOCK_THREADS, stream)
+        Params::new(&args.to_words(), &SlotArgs::SIZES).launch(
+            self.update_slots,
+            grid,
+            BLOCK_THREADS,
+            stream,
+        )
     }
 
     /// Copies slices of new rows into a paged cache in place. See [`SliceUpdate`].
+    ///
+    /// ```no_run
+    /// # fn main() -> kvio::Result<()> {
+    /// use cust::memory::DeviceBuffer;
+    /// use kvio::plan::{slices_to_table, slots_to_slices};
+    /// use kvio::{DeviceBytes, PagedLayout, SliceUpdate, StreamRef, TokenLayout};
+    /// let _ctx = kvio::PrimaryContext::retain(0)?;
+    /// let kv = kvio::Kvio::load()?;
+    /// let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None).unwrap();
+    /// let (t, h2, d, page) = (5, 16, 128, 16); // K and V heads together: H' = 2H
+    /// let layout = PagedLayout::nhd(64, page, h2, d, 2); // flat [64*16, H', D] bf16
+    /// let new_kv = DeviceBuffer::from_slice(&vec![1u16; t * h2 * d]).unwrap();
+    /// let cache = DeviceBuffer::from_slice(&vec![0u16; 64 * page * h2 * d]).unwrap();
+    /// let slices = slots_to_slices(&[30i64, 31, 32, 33, 100], page)?; // 3 slices
+    /// let padded = 8; // fixed capacity: the same launch serves any count up to 8
+    /// let table = DeviceBuffer::from_slice(&slices_to_table(&slices, padded)?).unwrap();
+    /// let count = DeviceBuffer::from_slice(&[slices.len() as i32]).unwrap();
+    /// kv.update_slices(&SliceUpdate {
+    ///     new_kv: DeviceBytes::of(&new_kv),
+    ///     input: TokenLayout::contiguous(t, h2, d, 2),
+    ///     cache: DeviceBytes::of(&cache),
+    ///     layout,
+    ///     slices: DeviceBytes::of(&table),
+    ///     padded,
+    ///     num_slices: DeviceBytes::of(&count),
+    ///     errors: None,
+    /// }, StreamRef::from_cust(&stream))?;
+    /// # Ok(()) }
+    /// ```
     pub fn update_slices(&self, op: &SliceUpdate<'_>, stream: StreamRef<'_>) -> Result<()> {
         let (args, grid) = plan_slices(op, self.sm_count)?;
-        Params::new(args.to_words()).launch(self.update_slices, grid, BLOCK_THREADS, stream)
+        Params::new(&args.to_words(), &SliceArgs::SIZES).launch(
+            self.update_slices,
+            grid,
+            BLOCK_THREADS,
+            stream,
+        )
     }
 }
 

@@ -53,6 +53,8 @@ macro_rules! kernel {
         impl $args {
             /// Number of kernel parameters.
             pub const WORDS: usize = count!($($field)*);
+            /// Byte size of each kernel parameter, in order.
+            pub const SIZES: [usize; Self::WORDS] = [$(core::mem::size_of::<$ty>()),*];
             /// Name of the PTX entry point.
             pub const ENTRY: &'static str = stringify!($entry);
             /// The parameter slots for `cuLaunchKernel`, in the entry point's order.

@@ -1,0 +1,390 @@
+//! A small simulated serving loop on a cross-layer KV cache `(NB, L, 2, bs, H, D)`:
+//!
+//! 1. admission: a new sequence either starts empty or, on a *prefix hit*, gets the first
+//!    blocks of a finished sequence back from the pinned host pool (onload);
+//! 2. every step each running sequence appends a few tokens: one slot update per layer, on the
+//!    layer views of the one cross-layer pool;
+//! 3. blocks that became full are offloaded to the pinned host pool (kernel backend, device
+//!    block map, 4 CTAs: the SMs stay with the model);
+//! 4. sequences that reach their length finish: their blocks stay in the host pool as a
+//!    reusable prefix, their GPU blocks are freed (and poisoned).
+//!
+//! Every stage is verified against the data that went in, and timed with CUDA events on the
+//! stream; a per-stage GB/s summary is printed at the end. Without a GPU it says so and exits
+//! normally.
+//!
+//! ```sh
+//! cargo run --release --example serving_step
+//! ```
+
+use std::collections::VecDeque;
+use std::error::Error;
+
+use cust::event::{Event, EventFlags};
+use cust::memory::{CopyDestination, DeviceBuffer};
+use cust::stream::{Stream, StreamFlags};
+use cust::sys as cu;
+use kvio::{
+    Backend, BlockCopy, BlockMap, BlockPool, DeviceAlloc, DeviceBytes, DeviceErrors, Kvio,
+    PinnedHost, PrimaryContext, SlotMapping, SlotUpdate, StreamRef, TokenLayout,
+};
+use kvio_suite::{random_bytes, Rng};
+
+const LAYERS: usize = 32;
+const HEADS: usize = 8;
+const DIM: usize = 128;
+const ELEM: usize = 2; // bf16
+const BS: usize = 16;
+const GPU_BLOCKS: usize = 96;
+const HOST_BLOCKS: usize = 160;
+/// Sequences running at once.
+const SEQS: usize = 8;
+/// Tokens a sequence has when it finishes (a multiple of BS: every block gets offloaded).
+const MAX_LEN: usize = 128;
+/// Most tokens a sequence appends per step.
+const MAX_STEP: usize = 32;
+/// Token capacity of one step's batch (the input and slot buffers are padded to it).
+const T_MAX: usize = SEQS * MAX_STEP;
+/// Block-map capacity of one offload or onload.
+const MAP_CAP: usize = SEQS * (MAX_LEN / BS);
+const STEPS: usize = 24;
+
+/// One (K or V) token row of all heads.
+const ROW: usize = HEADS * DIM * ELEM;
+/// One block: all layers, K and V.
+const BLOCK: usize = LAYERS * 2 * BS * ROW;
+
+/// Byte offset of the row of `(block, layer, part, offset)` in a cross-layer NHD pool.
+fn row_at(block: usize, layer: usize, part: usize, offset: usize) -> usize {
+    block * BLOCK + (layer * 2 + part) * BS * ROW + offset * ROW
+}
+
+#[derive(Default)]
+struct Seq {
+    /// GPU blocks, in token order.
+    blocks: Vec<usize>,
+    /// Tokens written.
+    len: usize,
+    /// Host blocks holding its leading full blocks (offloaded or onloaded from a prefix).
+    host: Vec<usize>,
+}
+
+/// GPU time and bytes of one stage.
+#[derive(Default)]
+struct Stage {
+    bytes: u64,
+    ms: f64,
+    calls: u32,
+    backend: Option<Backend>,
+}
+
+impl Stage {
+    fn add(&mut self, bytes: usize, start: &Event, stop: &Event) -> Result<(), Box<dyn Error>> {
+        stop.synchronize()?;
+        self.ms += stop.elapsed_time_f32(start)? as f64;
+        self.bytes += bytes as u64;
+        self.calls += 1;
+        Ok(())
+    }
+
+    fn print(&self, name: &str) {
+        let gbps = self.bytes as f64 / (self.ms / 1e3) / 1e9;
+        let backend = self.backend.map_or(String::new(), |b| format!(" ({b:?})"));
+        println!(
+            "  {name:<8} {:>8.1} MiB in {:>4} calls, {:>8.3} ms GPU time: {gbps:>7.1} GB/s{backend}",
+            self.bytes as f64 / (1 << 20) as f64,
+            self.calls,
+            self.ms
+        );
+    }
+}
+
+/// Host-pool bookkeeping: reference counts of host blocks and the finished prefixes.
+struct HostPool {
+    free: Vec<usize>,
+    refs: Vec<u32>,
+    prefixes: VecDeque<Vec<usize>>,
+}
+
+impl HostPool {
+    fn take(&mut self) -> usize {
+        while self.free.is_empty() {
+            let oldest = self.prefixes.pop_front().expect("host pool too small");
+            for b in oldest {
+                self.release(b);
+            }
+        }
+        let b = self.free.pop().unwrap();
+        self.refs[b] = 1;
+        b
+    }
+
+    fn retain(&mut self, b: usize) {
+        self.refs[b] += 1;
+    }
+
+    fn release(&mut self, b: usize) {
+        self.refs[b] -= 1;
+        if self.refs[b] == 0 {
+            self.free.push(b);
+        }
+    }
+}
+
+fn download(mem: DeviceBytes, out: &mut Vec<u8>) -> Result<(), Box<dyn Error>> {
+    out.resize(mem.len(), 0);
+    // SAFETY: `out` holds `mem.len()` bytes; synchronous copy of a live allocation.
+    let r = unsafe { cu::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), mem.ptr(), mem.len()) };
+    if r != cu::CUresult::CUDA_SUCCESS {
+        return Err(format!("cuMemcpyDtoH: {r:?}").into());
+    }
+    Ok(())
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("serving_step: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), Box<dyn Error>> {
+    let _ctx = match PrimaryContext::retain(0) {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            println!("serving_step: no usable CUDA device ({e}); nothing to simulate.");
+            return Ok(());
+        }
+    };
+    let kv = Kvio::load()?;
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+    let sref = StreamRef::from_cust(&stream);
+    println!(
+        "serving_step: {LAYERS} layers x {HEADS} heads x {DIM} (bf16), pages of {BS}; \
+         {GPU_BLOCKS} GPU blocks, {HOST_BLOCKS} pinned host blocks of {} MiB; PTX {:?}",
+        BLOCK >> 20,
+        kv.arch()
+    );
+
+    // The two pools: cross-layer NHD on the GPU and in pinned host memory.
+    let gpu_mem = DeviceAlloc::new(GPU_BLOCKS * BLOCK)?;
+    let host_mem = PinnedHost::alloc(HOST_BLOCKS * BLOCK)?;
+    let gpu = BlockPool::cross_layer_nhd(gpu_mem.bytes(), GPU_BLOCKS, LAYERS, BS, HEADS, DIM, ELEM);
+    let host =
+        BlockPool::cross_layer_nhd(host_mem.bytes(), HOST_BLOCKS, LAYERS, BS, HEADS, DIM, ELEM);
+    let views: Vec<_> = (0..LAYERS)
+        .map(|l| gpu.layer_view(l))
+        .collect::<kvio::Result<_>>()?;
+
+    // Step inputs `[L, T_MAX, H, D]` for K and V, slots padded with -1, block maps, staging.
+    let input = TokenLayout::contiguous(T_MAX, HEADS, DIM, ELEM);
+    let mut keys = DeviceBuffer::from_slice(&vec![0u8; LAYERS * T_MAX * ROW])?;
+    let mut values = DeviceBuffer::from_slice(&vec![0u8; LAYERS * T_MAX * ROW])?;
+    let mut slots_d = DeviceBuffer::from_slice(&[-1i64; T_MAX])?;
+    let mut map_d = DeviceBuffer::from_slice(&[-1i64; 2 * MAP_CAP])?;
+    let staging = DeviceBuffer::from_slice(&[0u8; 16 * MAP_CAP])?;
+    let errors = DeviceErrors::new()?;
+
+    let mut rng = Rng::new(7);
+    let mut free_gpu: Vec<usize> = (0..GPU_BLOCKS).rev().collect();
+    let mut hp = HostPool {
+        free: (0..HOST_BLOCKS).rev().collect(),
+        refs: vec![0; HOST_BLOCKS],
+        prefixes: VecDeque::new(),
+    };
+    let mut seqs: Vec<Option<Seq>> = (0..SEQS).map(|_| None).collect();
+    let (mut write, mut offload, mut onload) =
+        (Stage::default(), Stage::default(), Stage::default());
+    let (start, stop) = (
+        Event::new(EventFlags::DEFAULT)?,
+        Event::new(EventFlags::DEFAULT)?,
+    );
+    let mut snapshot = Vec::new();
+    let mut finished = 0;
+    let mut hits = 0;
+
+    for step in 0..STEPS {
+        // 1. Admission; prefix hits onload the first blocks of a finished sequence.
+        let mut pairs: Vec<[i64; 2]> = Vec::new();
+        for slot in seqs.iter_mut().filter(|s| s.is_none()) {
+            let mut seq = Seq::default();
+            if !hp.prefixes.is_empty() && rng.below(2) == 0 {
+                let p = hp.prefixes[rng.below(hp.prefixes.len() as u64) as usize].clone();
+                let k = 1 + rng.below(p.len() as u64 - 1) as usize; // a strict prefix
+                for &hb in &p[..k] {
+                    let gb = free_gpu.pop().expect("GPU pool too small");
+                    pairs.push([hb as i64, gb as i64]);
+                    hp.retain(hb);
+                    seq.blocks.push(gb);
+                    seq.host.push(hb);
+                }
+                seq.len = k * BS;
+                hits += 1;
+            }
+            *slot = Some(seq);
+        }
+        if !pairs.is_empty() {
+            start.record(&stream)?;
+            let used = kv.copy_blocks(
+                &BlockCopy {
+                    src: host,
+                    dst: gpu,
+                    map: BlockMap::Host(&pairs),
+                    backend: Backend::Auto, // whole 2 MiB blocks: the copy engines
+                    max_ctas: None,
+                    staging: Some(DeviceBytes::of(&staging)),
+                    errors: Some(&errors),
+                },
+                sref,
+            )?;
+            stop.record(&stream)?;
+            onload.add(pairs.len() * BLOCK, &start, &stop)?;
+            onload.backend = Some(used);
+            download(gpu_mem.bytes(), &mut snapshot)?;
+            for &[hb, gb] in &pairs {
+                let (hb, gb) = (hb as usize, gb as usize);
+                let want = &host_mem.as_slice()[hb * BLOCK..(hb + 1) * BLOCK];
+                if snapshot[gb * BLOCK..(gb + 1) * BLOCK] != *want {
+                    return Err(format!("step {step}: onloaded block {gb} != host {hb}").into());
+                }
+            }
+        }
+        let onloaded = pairs.len();
+
+        // 2. Each running sequence appends 1..=MAX_STEP tokens; one slot update per layer.
+        let mut slots = vec![-1i64; T_MAX];
+        let mut t = 0;
+        for seq in seqs.iter_mut().flatten() {
+            let n = (1 + rng.below(MAX_STEP as u64) as usize).min(MAX_LEN - seq.len);
+            for _ in 0..n {
+                if seq.len % BS == 0 {
+                    seq.blocks.push(free_gpu.pop().expect("GPU pool too small"));
+                }
+                slots[t] = (seq.blocks[seq.len / BS] * BS + seq.len % BS) as i64;
+                seq.len += 1;
+                t += 1;
+            }
+        }
+        let k_host = random_bytes(LAYERS * T_MAX * ROW, 2 * step as u64);
+        let v_host = random_bytes(LAYERS * T_MAX * ROW, 2 * step as u64 + 1);
+        keys.copy_from(&k_host[..])?;
+        values.copy_from(&v_host[..])?;
+        slots_d.copy_from(&slots[..])?;
+        let (kd, vd) = (DeviceBytes::of(&keys), DeviceBytes::of(&values));
+        start.record(&stream)?;
+        for (l, (k_cache, v_cache, layout)) in views.iter().enumerate() {
+            kv.update_slots(
+                &SlotUpdate {
+                    key: kd.slice(l * T_MAX * ROW, T_MAX * ROW)?,
+                    value: Some(vd.slice(l * T_MAX * ROW, T_MAX * ROW)?),
+                    input,
+                    key_cache: *k_cache,
+                    value_cache: *v_cache,
+                    cache: *layout,
+                    slots: SlotMapping::I64(DeviceBytes::of(&slots_d)),
+                    errors: Some(&errors),
+                },
+                sref,
+            )?;
+        }
+        stop.record(&stream)?;
+        write.add(t * LAYERS * 2 * ROW, &start, &stop)?;
+        download(gpu_mem.bytes(), &mut snapshot)?;
+        for (j, &s) in slots[..t].iter().enumerate() {
+            let (b, o) = (s as usize / BS, s as usize % BS);
+            for l in 0..LAYERS {
+                for (part, src) in [&k_host, &v_host].into_iter().enumerate() {
+                    let at = row_at(b, l, part, o);
+                    let from = (l * T_MAX + j) * ROW;
+                    if snapshot[at..at + ROW] != src[from..from + ROW] {
+                        return Err(format!("step {step}: token {j} layer {l} part {part}").into());
+                    }
+                }
+            }
+        }
+
+        // 3. Offload blocks that became full (kernel backend, device map, 4 CTAs).
+        let mut pairs: Vec<[i64; 2]> = Vec::new();
+        for seq in seqs.iter_mut().flatten() {
+            while seq.host.len() < seq.len / BS {
+                let hb = hp.take();
+                pairs.push([seq.blocks[seq.host.len()] as i64, hb as i64]);
+                seq.host.push(hb);
+            }
+        }
+        if !pairs.is_empty() {
+            let mut flat: Vec<i64> = pairs.iter().flatten().copied().collect();
+            flat.resize(2 * MAP_CAP, -1);
+            map_d.copy_from(&flat[..])?;
+            start.record(&stream)?;
+            let used = kv.copy_blocks(
+                &BlockCopy {
+                    src: gpu,
+                    dst: host,
+                    map: BlockMap::Device {
+                        pairs: DeviceBytes::of(&map_d),
+                        len: MAP_CAP,
+                    },
+                    backend: Backend::Kernel,
+                    max_ctas: Some(4),
+                    staging: None,
+                    errors: Some(&errors),
+                },
+                sref,
+            )?;
+            stop.record(&stream)?;
+            offload.add(pairs.len() * BLOCK, &start, &stop)?;
+            offload.backend = Some(used);
+            for &[gb, hb] in &pairs {
+                let (gb, hb) = (gb as usize, hb as usize);
+                if host_mem.as_slice()[hb * BLOCK..(hb + 1) * BLOCK]
+                    != snapshot[gb * BLOCK..(gb + 1) * BLOCK]
+                {
+                    return Err(format!("step {step}: offloaded block {gb} != host {hb}").into());
+                }
+            }
+        }
+
+        // 4. Finished sequences: the prefix stays on the host, the GPU blocks are freed.
+        for slot in seqs.iter_mut() {
+            if slot.as_ref().is_some_and(|s| s.len == MAX_LEN) {
+                let seq = slot.take().unwrap();
+                for &gb in &seq.blocks {
+                    // Poison freed blocks, so a later onload must really copy.
+                    // SAFETY: block `gb` lies inside the pool allocation.
+                    let r = unsafe {
+                        cu::cuMemsetD8Async(
+                            gpu_mem.bytes().ptr() + (gb * BLOCK) as u64,
+                            0xA5,
+                            BLOCK,
+                            stream.as_inner(),
+                        )
+                    };
+                    if r != cu::CUresult::CUDA_SUCCESS {
+                        return Err(format!("cuMemsetD8Async: {r:?}").into());
+                    }
+                    free_gpu.push(gb);
+                }
+                hp.prefixes.push_back(seq.host);
+                finished += 1;
+            }
+        }
+        println!(
+            "step {step:>2}: {t:>3} tokens x {LAYERS} layers written, {:>2} blocks offloaded, \
+             {onloaded:>2} onloaded; {} running, {} prefixes on the host; verified",
+            pairs.len(),
+            seqs.iter().flatten().count(),
+            hp.prefixes.len()
+        );
+    }
+    stream.synchronize()?;
+    let counts = errors.read(sref)?;
+    if !counts.is_clean() {
+        return Err(format!("device error word: {counts:?}").into());
+    }
+    println!("{finished} sequences finished, {hits} prefix hits; per stage:");
+    write.print("write");
+    offload.print("offload");
+    onload.print("onload");
+    Ok(())
+}

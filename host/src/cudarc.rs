@@ -1,0 +1,299 @@
+//! cudarc interop (feature `cudarc`): kvio's operations on cudarc-owned contexts, streams,
+//! device slices and pinned host memory.
+//!
+//! Every kvio launcher takes a [`StreamRef`] and [`DeviceBytes`] views; this module makes them
+//! from cudarc's types, nothing more:
+//!
+//! | cudarc | kvio | here |
+//! |---|---|---|
+//! | `CudaContext` (the device's primary context) | current context for [`Kvio::load`] | [`load`] |
+//! | `&CudaStream` | [`StreamRef`] | [`stream`] |
+//! | `&CudaSlice<T>`, `&CudaView<T>` (read by the kernel) | [`DeviceBytes`] | [`read()`] |
+//! | `&mut CudaSlice<T>`, `&mut CudaViewMut<T>` (written) | [`DeviceBytes`] | [`write()`] |
+//! | `&PinnedHostSlice<T>` / `&mut PinnedHostSlice<T>` | [`DeviceBytes`] of mapped host memory | [`read_pinned`] / [`write_pinned`] |
+//! | `DriverError` | [`Error::Driver`] | [`driver_error`] |
+//!
+//! The cudarc kvio was built against is re-exported as [`driver`] (`kvio::cudarc::driver`), so
+//! the types always match. candle 0.11 uses the same cudarc (0.19), so candle's
+//! `CudaDevice::cuda_stream()` and `CudaStorage::as_cuda_slice::<T>()` work here directly.
+//!
+//! # Context
+//!
+//! `CudaContext::new(ordinal)` retains the device's *primary* context and makes it current on
+//! the calling thread; [`Kvio::load`] loads kvio's PTX into whichever context is current. On
+//! any other thread, call `ctx.bind_to_thread()` first — [`load`] does both. The kvio context
+//! helpers ([`crate::PrimaryContext`], [`crate::DeviceErrors`], [`crate::PinnedHost`],
+//! [`crate::DeviceAlloc`]) work in the same primary context. Drop the [`Kvio`] before the
+//! last `Arc<CudaContext>`: when cudarc releases the primary context for the last time the
+//! driver destroys it, module included.
+//!
+//! # Event tracking and synchronisation
+//!
+//! cudarc orders work on different streams by itself: once a context has a non-default stream
+//! and event tracking is on (the default), each `CudaSlice` carries a *read* and a *write*
+//! event, and every use through `DevicePtr::device_ptr`/`DevicePtrMut::device_ptr_mut`
+//! (a) makes the using stream wait for the events that conflict with the use (reads wait for
+//! the last write; writes wait for the last read and write) and (b) records the use on drop of
+//! the returned `SyncOnDrop` guard. [`read()`], [`write()`], [`read_pinned`] and
+//! [`write_pinned`] call exactly those accessors and hand back an [`Access`] that holds the
+//! guard. Therefore:
+//!
+//! - Take each view with the stream the kvio call will run on.
+//! - Keep the [`Access`] alive until the kvio call that uses it has been enqueued, and drop it
+//!   right after (before you free the slice or use it on another stream). Dropping it earlier
+//!   hides the kvio launch from cudarc: another stream (or the slice's own free) would not
+//!   wait for it.
+//! - The waits are enqueued on the stream (`cuStreamWaitEvent`); the host never blocks.
+//! - Pinned memory: `PinnedHostSlice` has one event; [`write_pinned`] records the kvio
+//!   transfer on it, so `PinnedHostSlice::as_slice()` (which synchronises that event) returns
+//!   only after the offload has landed. Like every record here this needs tracking to be
+//!   active; otherwise synchronise the stream before reading the host side.
+//! - With tracking off (`CudaContext::disable_event_tracking`, candle's
+//!   `CudaDevice::disable_event_tracking`) or a single-stream context, nothing is waited for
+//!   or recorded: order the streams yourself.
+//! - CUDA-graph capture: keep cudarc's event waits and records out of the capture. Take the
+//!   views *before* `begin_capture` (their waits are then ordinary stream work) and drop them
+//!   after `end_capture`, or capture with tracking off. Either way cudarc does not see the
+//!   replays: order them against other streams yourself.
+//!
+//! kvio itself never synchronises and allocates nothing per call, as everywhere else.
+//!
+//! ```no_run
+//! # fn main() -> kvio::Result<()> {
+//! use kvio::cudarc::{self as kc, driver::CudaContext};
+//! use kvio::{PagedLayout, SlotMapping, SlotUpdate, TokenLayout};
+//! let e = |e| kc::driver_error("cudarc", e);
+//! let ctx = CudaContext::new(0).map_err(e)?; // primary context, current on this thread
+//! let kv = kc::load(&ctx)?;
+//! let stream = ctx.new_stream().map_err(e)?;
+//! let (t, h, d) = (4, 8, 128);
+//! let layout = PagedLayout::nhd(64, 16, h, d, 2);
+//! let key = stream.clone_htod(&vec![1u16; t * h * d]).map_err(e)?;
+//! let value = stream.clone_htod(&vec![2u16; t * h * d]).map_err(e)?;
+//! let mut k_cache = stream.alloc_zeros::<u16>(64 * 16 * h * d).map_err(e)?;
+//! let mut v_cache = stream.alloc_zeros::<u16>(64 * 16 * h * d).map_err(e)?;
+//! let slots = stream.clone_htod(&[17i64, 18, -1, 40]).map_err(e)?;
+//! {
+//!     let (k, v, s) = (kc::read(&key, &stream), kc::read(&value, &stream), kc::read(&slots, &stream));
+//!     let (kcw, vcw) = (kc::write(&mut k_cache, &stream), kc::write(&mut v_cache, &stream));
+//!     kv.update_slots(
+//!         &SlotUpdate {
+//!             key: k.bytes(),
+//!             value: Some(v.bytes()),
+//!             input: TokenLayout::contiguous(t, h, d, 2),
+//!             key_cache: kcw.bytes(),
+//!             value_cache: Some(vcw.bytes()),
+//!             cache: layout,
+//!             slots: SlotMapping::I64(s.bytes()),
+//!             errors: None,
+//!         },
+//!         kc::stream(&stream),
+//!     )?;
+//! } // the guards drop here, after the launch: cudarc now tracks it
+//! let host: Vec<u16> = stream.clone_dtoh(&k_cache).map_err(e)?;
+//! # drop(host); Ok(()) }
+//! ```
+
+use ::cudarc::driver::{
+    CudaContext, CudaStream, DevicePtr, DevicePtrMut, DriverError, HostSlice, PinnedHostSlice,
+    SyncOnDrop,
+};
+use cust::sys as cu;
+
+/// The cudarc driver API kvio was built against (`cudarc::driver`), re-exported so callers
+/// name exactly the types kvio's helpers take.
+pub use ::cudarc::driver;
+
+use crate::driver::{check, StreamRef};
+use crate::error::{Error, Result};
+use crate::mem::DeviceBytes;
+use crate::module::Kvio;
+
+/// A cudarc `DriverError` as kvio's [`Error::Driver`], naming `call`.
+///
+/// ```
+/// use kvio::cudarc::{driver::{sys::CUresult, DriverError}, driver_error};
+/// let e = driver_error("cuMemAlloc", DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+/// assert_eq!(e, kvio::Error::Driver { call: "cuMemAlloc", code: 2 });
+/// ```
+pub fn driver_error(call: &'static str, e: DriverError) -> Error {
+    Error::Driver {
+        call,
+        code: e.0 as u32,
+    }
+}
+
+/// Makes cudarc's context current on this thread (`ctx.bind_to_thread()`) and loads kvio's
+/// kernels into it ([`Kvio::load`]). Drop the result before the last `Arc<CudaContext>`.
+///
+/// ```no_run
+/// # fn main() -> kvio::Result<()> {
+/// let ctx = kvio::cudarc::driver::CudaContext::new(0)
+///     .map_err(|e| kvio::cudarc::driver_error("cuDevicePrimaryCtxRetain", e))?;
+/// let kv = kvio::cudarc::load(&ctx)?;
+/// println!("kvio {:?} in cudarc's primary context", kv.arch());
+/// # Ok(()) }
+/// ```
+pub fn load(ctx: &CudaContext) -> Result<Kvio> {
+    ctx.bind_to_thread()
+        .map_err(|e| driver_error("cuCtxSetCurrent", e))?;
+    Kvio::load()
+}
+
+/// Borrows a cudarc stream for kvio's launchers (`CudaStream::cu_stream()`). The stream must
+/// belong to the context kvio was loaded in (the driver rejects the launch otherwise).
+///
+/// ```no_run
+/// # fn main() -> kvio::Result<()> {
+/// let ctx = kvio::cudarc::driver::CudaContext::new(0).unwrap();
+/// let stream = ctx.new_stream().unwrap();
+/// let errors = kvio::DeviceErrors::new()?;
+/// assert!(errors.read(kvio::cudarc::stream(&stream))?.is_clean());
+/// # Ok(()) }
+/// ```
+pub fn stream(stream: &CudaStream) -> StreamRef<'_> {
+    // SAFETY: the borrow keeps cudarc's stream alive for the returned lifetime; cudarc and
+    // cust name the same opaque `CUstream_st` pointer type.
+    unsafe { StreamRef::from_raw(stream.cu_stream() as cu::CUstream) }
+}
+
+/// A [`DeviceBytes`] view of cudarc-owned memory, holding cudarc's `SyncOnDrop` guard: drop it
+/// after the kvio call that uses [`Access::bytes`] has been enqueued (see the
+/// [module docs](self)).
+#[derive(Debug)]
+#[must_use = "keep the Access alive until the kvio call using it is enqueued"]
+pub struct Access<'a> {
+    bytes: DeviceBytes,
+    _sync: SyncOnDrop<'a>,
+}
+
+impl Access<'_> {
+    /// The view (whole slice or view, in bytes). Sub-ranges: [`DeviceBytes::slice`].
+    pub fn bytes(&self) -> DeviceBytes {
+        self.bytes
+    }
+
+    /// Records the use on cudarc's events now (same as dropping it).
+    pub fn finish(self) {}
+}
+
+/// Memory a kvio call reads: a `CudaSlice<T>` or `CudaView<T>` (inputs, slot mappings, slice
+/// tables, block maps, a source pool). `stream` first waits for the slice's last write;
+/// dropping the [`Access`] records the read.
+///
+/// ```no_run
+/// let ctx = kvio::cudarc::driver::CudaContext::new(0).unwrap();
+/// let stream = ctx.new_stream().unwrap();
+/// let slots = stream.clone_htod(&[3i64, -1, 7]).unwrap();
+/// let s = kvio::cudarc::read(&slots, &stream);
+/// let mapping = kvio::SlotMapping::I64(s.bytes());
+/// assert_eq!(mapping.len(), 3);
+/// ```
+pub fn read<'a, T, S: DevicePtr<T>>(src: &'a S, stream: &'a CudaStream) -> Access<'a> {
+    let bytes = src.num_bytes();
+    let (ptr, sync) = src.device_ptr(stream);
+    Access {
+        // SAFETY: cudarc's allocation (or view of one) of `bytes` bytes, borrowed for 'a.
+        bytes: unsafe { DeviceBytes::from_raw(ptr, bytes) },
+        _sync: sync,
+    }
+}
+
+/// Memory a kvio call writes: a `CudaSlice<T>` or `CudaViewMut<T>` (caches, a destination
+/// pool). `stream` first waits for the slice's last read and write; dropping the [`Access`]
+/// records the write. A pool both read and written (copy within one pool) needs only this
+/// one view: use it as source and destination.
+///
+/// ```no_run
+/// let ctx = kvio::cudarc::driver::CudaContext::new(0).unwrap();
+/// let stream = ctx.new_stream().unwrap();
+/// let mut cache = stream.alloc_zeros::<u16>(1 << 20).unwrap(); // bf16 bits
+/// let c = kvio::cudarc::write(&mut cache, &stream);
+/// assert_eq!(c.bytes().len(), 2 << 20);
+/// ```
+pub fn write<'a, T, S: DevicePtrMut<T>>(dst: &'a mut S, stream: &'a CudaStream) -> Access<'a> {
+    let bytes = dst.num_bytes();
+    let (ptr, sync) = dst.device_ptr_mut(stream);
+    Access {
+        // SAFETY: cudarc's allocation (or view of one) of `bytes` bytes, borrowed for 'a.
+        bytes: unsafe { DeviceBytes::from_raw(ptr, bytes) },
+        _sync: sync,
+    }
+}
+
+/// The device address of pinned host memory (`cuMemHostGetDevicePointer`).
+fn mapped(host: *const u8, len: usize) -> Result<DeviceBytes> {
+    let mut dev = 0;
+    // SAFETY: `host` starts a pinned allocation made by cuMemHostAlloc (unified addressing
+    // maps every such allocation; DEVICEMAP makes it explicit); out-pointer to a local.
+    check("cuMemHostGetDevicePointer", unsafe {
+        cu::cuMemHostGetDevicePointer_v2(&mut dev, host as *mut _, 0)
+    })?;
+    // SAFETY: `len` bytes of mapped pinned memory, borrowed by the caller's Access.
+    Ok(unsafe { DeviceBytes::from_raw(dev, len) })
+}
+
+/// cudarc pinned host memory a kvio call reads (the source pool of an onload). Allocate it
+/// with `ctx.alloc_pinned_with_flags(n, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE)`:
+/// cudarc's plain `alloc_pinned` is write-combined, which the kernel backend can use but host
+/// code reads very slowly. `stream` waits for the slice's event; dropping the [`Access`]
+/// records the use on it.
+///
+/// ```no_run
+/// # fn main() -> kvio::Result<()> {
+/// use kvio::cudarc::driver::{sys, CudaContext};
+/// let ctx = CudaContext::new(0).unwrap();
+/// let stream = ctx.new_stream().unwrap();
+/// let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+/// // SAFETY: read only after it is written below.
+/// let mut pool = unsafe { ctx.alloc_pinned_with_flags::<u8>(1 << 20, flags) }.unwrap();
+/// pool.as_mut_slice().unwrap().fill(7);
+/// let p = kvio::cudarc::read_pinned(&pool, &stream)?;
+/// assert_eq!(kvio::memory_kind(p.bytes().ptr()), kvio::MemoryKind::PinnedHost);
+/// # Ok(()) }
+/// ```
+pub fn read_pinned<'a, T>(
+    host: &'a PinnedHostSlice<T>,
+    stream: &'a CudaStream,
+) -> Result<Access<'a>> {
+    let len = host.num_bytes();
+    // SAFETY: the slice is used on `stream` only (the kvio call the Access is for).
+    let (s, sync) = unsafe { host.stream_synced_slice(stream) };
+    Ok(Access {
+        bytes: mapped(s.as_ptr().cast(), len)?,
+        _sync: sync,
+    })
+}
+
+/// cudarc pinned host memory a kvio call writes (the destination pool of an offload); see
+/// [`read_pinned`] for the allocation flags. Dropping the [`Access`] records the transfer on
+/// the slice's event (when cudarc tracks events), so `PinnedHostSlice::as_slice()` waits for
+/// it; without tracking, synchronise the stream first.
+///
+/// ```no_run
+/// # fn main() -> kvio::Result<()> {
+/// use kvio::cudarc::driver::{sys, CudaContext};
+/// let ctx = CudaContext::new(0).unwrap();
+/// let stream = ctx.new_stream().unwrap();
+/// let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+/// // SAFETY: read only after kvio has written it.
+/// let mut pool = unsafe { ctx.alloc_pinned_with_flags::<u8>(1 << 20, flags) }.unwrap();
+/// {
+///     let p = kvio::cudarc::write_pinned(&mut pool, &stream)?;
+///     // ... kv.copy_blocks(&BlockCopy { dst: BlockPool::cross_layer_nhd(p.bytes(), ..), .. }, ..)
+/// }
+/// let offloaded: &[u8] = pool.as_slice().unwrap(); // waits for the transfer
+/// # let _ = offloaded; Ok(()) }
+/// ```
+pub fn write_pinned<'a, T>(
+    host: &'a mut PinnedHostSlice<T>,
+    stream: &'a CudaStream,
+) -> Result<Access<'a>> {
+    let len = host.num_bytes();
+    // SAFETY: the slice is used on `stream` only (the kvio call the Access is for).
+    let (s, sync) = unsafe { host.stream_synced_mut_slice(stream) };
+    Ok(Access {
+        bytes: mapped(s.as_ptr().cast(), len)?,
+        _sync: sync,
+    })
+}
