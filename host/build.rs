@@ -44,7 +44,9 @@ fn main() {
         None => build_ptx(&kernels, &out),
     }
     for (tag, _) in ARCHS {
-        check_ptx(&out.join(format!("kvio_{tag}.ptx")));
+        let path = out.join(format!("kvio_{tag}.ptx"));
+        add_directives(&path);
+        check_ptx(&path);
     }
     link_libcuda(&manifest, &out);
 }
@@ -119,6 +121,22 @@ fn build_ptx(kernels: &Path, out: &Path) {
             .unwrap_or_else(|| panic!("no kvio_kernels-*.s in {}", deps.display()));
         fs::copy(&newest, out.join(format!("kvio_{tag}.ptx"))).expect("copy ptx");
     }
+}
+
+/// PTX performance directives rustc cannot express: `kvio_transfer_blocks` runs in 1024-thread
+/// CTAs (few CTAs, many bytes in flight over PCIe), so ptxas must fit it in 64 registers.
+fn add_directives(path: &Path) {
+    let text = fs::read_to_string(path).expect("read ptx");
+    let entry = ".entry kvio_transfer_blocks(";
+    let start = text
+        .find(entry)
+        .unwrap_or_else(|| panic!("{}: no {entry}", path.display()));
+    let close = start + text[start..].find("\n)\n").expect("end of parameter list") + 3;
+    if text[close..].starts_with(".maxntid") {
+        return;
+    }
+    let patched = format!("{}.maxntid 1024, 1, 1\n{}", &text[..close], &text[close..]);
+    fs::write(path, patched).expect("write ptx");
 }
 
 /// A PTX module with unresolved `.extern` functions (a panic path, a libcall) cannot load.

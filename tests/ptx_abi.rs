@@ -29,13 +29,21 @@ fn param_sizes(ptx: &str, name: &str) -> Vec<usize> {
 #[test]
 fn host_parameter_lists_match_the_ptx() {
     for (arch, ptx) in [("sm_80", kvio::PTX_SM80), ("sm_90", kvio::PTX_SM90)] {
-        for (name, sizes) in [
-            (SlotArgs::ENTRY, SlotArgs::SIZES.to_vec()),
-            (SliceArgs::ENTRY, SliceArgs::SIZES.to_vec()),
-            (CopyArgs::ENTRY, CopyArgs::SIZES.to_vec()),
-            (NaiveArgs::ENTRY, NaiveArgs::SIZES.to_vec()),
-            ("kvio_noop", vec![]),
+        let mut all: Vec<(&str, Vec<usize>)> = vec![("kvio_noop", vec![])];
+        for (entries, sizes) in [
+            (SlotArgs::ENTRIES, SlotArgs::SIZES.to_vec()),
+            (SliceArgs::ENTRIES, SliceArgs::SIZES.to_vec()),
+            (CopyArgs::ENTRIES, CopyArgs::SIZES.to_vec()),
+            (NaiveArgs::ENTRIES, NaiveArgs::SIZES.to_vec()),
         ] {
+            all.extend(entries.iter().map(|e| (*e, sizes.clone())));
+        }
+        assert_eq!(
+            all.len(),
+            kvio::KERNELS.len(),
+            "KERNELS lists every entry point"
+        );
+        for (name, sizes) in all {
             assert_eq!(param_sizes(ptx, name), sizes, "{arch} {name}");
             assert!(
                 kvio::KERNELS.contains(&name),

@@ -28,6 +28,12 @@ use crate::write::BLOCK_THREADS;
 
 /// Contiguous span (bytes) from which [`Backend::Auto`] prefers the copy engines.
 pub const DMA_MIN_SPAN: usize = 28 * 1024;
+/// Threads per CTA of the kernel backend when a pool is in host memory (SGLang's transfer
+/// kernels use the same): few CTAs, many bytes in flight.
+pub(crate) const TRANSFER_THREADS: u32 = 1024;
+/// Largest span one work item of the block copy moves; larger contiguous chunks are split so
+/// whole-block copies still spread over the grid.
+const MAX_PIECE: u64 = 16 * 1024;
 /// Default CTA budget of the kernel backend when a pool is in host memory.
 pub const DEFAULT_TRANSFER_CTAS: u32 = 4;
 
@@ -798,29 +804,48 @@ impl Kvio {
                 (staging, host.len())
             }
         };
-        let Some((args, grid)) = copy_args(op, geo, pairs.ptr(), n, self.sm_count) else {
+        let caps = (self.grid_cap.copy, self.grid_cap.transfer);
+        let Some((args, grid, threads)) = copy_args(op, geo, pairs.ptr(), n, caps) else {
             return Ok(());
         };
-        Params::new(&args.to_words(), &CopyArgs::SIZES).launch(
-            self.copy_blocks,
-            grid,
-            BLOCK_THREADS,
-            stream,
-        )
+        let f = if threads == TRANSFER_THREADS {
+            self.transfer_blocks
+        } else {
+            self.copy_blocks
+        };
+        Params::new(&args.to_words(), &CopyArgs::SIZES).launch(f, grid, threads, stream)
     }
 }
 
-/// Kernel arguments and grid of a validated block copy whose pairs are at `pairs` (`n` of
-/// them); `None` when there is nothing to do.
+/// Largest divisor of `n` that is at most `cap` (1 if none larger).
+fn largest_divisor_at_most(n: u64, cap: u64) -> u64 {
+    let mut best = 1;
+    let mut i = 1;
+    while i * i <= n {
+        if n % i == 0 {
+            for d in [i, n / i] {
+                if d <= cap && d > best {
+                    best = d;
+                }
+            }
+        }
+        i += 1;
+    }
+    best
+}
+
+/// Kernel arguments, grid and CTA size of a validated block copy whose pairs are at `pairs`
+/// (`n` of them); `None` when there is nothing to do. `caps` are the resident-block limits of
+/// the device-copy and transfer entry points.
 pub(crate) fn copy_args(
     op: &BlockCopy<'_>,
     geo: &Geometry,
     pairs: u64,
     n: usize,
-    sm_count: u32,
-) -> Option<(CopyArgs, u32)> {
-    let items = (n as u64).saturating_mul(geo.ext.iter().product());
-    if items == 0 {
+    caps: (u32, u32),
+) -> Option<(CopyArgs, u32, u32)> {
+    let per_pair: u64 = geo.ext.iter().product();
+    if n == 0 || per_pair == 0 {
         return None;
     }
     let side = |p: &BlockPool<'_>| -> (u64, u64, [u64; 5]) {
@@ -857,14 +882,20 @@ pub(crate) fn copy_args(
         }
     }
     let width = access_width(&widths);
-    let shift = group_shift(geo.chunk / width as u64, 4);
-    let budget = op.max_ctas.unwrap_or(if geo.host_involved {
-        DEFAULT_TRANSFER_CTAS
+    // Split big chunks into pieces of at most MAX_PIECE bytes (whole multiples of the access).
+    let units = geo.chunk / width as u64;
+    let piece = largest_divisor_at_most(units, (MAX_PIECE / width as u64).max(1)) * width as u64;
+    let pieces = geo.chunk / piece;
+    let items = (n as u64).saturating_mul(per_pair).saturating_mul(pieces);
+    let shift = group_shift(piece / width as u64, 4);
+    let (threads, cap, default_budget) = if geo.host_involved {
+        (TRANSFER_THREADS, caps.1, DEFAULT_TRANSFER_CTAS)
     } else {
-        sm_count * 8
-    });
-    let groups = (BLOCK_THREADS >> shift) as u64;
-    let grid = items.div_ceil(groups).clamp(1, budget.max(1) as u64) as u32;
+        (BLOCK_THREADS, caps.0, u32::MAX)
+    };
+    let budget = op.max_ctas.unwrap_or(default_budget).min(cap.max(1)).max(1);
+    let groups = (threads >> shift) as u64;
+    let grid = items.div_ceil(groups).clamp(1, budget as u64) as u32;
     let [layers, parts, tokens, heads] = geo.ext;
     let args = CopyArgs {
         src_base: sb as *mut u8,
@@ -886,6 +917,8 @@ pub(crate) fn copy_args(
         tokens,
         heads,
         chunk: geo.chunk,
+        piece,
+        pieces,
         pairs: pairs as *const i64,
         num_pairs: n as u64,
         src_blocks: op.src.layout.num_blocks as u64,
@@ -895,7 +928,7 @@ pub(crate) fn copy_args(
         shift,
         errors: op.errors.map_or(0, DeviceErrors::ptr) as *mut u32,
     };
-    Some((args, grid))
+    Some((args, grid, threads))
 }
 
 /// The DMA backend: one `cuMemcpyAsync` per contiguous span; consecutive pairs `(s, d)`,

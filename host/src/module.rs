@@ -29,6 +29,8 @@ pub struct Kvio {
     noop: cu::CUfunction,
     naive_spans: cu::CUfunction,
     pub(crate) sm_count: u32,
+    pub(crate) grid_cap: GridCap,
+    pub(crate) transfer_blocks: cu::CUfunction,
     arch: Arch,
 }
 
@@ -83,11 +85,23 @@ impl Kvio {
             noop: ptr::null_mut(),
             naive_spans: ptr::null_mut(),
             sm_count: sms.max(1) as u32,
+            grid_cap: GridCap::default(),
+            transfer_blocks: ptr::null_mut(),
             arch,
         };
         this.update_slots = this.function("kvio_update_slots")?;
         this.update_slices = this.function("kvio_update_slices")?;
         this.copy_blocks = this.function("kvio_copy_blocks")?;
+        this.transfer_blocks = this.function("kvio_transfer_blocks")?;
+        // Persistent grids: never more blocks than can be resident at once.
+        let sms = this.sm_count;
+        let cap = |f, threads| -> Result<u32> { Ok(sms * occupancy(f, threads)?.max(1)) };
+        this.grid_cap = GridCap {
+            slots: cap(this.update_slots, crate::write::BLOCK_THREADS)?,
+            slices: cap(this.update_slices, crate::write::BLOCK_THREADS)?,
+            copy: cap(this.copy_blocks, crate::write::BLOCK_THREADS)?,
+            transfer: cap(this.transfer_blocks, crate::blocks::TRANSFER_THREADS)?,
+        };
         this.noop = this.function("kvio_noop")?;
         this.naive_spans = this.function("kvio_naive_spans")?;
         Ok(this)
@@ -155,6 +169,26 @@ impl Kvio {
     pub fn sm_count(&self) -> u32 {
         self.sm_count
     }
+}
+
+/// Most blocks of each kernel that are resident on the whole device at once (the grids are
+/// persistent: kernels loop over their work).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct GridCap {
+    pub(crate) slots: u32,
+    pub(crate) slices: u32,
+    pub(crate) copy: u32,
+    pub(crate) transfer: u32,
+}
+
+/// Resident blocks of `threads` threads per multiprocessor for kernel `f`.
+fn occupancy(f: cu::CUfunction, threads: u32) -> Result<u32> {
+    let mut n = 0;
+    // SAFETY: out-pointer to a local; `f` is a loaded kernel.
+    check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+        cu::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f, threads as i32, 0)
+    })?;
+    Ok(n.max(0) as u32)
 }
 
 impl Drop for Kvio {

@@ -20,6 +20,7 @@ pub const KERNELS: &[&str] = &[
     "kvio_update_slots",
     "kvio_update_slices",
     "kvio_copy_blocks",
+    "kvio_transfer_blocks",
     "kvio_noop",
     "kvio_naive_spans",
 ];

@@ -196,10 +196,11 @@ fn same_shape(input: &TokenLayout, cache: &PagedLayout) -> Result<()> {
 
 /// Blocks for `items` work items handled by groups of `1 << shift` lanes, capped so the grid
 /// stays resident-sized (the kernels loop over the rest).
-fn grid_for(items: u64, shift: u32, sm_count: u32) -> u32 {
+fn grid_for(items: u64, shift: u32, max_blocks: u32) -> u32 {
     let groups_per_block = (BLOCK_THREADS >> shift) as u64;
-    let cap = sm_count as u64 * 8;
-    items.div_ceil(groups_per_block).clamp(1, cap) as u32
+    items
+        .div_ceil(groups_per_block)
+        .clamp(1, max_blocks.max(1) as u64) as u32
 }
 
 fn err_ptr(e: Option<&DeviceErrors>) -> u64 {
@@ -236,7 +237,7 @@ impl Kvio {
     /// # Ok(()) }
     /// ```
     pub fn update_slots(&self, op: &SlotUpdate<'_>, stream: StreamRef<'_>) -> Result<()> {
-        let Some((args, grid)) = plan_slots(op, self.sm_count)? else {
+        let Some((args, grid)) = plan_slots(op, self.grid_cap.slots)? else {
             return Ok(());
         };
         Params::new(&args.to_words(), &SlotArgs::SIZES).launch(
@@ -278,7 +279,7 @@ impl Kvio {
     /// # Ok(()) }
     /// ```
     pub fn update_slices(&self, op: &SliceUpdate<'_>, stream: StreamRef<'_>) -> Result<()> {
-        let (args, grid) = plan_slices(op, self.sm_count)?;
+        let (args, grid) = plan_slices(op, self.grid_cap.slices)?;
         Params::new(&args.to_words(), &SliceArgs::SIZES).launch(
             self.update_slices,
             grid,
@@ -290,7 +291,7 @@ impl Kvio {
 
 /// Validates a slot update and returns the kernel arguments and grid; `None` when there is
 /// nothing to do (no token).
-pub(crate) fn plan_slots(op: &SlotUpdate<'_>, sm_count: u32) -> Result<Option<(SlotArgs, u32)>> {
+pub(crate) fn plan_slots(op: &SlotUpdate<'_>, max_blocks: u32) -> Result<Option<(SlotArgs, u32)>> {
     let src_ext = op.input.extent("input")?;
     let dst_ext = op.cache.extent("cache")?;
     same_shape(&op.input, &op.cache)?;
@@ -394,7 +395,7 @@ pub(crate) fn plan_slots(op: &SlotUpdate<'_>, sm_count: u32) -> Result<Option<(S
     let parts = if op.value.is_some() { 2 } else { 1 };
     Ok(Some((
         args,
-        grid_for(n as u64 * parts * heads, args.shift, sm_count),
+        grid_for(n as u64 * parts * heads, args.shift, max_blocks),
     )))
 }
 
@@ -402,7 +403,7 @@ pub(crate) fn plan_slots(op: &SlotUpdate<'_>, sm_count: u32) -> Result<Option<(S
 const SLICE_ITEM_BYTES: usize = 8192;
 
 /// Validates a slice update and returns the kernel arguments and grid.
-pub(crate) fn plan_slices(op: &SliceUpdate<'_>, sm_count: u32) -> Result<(SliceArgs, u32)> {
+pub(crate) fn plan_slices(op: &SliceUpdate<'_>, max_blocks: u32) -> Result<(SliceArgs, u32)> {
     let src_ext = op.input.extent("input")?;
     let dst_ext = op.layout.extent("layout")?;
     same_shape(&op.input, &op.layout)?;
@@ -478,7 +479,7 @@ pub(crate) fn plan_slices(op: &SliceUpdate<'_>, sm_count: u32) -> Result<(SliceA
         shift,
         errors: err_ptr(op.errors) as *mut u32,
     };
-    Ok((args, grid_for(op.padded as u64 * pieces, shift, sm_count)))
+    Ok((args, grid_for(op.padded as u64 * pieces, shift, max_blocks)))
 }
 
 #[cfg(test)]

@@ -37,10 +37,35 @@ macro_rules! count {
     ($head:ident $($tail:ident)*) => { 1usize + count!($($tail)*) };
 }
 
+macro_rules! entry_points {
+    ($args:ident, $body:path, $fields:tt ;) => {};
+    ($args:ident, $body:path, $fields:tt ; $entry:ident $($rest:ident)*) => {
+        entry_point!($args, $body, $entry, $fields);
+        entry_points!($args, $body, $fields ; $($rest)*);
+    };
+}
+
+macro_rules! entry_point {
+    ($args:ident, $body:path, $entry:ident, ($($field:ident : $ty:ty),*)) => {
+        /// PTX entry point: rebuilds the argument struct and runs the body on this thread's
+        /// group.
+        ///
+        /// # Safety
+        /// The host validated the arguments (see the body's contract).
+        #[cfg(target_arch = "nvptx64")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $entry($($field: $ty),*) {
+            let a = $args { $($field),* };
+            // SAFETY: forwarded from the launcher's validation.
+            unsafe { $body(&a, $crate::ops::Group::this_thread(a.shift)) }
+        }
+    };
+}
+
 macro_rules! kernel {
     (
         $(#[$meta:meta])*
-        $entry:ident($args:ident) => $body:path {
+        $entry:ident $(| $more:ident)* ($args:ident) => $body:path {
             $($(#[$fmeta:meta])* $field:ident : $ty:ty),* $(,)?
         }
     ) => {
@@ -55,26 +80,17 @@ macro_rules! kernel {
             pub const WORDS: usize = count!($($field)*);
             /// Byte size of each kernel parameter, in order.
             pub const SIZES: [usize; Self::WORDS] = [$(core::mem::size_of::<$ty>()),*];
-            /// Name of the PTX entry point.
+            /// Name of the (first) PTX entry point.
             pub const ENTRY: &'static str = stringify!($entry);
+            /// Names of every PTX entry point taking these arguments.
+            pub const ENTRIES: &'static [&'static str] = &[stringify!($entry) $(, stringify!($more))*];
             /// The parameter slots for `cuLaunchKernel`, in the entry point's order.
             pub fn to_words(&self) -> [u64; Self::WORDS] {
                 [$($crate::args::Word::word(self.$field)),*]
             }
         }
 
-        /// PTX entry point: rebuilds the argument struct and runs the body on this thread's
-        /// group.
-        ///
-        /// # Safety
-        /// The host validated the arguments (see the body's contract).
-        #[cfg(target_arch = "nvptx64")]
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $entry($($field: $ty),*) {
-            let a = $args { $($field),* };
-            // SAFETY: forwarded from the launcher's validation.
-            unsafe { $body(&a, $crate::ops::Group::this_thread(a.shift)) }
-        }
+        entry_points!($args, $body, ($($field: $ty),*) ; $entry $($more)*);
     };
 }
 
@@ -163,8 +179,10 @@ kernel! {
 }
 
 kernel! {
-    /// Arguments of the block copy (see [`crate::ops::copy_blocks`]).
-    kvio_copy_blocks(CopyArgs) => crate::ops::copy_blocks {
+    /// Arguments of the block copy (see [`crate::ops::copy_blocks`]). Two entry points run
+    /// it: `kvio_copy_blocks` (device-side copies, 256-thread CTAs) and `kvio_transfer_blocks`
+    /// (copies touching host memory, 1024-thread CTAs: the build gives it `.maxntid 1024`).
+    kvio_copy_blocks | kvio_transfer_blocks(CopyArgs) => crate::ops::copy_blocks {
         /// Source pool base (strided pools).
         src_base: *mut u8,
         /// Source layer/part pointer table (null: strided).
@@ -201,8 +219,12 @@ kernel! {
         tokens: u64,
         /// Head extent (1 when merged).
         heads: u64,
-        /// Bytes per chunk.
+        /// Contiguous bytes per chunk (after merging dimensions).
         chunk: u64,
+        /// Bytes one work item copies (divides `chunk`).
+        piece: u64,
+        /// `chunk / piece`.
+        pieces: u64,
         /// `[n, 2]` i64 block pairs.
         pairs: *const i64,
         /// Number of pairs.

@@ -244,7 +244,8 @@ unsafe fn chunk_at(
 
 /// Block copy between two pools (device or mapped pinned host memory, any layouts): for pair
 /// `i` (`pairs[2i]` source block, `pairs[2i+1]` destination block), every (layer, part, token,
-/// head) chunk of `chunk` bytes; merged dimensions have extent 1. Negative ids are padding,
+/// head) chunk of `chunk` bytes, as `pieces` work items of `piece` bytes; merged dimensions
+/// have extent 1. Negative ids are padding,
 /// ids past a pool are skipped and counted.
 ///
 /// # Safety
@@ -252,8 +253,8 @@ unsafe fn chunk_at(
 /// holds `2 * num_pairs` entries.
 #[inline(always)]
 pub unsafe fn copy_blocks(a: &CopyArgs, g: Group) {
-    let ext = [a.layers, a.parts, a.tokens, a.heads];
-    let per_pair = a.layers * a.parts * a.tokens * a.heads;
+    let ext = [a.layers, a.parts, a.tokens, a.heads, a.pieces];
+    let per_pair = a.layers * a.parts * a.tokens * a.heads * a.pieces;
     let items = a.num_pairs * per_pair;
     let ss = [
         a.src_layer_stride,
@@ -270,9 +271,10 @@ pub unsafe fn copy_blocks(a: &CopyArgs, g: Group) {
         a.dst_head_stride,
     ];
     let mut item = g.first;
-    let mut ix = [0u64; 4];
+    let mut ix = [0u64; 5];
     while item < items {
         let pair = index::split_n(item, ext, &mut ix);
+        let [layer, part, token, head, piece] = ix;
         // SAFETY: pair < num_pairs.
         let (s, d) = unsafe {
             (
@@ -292,9 +294,13 @@ pub unsafe fn copy_blocks(a: &CopyArgs, g: Group) {
                 // SAFETY: both blocks are inside their pools, the other indices below their
                 // validated extents.
                 unsafe {
-                    let from = chunk_at(a.src_base, a.src_table, ss, a.table_parts, s as u64, ix);
-                    let to = chunk_at(a.dst_base, a.dst_table, ds, a.table_parts, d as u64, ix);
-                    copy_span(from, to, a.chunk, g.lane, g.lanes, a.width);
+                    let at = [layer, part, token, head];
+                    let off = (piece * a.piece) as usize;
+                    let from =
+                        chunk_at(a.src_base, a.src_table, ss, a.table_parts, s as u64, at).add(off);
+                    let to =
+                        chunk_at(a.dst_base, a.dst_table, ds, a.table_parts, d as u64, at).add(off);
+                    copy_span(from, to, a.piece, g.lane, g.lanes, a.width);
                 }
             }
         }
