@@ -865,3 +865,37 @@ fn copy_span_other_widths_copy_byte_by_byte() {
         }
     }
 }
+
+/// Staged copies (registers between load and store) move exactly the span, for every lane
+/// count and unit count they accept.
+#[test]
+fn staged_load_store_round_trip() {
+    use kvio_kernels::span::{load_staged, store_staged, STAGE_UNITS};
+    for lanes in [1u64, 2, 4, 8, 16, 32] {
+        for units in 0..=STAGE_UNITS * lanes {
+            let src: Vec<u128> = (0..units as u128 + 2)
+                .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835) | 1)
+                .collect();
+            let mut dst: Vec<u128> =
+                vec![0xA5A5_A5A5_A5A5_A5A5_A5A5_A5A5_A5A5_A5A5; units as usize + 2];
+            for lane in 0..lanes {
+                // SAFETY: 16-byte aligned vectors with `units` + 2 elements.
+                unsafe {
+                    let v = load_staged(src.as_ptr() as *const u8, units, lane, lanes);
+                    store_staged(dst.as_mut_ptr() as *mut u8, &v, units, lane, lanes);
+                }
+            }
+            assert_eq!(
+                &dst[..units as usize],
+                &src[..units as usize],
+                "lanes {lanes} units {units}"
+            );
+            assert!(
+                dst[units as usize..]
+                    .iter()
+                    .all(|&x| x == 0xA5A5_A5A5_A5A5_A5A5_A5A5_A5A5_A5A5_A5A5),
+                "guard"
+            );
+        }
+    }
+}

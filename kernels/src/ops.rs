@@ -7,7 +7,7 @@ use core::sync::atomic::{AtomicU32, Ordering};
 
 use crate::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs};
 use crate::index::{self, err, PairCheck, SliceCheck, SlotTarget};
-use crate::span::copy_span;
+use crate::span::{copy_span, load_staged, store_staged, STAGE_UNITS, V16};
 
 /// A thread's place in a grid split into groups of `1 << shift` lanes: each group owns one
 /// work item at a time (items `first`, `first + step`, ...), so two groups never write the
@@ -92,9 +92,26 @@ unsafe fn count_error(errors: *mut u32, which: usize) {
 pub unsafe fn update_slots(a: &SlotArgs, g: Group) {
     let parts = if a.src_v.is_null() { 1 } else { 2 };
     let items = a.num_tokens * parts * a.heads;
+    // Spans a group holds in registers are loaded before the slot is read, so the two
+    // memory latencies overlap (decode-size updates are latency-bound).
+    let units = a.chunk_bytes / 16;
+    let staged = a.width == 16 && units <= STAGE_UNITS * g.lanes;
     let mut item = g.first;
     while item < items {
         let (tok, part, head) = index::split3(item, parts, a.heads);
+        let (src, dst) = if part == 0 {
+            (a.src_k, a.dst_k)
+        } else {
+            (a.src_v, a.dst_v)
+        };
+        // SAFETY: tok < num_tokens and head < heads: inside the (host-validated) source.
+        let s = unsafe { src.add((tok * a.src_token_stride + head * a.src_head_stride) as usize) };
+        let held = if staged {
+            // SAFETY: as above; staged implies 16-byte alignment and `units` units.
+            unsafe { load_staged(s, units, g.lane, g.lanes) }
+        } else {
+            [V16::splat(0); 4]
+        };
         // SAFETY: tok < num_tokens, the length of the slot array.
         let slot = unsafe {
             if a.slot_is_i64 != 0 {
@@ -112,21 +129,19 @@ pub unsafe fn update_slots(a: &SlotArgs, g: Group) {
                 }
             }
             SlotTarget::At { block, offset } => {
-                let (src, dst) = if part == 0 {
-                    (a.src_k, a.dst_k)
-                } else {
-                    (a.src_v, a.dst_v)
-                };
-                // SAFETY: block < num_blocks, offset < block_size, head < heads, tok <
-                // num_tokens: the host checked that all such spans lie in the buffers.
+                // SAFETY: block < num_blocks, offset < block_size, head < heads: the host
+                // checked that all such spans lie in the caches.
                 unsafe {
-                    let s = src.add((tok * a.src_token_stride + head * a.src_head_stride) as usize);
                     let d = dst.add(
                         (block * a.dst_block_stride
                             + offset * a.dst_token_stride
                             + head * a.dst_head_stride) as usize,
                     );
-                    copy_span(s, d, a.chunk_bytes, g.lane, g.lanes, a.width);
+                    if staged {
+                        store_staged(d, &held, units, g.lane, g.lanes);
+                    } else {
+                        copy_span(s, d, a.chunk_bytes, g.lane, g.lanes, a.width);
+                    }
                 }
             }
         }

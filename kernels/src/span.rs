@@ -54,3 +54,47 @@ unsafe fn copy_units<T: Copy>(src: *const T, dst: *mut T, n: u64, lane: u64, lan
         }
     }
 }
+
+/// Units (16-byte accesses) each lane can hold in registers for a staged copy.
+pub const STAGE_UNITS: u64 = 4;
+
+/// Loads lane `lane`'s share of a span of `units` 16-byte units (`units ≤ STAGE_UNITS *
+/// lanes`) into registers, so the loads can be in flight while the caller finds out where the
+/// span goes ([`store_staged`] writes them). Volatile, so the compiler cannot sink the loads
+/// past the caller's index lookup.
+///
+/// # Safety
+/// `src..src + 16 * units` readable and 16-byte aligned.
+#[inline(always)]
+pub unsafe fn load_staged(src: *const u8, units: u64, lane: u64, lanes: u64) -> [V16; 4] {
+    let s = src as *const V16;
+    let mut v = [V16::splat(0); 4];
+    let mut k = 0;
+    while k < 4 {
+        let i = lane + k as u64 * lanes;
+        if i < units {
+            // SAFETY: i < units (caller's range).
+            v[k] = unsafe { core::ptr::read_volatile(s.add(i as usize)) };
+        }
+        k += 1;
+    }
+    v
+}
+
+/// Stores what [`load_staged`] loaded for the same `(units, lane, lanes)`.
+///
+/// # Safety
+/// `dst..dst + 16 * units` writable and 16-byte aligned.
+#[inline(always)]
+pub unsafe fn store_staged(dst: *mut u8, v: &[V16; 4], units: u64, lane: u64, lanes: u64) {
+    let d = dst as *mut V16;
+    let mut k = 0;
+    while k < 4 {
+        let i = lane + k as u64 * lanes;
+        if i < units {
+            // SAFETY: i < units (caller's range).
+            unsafe { write(d.add(i as usize), v[k]) };
+        }
+        k += 1;
+    }
+}
