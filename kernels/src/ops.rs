@@ -95,7 +95,9 @@ pub unsafe fn update_slots(a: &SlotArgs, g: Group) {
     // Spans a group holds in registers are loaded before the slot is read, so the two
     // memory latencies overlap (decode-size updates are latency-bound).
     let units = a.chunk_bytes / 16;
-    let staged = a.width == 16 && units <= STAGE_UNITS * g.lanes;
+    // Only in the latency regime (at most one item per group); large updates keep the
+    // streaming path.
+    let staged = a.width == 16 && units <= STAGE_UNITS * g.lanes && items <= g.step;
     let mut item = g.first;
     while item < items {
         let (tok, part, head) = index::split3(item, parts, a.heads);
