@@ -227,18 +227,17 @@ pub enum MemoryKind {
 /// Classifies an address with `cuPointerGetAttribute`.
 pub fn memory_kind(ptr: u64) -> MemoryKind {
     let mut kind: u32 = 0;
-    // SAFETY: out-pointer to a local u32 (the attribute is a CUmemorytype, 32 bits).
-    let r = unsafe {
-        cu::cuPointerGetAttribute(
-            (&mut kind as *mut u32).cast(),
-            cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            ptr,
-        )
-    };
+    let mut attr = cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE;
+    let mut data: *mut std::ffi::c_void = (&mut kind as *mut u32).cast();
+    // SAFETY: one attribute, its out-pointer a local u32 (a CUmemorytype). Unlike
+    // cuPointerGetAttribute, the plural call reports an unknown pointer as type 0 instead of
+    // failing, so checking pageable memory raises no driver error.
+    let r = unsafe { cu::cuPointerGetAttributes(1, &mut attr, &mut data, ptr) };
     if r != cu::CUresult::CUDA_SUCCESS {
         return MemoryKind::Unregistered;
     }
     match kind {
+        0 => MemoryKind::Unregistered,
         k if k == cu::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 => MemoryKind::Device,
         k if k == cu::CUmemorytype::CU_MEMORYTYPE_HOST as u32 => MemoryKind::PinnedHost,
         _ => MemoryKind::Other,
