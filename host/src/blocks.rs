@@ -11,8 +11,11 @@
 //!   host memory is involved) so transfers leave the SMs to the model. With a device-resident
 //!   block map it allocates nothing and never synchronises: it can be captured in a CUDA graph.
 //!
-//! [`Backend::Auto`] picks DMA when the contiguous span is large (≥ [`DMA_MIN_SPAN`]) and the
-//! kernel otherwise (DMA loses badly on small copies: vLLM #42212).
+//! [`Backend::Auto`] picks the kernel, except for transfers between host and device whose
+//! contiguous spans are at least [`DMA_MIN_SPAN`] (and when a host map has no staging buffer).
+//! The threshold is measured (`BENCHMARKS.md`, H200): each DMA copy costs about 2.4 µs, so
+//! with blocks in random order DMA only wins for multi-megabyte spans; inside the GPU the
+//! kernel won at every span size measured (up to 32 MiB).
 
 use cust::sys as cu;
 use kvio_kernels::args::CopyArgs;
@@ -26,8 +29,10 @@ use crate::mem::{DeviceBytes, DeviceErrors};
 use crate::module::Kvio;
 use crate::write::BLOCK_THREADS;
 
-/// Contiguous span (bytes) from which [`Backend::Auto`] prefers the copy engines.
-pub const DMA_MIN_SPAN: usize = 28 * 1024;
+/// Contiguous span (bytes) from which [`Backend::Auto`] prefers the copy engines for transfers
+/// between host and device (measured crossover on an H200: below it the kernel backend on its
+/// default CTA budget moves more bytes per second).
+pub const DMA_MIN_SPAN: usize = 2 << 20;
 /// Threads per CTA of the kernel backend when a pool is in host memory (SGLang's transfer
 /// kernels use the same): few CTAs, many bytes in flight.
 pub(crate) const TRANSFER_THREADS: u32 = 1024;
@@ -356,17 +361,18 @@ pub enum BlockMap<'a> {
 ///
 /// ```
 /// use kvio::{blocks::DMA_MIN_SPAN, Backend};
-/// // `Auto` uses the copy engines when contiguous spans are long, SM threads otherwise.
-/// let page_16_tokens = 16 * 8 * 128 * 2; // one layer's K of a 16-token bf16 page: 32 KiB
-/// assert!(page_16_tokens >= DMA_MIN_SPAN); // DMA
-/// let page_1_token = 8 * 128 * 2; // 2 KiB spans: the kernel backend
-/// assert!(page_1_token < DMA_MIN_SPAN);
+/// // `Auto` uses the copy engines for host transfers of long contiguous spans, SM threads
+/// // otherwise.
+/// let cross_layer_block_16 = 32 * 2 * 16 * 8 * 128 * 2; // a whole 32-layer block: 2 MiB
+/// assert!(cross_layer_block_16 >= DMA_MIN_SPAN); // DMA
+/// let layer_page_16 = 16 * 8 * 128 * 2; // one layer's K of a 16-token page: 32 KiB
+/// assert!(layer_page_16 < DMA_MIN_SPAN); // the kernel backend
 /// # let _ = Backend::Auto;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
-    /// DMA for contiguous spans of at least [`DMA_MIN_SPAN`] bytes with a host map, the
-    /// kernel otherwise.
+    /// The kernel, except DMA for host transfers with contiguous spans of at least
+    /// [`DMA_MIN_SPAN`] bytes, or a host map without staging.
     Auto,
     /// Copy engines: one async copy per contiguous span.
     Dma,
@@ -712,7 +718,7 @@ impl Kvio {
     ///     staging: None,
     ///     errors: None,
     /// }, StreamRef::from_cust(&stream))?;
-    /// assert_eq!(backend, Backend::Dma); // 1 MiB contiguous blocks: the copy engines win
+    /// assert_eq!(backend, Backend::Dma); // whole 2 MiB blocks to the host: the copy engines
     /// # Ok(()) }
     /// ```
     pub fn copy_blocks(&self, op: &BlockCopy<'_>, stream: StreamRef<'_>) -> Result<Backend> {
@@ -736,7 +742,8 @@ impl Kvio {
             (Backend::Kernel, _) => Backend::Kernel,
             (Backend::Auto, BlockMap::Device { .. }) => Backend::Kernel,
             (Backend::Auto, BlockMap::Host(_)) => {
-                if geo.chunk as usize >= DMA_MIN_SPAN || op.staging.is_none() {
+                let long = geo.host_involved && geo.chunk as usize >= DMA_MIN_SPAN;
+                if long || op.staging.is_none() {
                     Backend::Dma
                 } else {
                     Backend::Kernel
