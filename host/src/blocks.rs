@@ -42,6 +42,12 @@ const MAX_PIECE: u64 = 16 * 1024;
 /// Default CTA budget of the kernel backend when a pool is in host memory.
 pub const DEFAULT_TRANSFER_CTAS: u32 = 4;
 
+/// Saturating product: absurd shapes saturate and are then rejected by the pool's validation
+/// (as overflows) instead of wrapping to a plausible layout.
+fn sat(factors: &[usize]) -> usize {
+    factors.iter().fold(1usize, |a, &b| a.saturating_mul(b))
+}
+
 /// Where the per-layer, per-part (K/V) bases of a pool come from.
 ///
 /// ```
@@ -111,14 +117,14 @@ impl<'a> BlockPool<'a> {
         head_dim: usize,
         elem_bytes: usize,
     ) -> Self {
-        let part = block_size * heads * head_dim;
+        let part = block_size.saturating_mul(heads).saturating_mul(head_dim);
         let mut layout = PagedLayout::nhd(num_blocks, block_size, heads, head_dim, elem_bytes);
-        layout.block_stride = layers * 2 * part;
+        layout.block_stride = sat(&[layers, 2, part]);
         BlockPool {
             bases: Bases::Strided {
                 mem,
-                layer_stride: 2 * part * elem_bytes,
-                part_stride: part * elem_bytes,
+                layer_stride: sat(&[2, part, elem_bytes]),
+                part_stride: sat(&[part, elem_bytes]),
             },
             layers,
             parts: 2,
@@ -143,22 +149,22 @@ impl<'a> BlockPool<'a> {
         head_dim: usize,
         elem_bytes: usize,
     ) -> Self {
-        let part = block_size * head_dim;
+        let part = block_size.saturating_mul(head_dim);
         let layout = PagedLayout {
             num_blocks,
             block_size,
             num_heads: heads,
             head_dim,
             elem_bytes,
-            block_stride: heads * layers * 2 * part,
+            block_stride: sat(&[heads, layers, 2, part]),
             token_stride: head_dim,
-            head_stride: layers * 2 * part,
+            head_stride: sat(&[layers, 2, part]),
         };
         BlockPool {
             bases: Bases::Strided {
                 mem,
-                layer_stride: 2 * part * elem_bytes,
-                part_stride: part * elem_bytes,
+                layer_stride: sat(&[2, part, elem_bytes]),
+                part_stride: sat(&[part, elem_bytes]),
             },
             layers,
             parts: 2,
@@ -812,7 +818,7 @@ impl Kvio {
             }
         };
         let caps = (self.grid_cap.copy, self.grid_cap.transfer);
-        let Some((args, grid, threads)) = copy_args(op, geo, pairs.ptr(), n, caps) else {
+        let Some((args, grid, threads)) = copy_args(op, geo, pairs.ptr(), n, caps)? else {
             return Ok(());
         };
         let f = if threads == TRANSFER_THREADS {
@@ -850,10 +856,10 @@ pub(crate) fn copy_args(
     pairs: u64,
     n: usize,
     caps: (u32, u32),
-) -> Option<(CopyArgs, u32, u32)> {
+) -> Result<Option<(CopyArgs, u32, u32)>> {
     let per_pair: u64 = geo.ext.iter().product();
     if n == 0 || per_pair == 0 {
-        return None;
+        return Ok(None);
     }
     let side = |p: &BlockPool<'_>| -> (u64, u64, [u64; 5]) {
         let e = p.layout.elem_bytes as u64;
@@ -893,7 +899,12 @@ pub(crate) fn copy_args(
     let units = geo.chunk / width as u64;
     let piece = largest_divisor_at_most(units, (MAX_PIECE / width as u64).max(1)) * width as u64;
     let pieces = geo.chunk / piece;
-    let items = (n as u64).saturating_mul(per_pair).saturating_mul(pieces);
+    // Cannot overflow for validated pools (each factor is bounded by a buffer length), but the
+    // kernel computes the same product: refuse rather than let it wrap.
+    let items = (n as u64)
+        .checked_mul(per_pair)
+        .and_then(|v| v.checked_mul(pieces))
+        .ok_or(Error::Overflow { name: "map" })?;
     let shift = group_shift(piece / width as u64, 4);
     let (threads, cap, default_budget) = if geo.host_involved {
         (TRANSFER_THREADS, caps.1, DEFAULT_TRANSFER_CTAS)
@@ -935,7 +946,7 @@ pub(crate) fn copy_args(
         shift,
         errors: op.errors.map_or(0, DeviceErrors::ptr) as *mut u32,
     };
-    Some((args, grid, threads))
+    Ok(Some((args, grid, threads)))
 }
 
 /// The DMA backend: one `cuMemcpyAsync` per contiguous span; consecutive pairs `(s, d)`,

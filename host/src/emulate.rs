@@ -71,7 +71,7 @@ pub unsafe fn copy_blocks(op: &BlockCopy<'_>) -> Result<()> {
             (pairs.ptr(), len)
         }
     };
-    if let Some((a, grid, threads)) = copy_args(op, &geo, pairs, n, (EMULATED_SMS, EMULATED_SMS)) {
+    if let Some((a, grid, threads)) = copy_args(op, &geo, pairs, n, (EMULATED_SMS, EMULATED_SMS))? {
         // SAFETY: as above.
         ops::emulate(grid, threads, a.shift, |g| unsafe {
             ops::copy_blocks(&a, g)

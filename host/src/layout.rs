@@ -50,7 +50,7 @@ impl TokenLayout {
             num_heads,
             head_dim,
             elem_bytes,
-            token_stride: num_heads * head_dim,
+            token_stride: num_heads.saturating_mul(head_dim),
             head_stride: head_dim,
         }
     }
@@ -65,6 +65,16 @@ impl TokenLayout {
         check_elem(name, self.elem_bytes)?;
         nonzero(name, "num_heads", self.num_heads)?;
         nonzero(name, "head_dim", self.head_dim)?;
+        check_strides(
+            name,
+            &[
+                self.token_stride,
+                self.head_stride,
+                self.head_dim,
+                self.num_heads,
+            ],
+            self.elem_bytes,
+        )?;
         if self.num_tokens == 0 {
             return Ok(0);
         }
@@ -129,8 +139,10 @@ impl PagedLayout {
             num_heads,
             head_dim,
             elem_bytes,
-            block_stride: block_size * num_heads * head_dim,
-            token_stride: num_heads * head_dim,
+            block_stride: block_size
+                .saturating_mul(num_heads)
+                .saturating_mul(head_dim),
+            token_stride: num_heads.saturating_mul(head_dim),
             head_stride: head_dim,
         }
     }
@@ -154,9 +166,11 @@ impl PagedLayout {
             num_heads,
             head_dim,
             elem_bytes,
-            block_stride: block_size * num_heads * head_dim,
+            block_stride: block_size
+                .saturating_mul(num_heads)
+                .saturating_mul(head_dim),
             token_stride: head_dim,
-            head_stride: block_size * head_dim,
+            head_stride: block_size.saturating_mul(head_dim),
         }
     }
 
@@ -196,6 +210,16 @@ impl PagedLayout {
         nonzero(name, "block_size", self.block_size)?;
         nonzero(name, "num_heads", self.num_heads)?;
         nonzero(name, "head_dim", self.head_dim)?;
+        check_strides(
+            name,
+            &[self.block_stride, self.token_stride, self.head_stride],
+            self.elem_bytes,
+        )?;
+        (self.num_heads as u64)
+            .checked_mul(self.head_dim as u64)
+            .and_then(|v| v.checked_mul(self.elem_bytes as u64))
+            .filter(|&v| v <= isize::MAX as u64)
+            .ok_or(Error::Overflow { name })?;
         if self.num_slots() > i64::MAX as usize || self.num_slots() == usize::MAX {
             return Err(Error::Overflow { name });
         }
@@ -218,6 +242,18 @@ impl PagedLayout {
         }
         Ok(ext)
     }
+}
+
+/// Every stride (and size) times the element size must be a byte count that fits `isize`:
+/// the launchers and kernels compute byte offsets from them.
+fn check_strides(name: &'static str, strides: &[usize], elem: usize) -> Result<()> {
+    for &s in strides {
+        (s as u64)
+            .checked_mul(elem as u64)
+            .filter(|&v| v <= isize::MAX as u64)
+            .ok_or(Error::Overflow { name })?;
+    }
+    Ok(())
 }
 
 /// Accepts element sizes 1, 2 and 4 (fp8/int8, f16/bf16, f32).

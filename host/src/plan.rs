@@ -174,8 +174,8 @@ pub fn validate_slices(
     num_slots: usize,
     num_tokens: usize,
 ) -> Result<()> {
-    if page_size == 0 {
-        return Err(invalid("page_size", page_size, "must be non-zero"));
+    if page_size == 0 || page_size > i32::MAX as usize {
+        return Err(invalid("page_size", page_size, "must be in 1..=i32::MAX"));
     }
     let mut ranges = Vec::with_capacity(slices.len());
     for (i, s) in slices.iter().enumerate() {

@@ -393,10 +393,12 @@ pub(crate) fn plan_slots(op: &SlotUpdate<'_>, max_blocks: u32) -> Result<Option<
     ]);
     args.shift = group_shift(chunk / args.width as u64, PER_LANE);
     let parts = if op.value.is_some() { 2 } else { 1 };
-    Ok(Some((
-        args,
-        grid_for(n as u64 * parts * heads, args.shift, max_blocks),
-    )))
+    // The kernel iterates over this many items: refuse a count that would wrap.
+    let items = (n as u64)
+        .checked_mul(parts)
+        .and_then(|v| v.checked_mul(heads))
+        .ok_or(Error::Overflow { name: "slots" })?;
+    Ok(Some((args, grid_for(items, args.shift, max_blocks))))
 }
 
 /// Bytes of rows one work item of the slice update copies (at most).
