@@ -812,3 +812,21 @@ fn c_hnd_initial(nhd_cache: &[u8], nhd: &PagedLayout, hnd: &PagedLayout) -> Vec<
     }
     out
 }
+
+#[test]
+fn validate_slices_rejects_page_sizes_past_i32() {
+    let s = [kvio::plan::Slice {
+        cache_start: 0,
+        new_kv_start: 0,
+        len: -1,
+    }];
+    for page in [usize::MAX, i32::MAX as usize + 1] {
+        assert!(matches!(
+            kvio::plan::validate_slices(&s, page, 10, 10),
+            Err(kvio::Error::InvalidArgument {
+                name: "page_size",
+                ..
+            })
+        ));
+    }
+}

@@ -362,4 +362,30 @@ mod tests {
         let huge = PagedLayout::nhd(usize::MAX / 2, 16, 8, 128, 2);
         assert!(matches!(huge.extent("c"), Err(Error::Overflow { .. })));
     }
+
+    #[test]
+    fn huge_strides_of_unit_dimensions_are_overflows() {
+        // A dimension of extent 1 never multiplies its stride into the extent, but the
+        // launchers still turn every stride into a byte offset: it must fit.
+        let mut l = PagedLayout::nhd(1, 16, 8, 128, 2);
+        l.block_stride = usize::MAX;
+        assert!(matches!(l.extent("c"), Err(Error::Overflow { name: "c" })));
+        let mut l = PagedLayout::nhd(4, 1, 8, 128, 2);
+        l.token_stride = usize::MAX / 2;
+        assert!(matches!(l.extent("c"), Err(Error::Overflow { .. })));
+        let mut t = TokenLayout::contiguous(1, 8, 128, 2);
+        t.token_stride = usize::MAX;
+        assert!(matches!(t.extent("i"), Err(Error::Overflow { name: "i" })));
+        let mut t = TokenLayout::contiguous(0, 8, 128, 2);
+        t.head_stride = usize::MAX;
+        assert!(matches!(t.extent("i"), Err(Error::Overflow { .. })));
+    }
+
+    #[test]
+    fn absurd_constructor_shapes_saturate_and_are_rejected() {
+        let l = PagedLayout::nhd(2, usize::MAX / 2, 8, 128, 2);
+        assert!(matches!(l.extent("c"), Err(Error::Overflow { .. })));
+        let l = PagedLayout::hnd(2, 16, usize::MAX / 4, 128, 2);
+        assert!(matches!(l.extent("c"), Err(Error::Overflow { .. })));
+    }
 }

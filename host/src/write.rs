@@ -633,4 +633,35 @@ mod tests {
         bad.num_slices = bytes(0x3000_0002, 4);
         assert!(plan_slices(&bad, 1).is_err());
     }
+
+    #[test]
+    fn work_item_count_that_would_wrap_is_an_overflow() {
+        // 2^31 tokens x K and V x 2^32 unmergeable head chunks = 2^64 items: the kernel's
+        // item count would wrap to 0 and silently do nothing.
+        let heads = 1usize << 32;
+        let mut cache = PagedLayout::nhd(1, 1, heads, 1, 1);
+        cache.head_stride = 2;
+        cache.token_stride = 2 * heads;
+        cache.block_stride = 2 * heads;
+        let n = 1usize << 31;
+        let mut input = TokenLayout::contiguous(n, heads, 1, 1);
+        input.head_stride = 2;
+        input.token_stride = 0;
+        let src = input.extent("i").unwrap() as usize;
+        let ext = cache.extent("c").unwrap() as usize;
+        let op = SlotUpdate {
+            key: bytes(0x1000_0000, src),
+            value: Some(bytes(0x2000_0000_0000, src)),
+            input,
+            key_cache: bytes(0x4000_0000_0000, ext),
+            value_cache: Some(bytes(0x8000_0000_0000, ext)),
+            cache,
+            slots: SlotMapping::I32(bytes(0x3000_0000, n * 4)),
+            errors: None,
+        };
+        assert!(matches!(
+            plan_slots(&op, 132),
+            Err(Error::Overflow { name: "slots" })
+        ));
+    }
 }
