@@ -674,6 +674,24 @@ fn block_footprint(p: &BlockPool<'_>) -> Option<(u64, u64)> {
     (inner <= stride).then_some((mem.ptr(), stride))
 }
 
+/// A device-resident map must hold `len` 16-byte pairs and be 8-byte aligned.
+pub(crate) fn check_device_map(pairs: DeviceBytes, len: usize) -> Result<()> {
+    let need = (len as u64)
+        .checked_mul(16)
+        .ok_or(Error::Overflow { name: "map" })?;
+    if need > pairs.len() as u64 {
+        return Err(Error::BufferTooSmall {
+            name: "map.pairs",
+            needed: need,
+            len: pairs.len() as u64,
+        });
+    }
+    if pairs.ptr() % 8 != 0 {
+        return Err(invalid("map.pairs", pairs.ptr(), "must be 8-byte aligned"));
+    }
+    Ok(())
+}
+
 /// True when block `b` occupies the same bytes in both pools (same bases, same block stride).
 fn same_block_addressing(a: &BlockPool<'_>, b: &BlockPool<'_>) -> bool {
     let bases = match (a.bases, b.bases) {
@@ -774,19 +792,7 @@ impl Kvio {
     fn kernel(&self, op: &BlockCopy<'_>, geo: &Geometry, stream: StreamRef<'_>) -> Result<()> {
         let (pairs, n) = match op.map {
             BlockMap::Device { pairs, len } => {
-                let need = (len as u64)
-                    .checked_mul(16)
-                    .ok_or(Error::Overflow { name: "map" })?;
-                if need > pairs.len() as u64 {
-                    return Err(Error::BufferTooSmall {
-                        name: "map.pairs",
-                        needed: need,
-                        len: pairs.len() as u64,
-                    });
-                }
-                if pairs.ptr() % 8 != 0 {
-                    return Err(invalid("map.pairs", pairs.ptr(), "must be 8-byte aligned"));
-                }
+                check_device_map(pairs, len)?;
                 (pairs, len)
             }
             BlockMap::Host(host) => {

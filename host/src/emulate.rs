@@ -8,8 +8,8 @@
 use kvio_kernels::ops;
 
 use crate::alloc::MemoryKind;
-use crate::blocks::{check_host_map, copy_args, geometry, BlockCopy, BlockMap};
-use crate::error::{invalid, Result};
+use crate::blocks::{check_device_map, check_host_map, copy_args, geometry, BlockCopy, BlockMap};
+use crate::error::Result;
 use crate::write::{plan_slices, plan_slots, SliceUpdate, SlotUpdate, BLOCK_THREADS};
 
 /// Multiprocessors the emulated device pretends to have (it only sizes the grid).
@@ -61,13 +61,7 @@ pub unsafe fn copy_blocks(op: &BlockCopy<'_>) -> Result<()> {
             (p.as_ptr() as u64, p.len())
         }
         BlockMap::Device { pairs, len } => {
-            if (len as u64).saturating_mul(16) > pairs.len() as u64 || pairs.ptr() % 8 != 0 {
-                return Err(invalid(
-                    "map.pairs",
-                    len,
-                    "too short or misaligned for len pairs",
-                ));
-            }
+            check_device_map(pairs, len)?;
             (pairs.ptr(), len)
         }
     };

@@ -36,12 +36,13 @@ pub fn update_slots(
 ) -> ErrorCounts {
     let mut counts = ErrorCounts::default();
     let e = layout.elem_bytes;
-    let num_slots = (layout.num_blocks * layout.block_size) as i64;
+    // i128 throughout: no size (up to usize::MAX) or index (any i64) can wrap.
+    let num_slots = layout.num_blocks as i128 * layout.block_size as i128;
     for (t, &slot) in slots.iter().enumerate() {
         if slot < 0 {
             continue;
         }
-        if slot >= num_slots {
+        if slot as i128 >= num_slots {
             counts.bad_slots += 1;
             continue;
         }
@@ -97,10 +98,11 @@ pub fn update_slices(
         return counts;
     }
     let e = layout.elem_bytes;
-    let page = layout.block_size as i64;
-    let num_slots = (layout.num_blocks * layout.block_size) as i64;
+    // i128 throughout: no size (up to usize::MAX) or sum of i32 fields can wrap.
+    let page = layout.block_size as i128;
+    let num_slots = layout.num_blocks as i128 * layout.block_size as i128;
     for s in &slices[..num_slices as usize] {
-        let (start, src, len) = (s.cache_start as i64, s.new_kv_start as i64, s.len as i64);
+        let (start, src, len) = (s.cache_start as i128, s.new_kv_start as i128, s.len as i128);
         if len == 0 {
             continue;
         }
@@ -109,7 +111,7 @@ pub fn update_slices(
             && start >= 0
             && src >= 0
             && start + len <= num_slots
-            && src + len <= input.num_tokens as i64
+            && src + len <= input.num_tokens as i128
             && start / page == (start + len - 1) / page;
         if !ok {
             counts.bad_slices += 1;

@@ -436,11 +436,14 @@ pub(crate) fn plan_slices(op: &SliceUpdate<'_>, max_blocks: u32) -> Result<(Slic
         .ok_or(Error::Overflow { name: "slices" })?;
     fits("slices", table, &op.slices)?;
     fits("num_slices", 4, &op.num_slices)?;
-    if !op.slices.ptr().is_multiple_of(4) || !op.num_slices.ptr().is_multiple_of(4) {
+    if !op.slices.ptr().is_multiple_of(4) {
+        return Err(invalid("slices", op.slices.ptr(), "must be 4-byte aligned"));
+    }
+    if !op.num_slices.ptr().is_multiple_of(4) {
         return Err(invalid(
-            "slices",
-            op.slices.ptr(),
-            "slice table and count must be 4-byte aligned",
+            "num_slices",
+            op.num_slices.ptr(),
+            "must be 4-byte aligned",
         ));
     }
     let row = l.num_heads * l.chunk_bytes();

@@ -1,0 +1,235 @@
+//! `kvio::emulate::copy_blocks` (block-map validation, pool geometry and the kernel body run on
+//! the CPU) with arbitrary pool descriptors (strided bases), host or device block maps and
+//! views on small host buffers, the two pools in separate buffers or in one. No panic or
+//! overflow; an accepted call touches nothing outside its views (AddressSanitizer past the end,
+//! checked bytes before), never writes the source pool (separate buffers) or the map, and —
+//! when its pools are separate and no two valid pairs share a destination — writes exactly
+//! what `kvio::reference::copy_blocks` writes. A refused call writes nothing.
+#![no_main]
+
+use kvio::reference::{self, PoolImage};
+use kvio::{Backend, Bases, BlockCopy, BlockMap, BlockPool, PagedLayout};
+use kvio_fuzz::{assert_same, elem, index, size, Buf, MAX_BUF};
+use libfuzzer_sys::arbitrary::{Result, Unstructured};
+use libfuzzer_sys::fuzz_target;
+
+fn stride(u: &mut Unstructured, natural: usize) -> Result<usize> {
+    Ok(match u.int_in_range(0u8..=4)? {
+        0 | 1 => natural,
+        2 => natural.wrapping_add(size(u, 8)?),
+        _ => size(u, 256)?,
+    })
+}
+
+/// Shape shared by both pools (a mismatch is a refusal worth fuzzing too).
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    layers: usize,
+    parts: usize,
+    bs: usize,
+    h: usize,
+    d: usize,
+    e: usize,
+}
+
+fn shape(u: &mut Unstructured) -> Result<Shape> {
+    Ok(Shape {
+        layers: size(u, 3)?,
+        parts: size(u, 2)?,
+        bs: size(u, 20)?,
+        h: size(u, 3)?,
+        d: size(u, 8)?,
+        e: elem(u)?,
+    })
+}
+
+/// A pool descriptor: block-major or layer-first placement, then any field perturbed.
+fn pool(u: &mut Unstructured, s: Shape, mem: kvio::DeviceBytes) -> Result<BlockPool<'static>> {
+    let s = if u.ratio(1u8, 8)? { shape(u)? } else { s };
+    let nb = size(u, 6)?;
+    let hd = s.h.wrapping_mul(s.d);
+    let part = s.bs.wrapping_mul(hd);
+    let hnd: bool = u.arbitrary()?;
+    let mut layout = if hnd {
+        PagedLayout::hnd(1, 1, 1, 1, 1)
+    } else {
+        PagedLayout::nhd(1, 1, 1, 1, 1)
+    };
+    layout.num_blocks = nb;
+    layout.block_size = s.bs;
+    layout.num_heads = s.h;
+    layout.head_dim = s.d;
+    layout.elem_bytes = s.e;
+    let lp = s.layers.wrapping_mul(s.parts);
+    let block_major: bool = u.arbitrary()?;
+    let (bstride, ts, hs, ls, ps) = match (block_major, hnd) {
+        // (NB, L, P, bs, H, D)
+        (true, false) => (
+            lp.wrapping_mul(part),
+            hd,
+            s.d,
+            s.parts.wrapping_mul(part),
+            part,
+        ),
+        // (NB, H, L, P, bs, D)
+        (true, true) => {
+            let p = s.bs.wrapping_mul(s.d);
+            (
+                s.h.wrapping_mul(lp).wrapping_mul(p),
+                s.d,
+                lp.wrapping_mul(p),
+                s.parts.wrapping_mul(p),
+                p,
+            )
+        }
+        // (L, P, NB, ...)
+        (false, false) => {
+            let c = nb.wrapping_mul(part);
+            (part, hd, s.d, s.parts.wrapping_mul(c), c)
+        }
+        (false, true) => {
+            let c = nb.wrapping_mul(part);
+            (
+                part,
+                s.d,
+                s.bs.wrapping_mul(s.d),
+                s.parts.wrapping_mul(c),
+                c,
+            )
+        }
+    };
+    layout.block_stride = stride(u, bstride)?;
+    layout.token_stride = stride(u, ts)?;
+    layout.head_stride = stride(u, hs)?;
+    let e = s.e;
+    Ok(BlockPool {
+        bases: Bases::Strided {
+            mem,
+            layer_stride: stride(u, ls)?.wrapping_mul(e),
+            part_stride: stride(u, ps)?.wrapping_mul(e),
+        },
+        layers: s.layers,
+        parts: s.parts,
+        layout,
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut u = Unstructured::new(data);
+    let _ = run(&mut u);
+});
+
+fn run(u: &mut Unstructured) -> Result<()> {
+    let s = shape(u)?;
+    let shared: bool = u.arbitrary()?;
+    let src_len = u.int_in_range(0..=8192usize)?.min(MAX_BUF);
+    let dst_len = u.int_in_range(0..=8192usize)?.min(MAX_BUF);
+    let mut src_buf = Buf::new(u.int_in_range(0..=15)?, src_len, 0x11);
+    let mut dst_buf = Buf::new(u.int_in_range(0..=15)?, dst_len, 0x22);
+    let src_mem = src_buf.view(0, usize::MAX);
+    let dst_mem = if shared {
+        let at = u.int_in_range(0..=src_len)?;
+        src_buf.view(at, usize::MAX)
+    } else {
+        dst_buf.view(0, usize::MAX)
+    };
+    let src = pool(u, s, src_mem)?;
+    let dst = pool(u, s, dst_mem)?;
+    // Keep the kernel's work small: huge pools are validated, then nothing is copied.
+    let n = u.int_in_range(0usize..=12)?;
+    let mut pairs = Vec::with_capacity(n);
+    for _ in 0..n {
+        pairs.push([
+            index(u, src.layout.num_blocks.min(64))?,
+            index(u, dst.layout.num_blocks.min(64))?,
+        ]);
+    }
+    let device_map: bool = u.arbitrary()?;
+    let map_pad = u.int_in_range(0usize..=1)? * 8 + if u.ratio(1u8, 16)? { 4 } else { 0 };
+    let map_len = match u.int_in_range(0u8..=7)? {
+        0 => (16 * n).saturating_sub(1),
+        _ => 16 * n,
+    };
+    let map_bytes: Vec<u8> = pairs
+        .iter()
+        .flatten()
+        .flat_map(|v| v.to_ne_bytes())
+        .collect();
+    let mut map_buf = Buf::new(map_pad, map_len, 0);
+    let mv = map_buf.view(0, usize::MAX);
+    // SAFETY: the view holds `mv.len()` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(map_bytes.as_ptr(), mv.ptr() as *mut u8, mv.len()) };
+    let map = if device_map {
+        BlockMap::Device { pairs: mv, len: n }
+    } else {
+        BlockMap::Host(&pairs)
+    };
+    let op = BlockCopy {
+        src,
+        dst,
+        map,
+        backend: Backend::Kernel,
+        max_ctas: if u.arbitrary()? {
+            None
+        } else {
+            Some(u.int_in_range(0..=64)?)
+        },
+        staging: None,
+        errors: None,
+    };
+
+    let before = (
+        src_buf.data().to_vec(),
+        dst_buf.data().to_vec(),
+        map_buf.data().to_vec(),
+    );
+    // SAFETY: every view (pools, device map) is host memory of its length.
+    let r = unsafe { kvio::emulate::copy_blocks(&op) };
+    src_buf.check_pad("src");
+    dst_buf.check_pad("dst");
+    map_buf.check_pad("map");
+    assert_same("map", map_buf.data(), &before.2);
+    if r.is_err() {
+        assert_same("refused: src", src_buf.data(), &before.0);
+        assert_same("refused: dst", dst_buf.data(), &before.1);
+        return Ok(());
+    }
+    if shared {
+        return Ok(());
+    }
+    assert_same("src", src_buf.data(), &before.0);
+    dst_buf.check_pad("dst");
+
+    // Accepted, separate pools: compare with the reference unless a destination repeats.
+    let (nsrc, ndst) = (src.layout.num_blocks as u64, dst.layout.num_blocks as u64);
+    let mut dsts: Vec<i64> = pairs
+        .iter()
+        .filter(|&&[a, b]| a >= 0 && b >= 0 && (a as u64) < nsrc && (b as u64) < ndst)
+        .map(|p| p[1])
+        .collect();
+    dsts.sort_unstable();
+    if dsts.windows(2).any(|w| w[0] == w[1]) {
+        return Ok(());
+    }
+    let image = |p: &BlockPool<'_>| {
+        let Bases::Strided {
+            layer_stride,
+            part_stride,
+            ..
+        } = p.bases
+        else {
+            unreachable!()
+        };
+        PoolImage {
+            layers: p.layers,
+            parts: p.parts,
+            layout: p.layout,
+            layer_stride,
+            part_stride,
+        }
+    };
+    let mut want = before.1.clone();
+    reference::copy_blocks(&image(&src), &before.0, &image(&dst), &mut want, &pairs);
+    assert_same("dst", dst_buf.data(), &want);
+    Ok(())
+}
