@@ -274,7 +274,7 @@ impl LayerTable {
     /// must be at least as long as the layout later used with it (checked at each call).
     /// Synchronous: a set-up-time call.
     pub fn new(caches: &[DeviceBytes], parts: usize) -> Result<Self> {
-        if parts == 0 || caches.is_empty() || caches.len() % parts != 0 {
+        if parts == 0 || caches.is_empty() || !caches.len().is_multiple_of(parts) {
             return Err(invalid(
                 "caches",
                 (caches.len(), parts),

@@ -100,6 +100,41 @@ pub struct BlockPool<'a> {
 }
 
 impl<'a> BlockPool<'a> {
+    /// Bytes of a cross-layer pool of `num_blocks` blocks (NHD or HND order: the same size),
+    /// checked for overflow: what to allocate for [`BlockPool::cross_layer_nhd`] /
+    /// [`BlockPool::cross_layer_hnd`].
+    ///
+    /// ```no_run
+    /// # fn main() -> kvio::Result<()> {
+    /// use kvio::{BlockPool, DeviceAlloc, PinnedHost};
+    /// let _ctx = kvio::PrimaryContext::retain(0)?;
+    /// let (blocks, layers, bs, h, d) = (1024, 32, 16, 8, 128);
+    /// let bytes = BlockPool::cross_layer_bytes(blocks, layers, bs, h, d, 2)?;
+    /// let gpu = DeviceAlloc::new(bytes)?; // the device cache
+    /// let host = PinnedHost::alloc(bytes)?; // a pinned pool of the same shape
+    /// let pool = BlockPool::cross_layer_nhd(gpu.bytes(), blocks, layers, bs, h, d, 2);
+    /// let (k0, v0, layout) = pool.layer_view(0)?; // layer 0's caches for the write path
+    /// # let _ = (host, k0, v0, layout); Ok(()) }
+    /// ```
+    pub fn cross_layer_bytes(
+        num_blocks: usize,
+        layers: usize,
+        block_size: usize,
+        heads: usize,
+        head_dim: usize,
+        elem_bytes: usize,
+    ) -> Result<usize> {
+        [
+            num_blocks, layers, 2, block_size, heads, head_dim, elem_bytes,
+        ]
+        .iter()
+        .try_fold(1usize, |a, &b| a.checked_mul(b))
+        .filter(|&n| n <= isize::MAX as usize)
+        .ok_or(Error::Overflow {
+            name: "cross_layer_bytes",
+        })
+    }
+
     /// Cross-layer blocks in vLLM's FlashAttention NHD order `(NB, L, 2, bs, H, D)`: one block
     /// holds all layers, K then V, contiguously (vLLM #27743).
     ///
@@ -686,7 +721,7 @@ pub(crate) fn check_device_map(pairs: DeviceBytes, len: usize) -> Result<()> {
             len: pairs.len() as u64,
         });
     }
-    if pairs.ptr() % 8 != 0 {
+    if !pairs.ptr().is_multiple_of(8) {
         return Err(invalid("map.pairs", pairs.ptr(), "must be 8-byte aligned"));
     }
     Ok(())
@@ -798,7 +833,7 @@ impl Kvio {
             BlockMap::Host(host) => {
                 let staging = op.staging.expect("checked by copy_blocks");
                 let need = host.len() * 16;
-                if staging.ptr() % 8 != 0 {
+                if !staging.ptr().is_multiple_of(8) {
                     return Err(invalid("staging", staging.ptr(), "must be 8-byte aligned"));
                 }
                 if need > staging.len() {
@@ -841,7 +876,7 @@ fn largest_divisor_at_most(n: u64, cap: u64) -> u64 {
     let mut best = 1;
     let mut i = 1;
     while i * i <= n {
-        if n % i == 0 {
+        if n.is_multiple_of(i) {
             for d in [i, n / i] {
                 if d <= cap && d > best {
                     best = d;
@@ -1653,5 +1688,37 @@ mod tests {
             pool.layer_view(0),
             Err(Error::BufferTooSmall { name: "pool", .. })
         ));
+    }
+
+    #[test]
+    fn cross_layer_bytes_sizes_and_overflows() {
+        assert_eq!(
+            BlockPool::cross_layer_bytes(10, 4, 16, 8, 128, 2),
+            Ok(10 * 4 * 2 * 16 * 8 * 128 * 2)
+        );
+        let b = BlockPool::cross_layer_bytes(3, 2, 4, 2, 8, 2).unwrap();
+        let mem = unsafe_bytes(0x1000, b);
+        assert!(BlockPool::cross_layer_nhd(mem, 3, 2, 4, 2, 8, 2)
+            .extent("p")
+            .is_ok());
+        assert!(BlockPool::cross_layer_hnd(mem, 3, 2, 4, 2, 8, 2)
+            .extent("p")
+            .is_ok());
+        assert!(
+            BlockPool::cross_layer_nhd(unsafe_bytes(0x1000, b - 1), 3, 2, 4, 2, 8, 2)
+                .extent("p")
+                .is_err()
+        );
+        assert_eq!(
+            BlockPool::cross_layer_bytes(usize::MAX / 4, 4, 16, 8, 128, 2),
+            Err(Error::Overflow {
+                name: "cross_layer_bytes"
+            })
+        );
+    }
+
+    fn unsafe_bytes(ptr: u64, len: usize) -> DeviceBytes {
+        // SAFETY: only validated, never used.
+        unsafe { DeviceBytes::from_raw(ptr, len) }
     }
 }

@@ -227,7 +227,7 @@ impl Params {
         // CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE, CU_LAUNCH_PARAM_END.
         let mut len = self.len;
         let mut extra: [*mut c_void; 5] = [
-            1 as *mut c_void,
+            std::ptr::dangling_mut::<c_void>(),
             self.buf.as_mut_ptr().cast(),
             2 as *mut c_void,
             (&mut len as *mut usize).cast(),
