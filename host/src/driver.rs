@@ -226,10 +226,13 @@ impl Params {
     ) -> Result<()> {
         // CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE, CU_LAUNCH_PARAM_END.
         let mut len = self.len;
+        // The markers are the integers 1 and 2 (cuda.h), not addresses.
+        const BUFFER_POINTER: *mut c_void = ptr::without_provenance_mut(1);
+        const BUFFER_SIZE: *mut c_void = ptr::without_provenance_mut(2);
         let mut extra: [*mut c_void; 5] = [
-            std::ptr::dangling_mut::<c_void>(),
+            BUFFER_POINTER,
             self.buf.as_mut_ptr().cast(),
-            2 as *mut c_void,
+            BUFFER_SIZE,
             (&mut len as *mut usize).cast(),
             ptr::null_mut(),
         ];
