@@ -230,6 +230,11 @@ fn ceilings(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
         stream,
         || memcpy(b.bytes().ptr(), a.bytes().ptr(), D2D_BYTES / 2, stream),
     );
+    // The same copy at the size of a T = 16,384 K+V update (128 MiB moved), for comparison.
+    let small = 64 << 20;
+    measure(&mut grp, rec, "ceiling", 0, "device-copy-128MiB", 2 * small as u64, stream, || {
+        memcpy(b.bytes().ptr(), a.bytes().ptr(), small, stream)
+    });
     let h = Mem::new(true, PCIE_BYTES);
     let d = Mem::new(false, PCIE_BYTES);
     measure(
@@ -785,11 +790,12 @@ fn report(rec: &Rec, device: &str, driver: i32) {
         .map(|r| r.median() * 1e6 / 100.0)
         .unwrap_or(f64::NAN);
     println!("\n=== kvio benchmarks on {device} (driver {driver}) ===");
-    println!("ceilings: device copy {d2d:.0} GB/s (read+write), pinned H2D {h2d:.1} GB/s, D2H {d2h:.1} GB/s");
+    let d2d_small = ceil("device-copy-128MiB");
+    println!("ceilings: device copy {d2d:.0} GB/s (read+write; {d2d_small:.0} GB/s at 128 MiB), pinned H2D {h2d:.1} GB/s, D2H {d2h:.1} GB/s");
     println!("empty kernel: {launch:.2} us per stream launch, {glaunch:.2} us per launch inside a CUDA graph");
     let mut json = Vec::new();
     json.push(format!(
-        "  \"device\": \"{device}\",\n  \"driver\": {driver},\n  \"ceilings\": {{\"device_copy_gbps\": {d2d:.1}, \"pinned_h2d_gbps\": {h2d:.2}, \"pinned_d2h_gbps\": {d2h:.2}, \"empty_launch_us\": {launch:.3}, \"graph_launch_us\": {glaunch:.3}}}"
+        "  \"device\": \"{device}\",\n  \"driver\": {driver},\n  \"ceilings\": {{\"device_copy_gbps\": {d2d:.1}, \"device_copy_128mib_gbps\": {d2d_small:.1}, \"pinned_h2d_gbps\": {h2d:.2}, \"pinned_d2h_gbps\": {d2h:.2}, \"empty_launch_us\": {launch:.3}, \"graph_launch_us\": {glaunch:.3}}}"
     ));
     let mut rows = Vec::new();
     let groups: Vec<String> = {
