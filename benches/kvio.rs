@@ -232,9 +232,16 @@ fn ceilings(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
     );
     // The same copy at the size of a T = 16,384 K+V update (128 MiB moved), for comparison.
     let small = 64 << 20;
-    measure(&mut grp, rec, "ceiling", 0, "device-copy-128MiB", 2 * small as u64, stream, || {
-        memcpy(b.bytes().ptr(), a.bytes().ptr(), small, stream)
-    });
+    measure(
+        &mut grp,
+        rec,
+        "ceiling",
+        0,
+        "device-copy-128MiB",
+        2 * small as u64,
+        stream,
+        || memcpy(b.bytes().ptr(), a.bytes().ptr(), small, stream),
+    );
     let h = Mem::new(true, PCIE_BYTES);
     let d = Mem::new(false, PCIE_BYTES);
     measure(
