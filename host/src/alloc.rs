@@ -6,21 +6,9 @@ use std::ptr;
 
 use cust::sys as cu;
 
-use crate::driver::{check, current_context};
+use crate::driver::{check, current_context, with_ctx};
 use crate::error::{invalid, Result};
 use crate::mem::DeviceBytes;
-
-/// Runs `f` with `ctx` pushed as the current context (for frees in `Drop`).
-fn with_ctx(ctx: cu::CUcontext, f: impl FnOnce()) {
-    // SAFETY: push/pop of a context handle that outlives the call.
-    unsafe {
-        if cu::cuCtxPushCurrent_v2(ctx) == cu::CUresult::CUDA_SUCCESS {
-            f();
-            let mut old = ptr::null_mut();
-            cu::cuCtxPopCurrent_v2(&mut old);
-        }
-    }
-}
 
 /// Device memory owned by kvio (for example a cross-layer cache), freed on drop.
 ///
@@ -35,7 +23,7 @@ fn with_ctx(ctx: cu::CUcontext, f: impl FnOnce()) {
 /// ```
 #[derive(Debug)]
 pub struct DeviceAlloc {
-    ptr: u64,
+    pub(crate) ptr: u64,
     len: usize,
     ctx: cu::CUcontext,
 }

@@ -23,6 +23,19 @@ pub(crate) fn check(call: &'static str, r: cu::CUresult) -> Result<()> {
     }
 }
 
+/// Runs `f` with `ctx` pushed as the current context (releases in `Drop` impls, which may run
+/// on any thread); does nothing if the context cannot be pushed.
+pub(crate) fn with_ctx(ctx: cu::CUcontext, f: impl FnOnce()) {
+    // SAFETY: push/pop of a context handle that outlives the call.
+    unsafe {
+        if cu::cuCtxPushCurrent_v2(ctx) == cu::CUresult::CUDA_SUCCESS {
+            f();
+            let mut old = ptr::null_mut();
+            cu::cuCtxPopCurrent_v2(&mut old);
+        }
+    }
+}
+
 /// A borrowed CUDA stream: kvio enqueues work on it and never synchronises it.
 ///
 /// Make one from any framework's raw `CUstream` with [`StreamRef::from_raw`], or from a cust

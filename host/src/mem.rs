@@ -1,11 +1,10 @@
 //! Device memory handles: byte views of the caller's allocations and the device error word.
 
-use std::ptr;
-
 use cust::memory::{DeviceCopy, DeviceSlice};
 use cust::sys as cu;
 
-use crate::driver::{check, current_context, StreamRef};
+use crate::alloc::DeviceAlloc;
+use crate::driver::{check, StreamRef};
 use crate::error::{Error, Result};
 
 /// A view of `len` bytes of device memory at `ptr` (memory kvio reads or writes, owned by the
@@ -125,8 +124,7 @@ impl ErrorCounts {
 /// ```
 #[derive(Debug)]
 pub struct DeviceErrors {
-    ptr: u64,
-    ctx: cu::CUcontext,
+    mem: DeviceAlloc,
 }
 
 const WORDS: usize = kvio_kernels::index::err::WORDS;
@@ -135,28 +133,24 @@ impl DeviceErrors {
     /// Allocates a zeroed error word in the current context (this call synchronises: do it at
     /// set-up time, not on a hot path).
     pub fn new() -> Result<Self> {
-        let ctx = current_context()?;
-        let mut ptr = 0;
-        // SAFETY: out-pointer to a local; a context is current.
-        check("cuMemAlloc", unsafe {
-            cu::cuMemAlloc_v2(&mut ptr, WORDS * 4)
+        let mem = DeviceAlloc::new(WORDS * 4)?;
+        // SAFETY: a fresh allocation of WORDS u32.
+        check("cuMemsetD32", unsafe {
+            cu::cuMemsetD32_v2(mem.ptr, 0, WORDS)
         })?;
-        let this = DeviceErrors { ptr, ctx };
-        // SAFETY: ptr is a fresh allocation of WORDS u32.
-        check("cuMemsetD32", unsafe { cu::cuMemsetD32_v2(ptr, 0, WORDS) })?;
-        Ok(this)
+        Ok(DeviceErrors { mem })
     }
 
     /// The device address of the counters (`u32` × 4), for a kernel parameter.
     pub fn ptr(&self) -> u64 {
-        self.ptr
+        self.mem.ptr
     }
 
     /// Zeroes the counters, asynchronously on `stream`.
     pub fn reset(&self, stream: StreamRef<'_>) -> Result<()> {
         // SAFETY: the allocation lives while self does.
         check("cuMemsetD32Async", unsafe {
-            cu::cuMemsetD32Async(self.ptr, 0, WORDS, stream.cu_stream())
+            cu::cuMemsetD32Async(self.ptr(), 0, WORDS, stream.cu_stream())
         })
     }
 
@@ -171,7 +165,7 @@ impl DeviceErrors {
                 "cuMemcpyDtoHAsync",
                 cu::cuMemcpyDtoHAsync_v2(
                     w.as_mut_ptr().cast(),
-                    self.ptr,
+                    self.ptr(),
                     WORDS * 4,
                     stream.cu_stream(),
                 ),
@@ -190,21 +184,3 @@ impl DeviceErrors {
         })
     }
 }
-
-impl Drop for DeviceErrors {
-    fn drop(&mut self) {
-        // SAFETY: the pointer came from cuMemAlloc in `ctx`, which is pushed for the free.
-        unsafe {
-            if cu::cuCtxPushCurrent_v2(self.ctx) == cu::CUresult::CUDA_SUCCESS {
-                cu::cuMemFree_v2(self.ptr);
-                let mut old = ptr::null_mut();
-                cu::cuCtxPopCurrent_v2(&mut old);
-            }
-        }
-    }
-}
-
-// SAFETY: the word is device memory updated by atomics; the handle may move across threads.
-unsafe impl Send for DeviceErrors {}
-// SAFETY: &self methods only enqueue work on a stream.
-unsafe impl Sync for DeviceErrors {}

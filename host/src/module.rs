@@ -5,7 +5,7 @@ use std::ptr;
 
 use cust::sys as cu;
 
-use crate::driver::{check, current_context, current_device, device_attribute};
+use crate::driver::{check, current_context, current_device, device_attribute, with_ctx};
 use crate::error::{Error, Result};
 use crate::ptx::{ptx, Arch};
 
@@ -193,14 +193,11 @@ fn occupancy(f: cu::CUfunction, threads: u32) -> Result<u32> {
 
 impl Drop for Kvio {
     fn drop(&mut self) {
+        let module = self.module;
         // SAFETY: the module was loaded in `ctx`, pushed current for the unload.
-        unsafe {
-            if cu::cuCtxPushCurrent_v2(self.ctx) == cu::CUresult::CUDA_SUCCESS {
-                cu::cuModuleUnload(self.module);
-                let mut old = ptr::null_mut();
-                cu::cuCtxPopCurrent_v2(&mut old);
-            }
-        }
+        with_ctx(self.ctx, || unsafe {
+            cu::cuModuleUnload(module);
+        });
     }
 }
 
