@@ -27,7 +27,7 @@ use crate::error::{invalid, Error, Result};
 use crate::layout::{chunks_disjoint, PagedLayout};
 use crate::mem::{DeviceBytes, DeviceErrors};
 use crate::module::Kvio;
-use crate::write::BLOCK_THREADS;
+use crate::write::{BLOCK_THREADS, PER_LANE};
 
 /// Contiguous span (bytes) from which [`Backend::Auto`] prefers the copy engines for transfers
 /// between host and device (measured crossover on an H200: below it the kernel backend on its
@@ -946,7 +946,7 @@ pub(crate) fn copy_args(
         .checked_mul(per_pair)
         .and_then(|v| v.checked_mul(pieces))
         .ok_or(Error::Overflow { name: "map" })?;
-    let shift = group_shift(piece / width as u64, 4);
+    let shift = group_shift(piece / width as u64, PER_LANE);
     let (threads, cap, default_budget) = if geo.host_involved {
         (TRANSFER_THREADS, caps.1, DEFAULT_TRANSFER_CTAS)
     } else {

@@ -18,7 +18,7 @@ use crate::module::Kvio;
 /// Threads per block of every kvio launch.
 pub(crate) const BLOCK_THREADS: u32 = 256;
 /// Accesses each lane of a group is given per span (enough loads in flight, few idle lanes).
-const PER_LANE: u64 = 4;
+pub(crate) const PER_LANE: u64 = 4;
 
 /// A device-resident slot mapping: one slot per token, `slot = block * block_size + offset`,
 /// negative = skip the token.

@@ -107,10 +107,9 @@ pub fn checked_count(raw: i32, capacity: u32) -> Option<u32> {
 /// i.e. the inverse of `(outer * n_mid + mid) * n_inner + inner`. Both sizes must be non-zero.
 #[inline(always)]
 pub fn split3(item: u64, n_mid: u64, n_inner: u64) -> (u64, u64, u64) {
-    let q = div_u64(item, n_inner);
-    let inner = item - q * n_inner;
-    let outer = div_u64(q, n_mid);
-    (outer, q - outer * n_mid, inner)
+    let mut ix = [0u64; 2];
+    let outer = split_n(item, [n_mid, n_inner], &mut ix);
+    (outer, ix[0], ix[1])
 }
 
 /// Division that takes the cheap 32-bit path when both operands fit (64-bit division is a

@@ -176,7 +176,9 @@ pub unsafe fn update_slices(a: &SliceArgs, g: Group) {
     let items = n as u64 * pieces;
     let mut item = g.first;
     while item < items {
-        let (i, _, piece) = index::split3(item, 1, pieces);
+        let mut piece = [0u64; 1];
+        let i = index::split_n(item, [pieces], &mut piece);
+        let piece = piece[0];
         // SAFETY: i < n <= padded, and `slices` holds 3 * padded i32.
         let (start, from, len) = unsafe {
             let p = a.padded as usize;
