@@ -255,6 +255,19 @@ pub struct LayerTable {
     table: DeviceAlloc,
     entries: Vec<DeviceBytes>,
     parts: usize,
+    /// What the entries are, classified once here rather than on every launch.
+    access: TableAccess,
+}
+
+/// The memory kind of a table's entries, as one verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TableAccess {
+    /// All device memory.
+    Device,
+    /// Device or pinned host memory, at least one pinned.
+    WithHost,
+    /// This entry's address is neither (kernels cannot reach it).
+    Unreachable(u64),
 }
 
 impl LayerTable {
@@ -275,10 +288,22 @@ impl LayerTable {
         check("cuMemcpyHtoD", unsafe {
             cu::cuMemcpyHtoD_v2(table.ptr, ptrs.as_ptr().cast(), ptrs.len() * 8)
         })?;
+        let mut access = TableAccess::Device;
+        for e in caches {
+            match memory_kind(e.ptr()) {
+                MemoryKind::Device => {}
+                MemoryKind::PinnedHost => access = TableAccess::WithHost,
+                _ => {
+                    access = TableAccess::Unreachable(e.ptr());
+                    break;
+                }
+            }
+        }
         Ok(LayerTable {
             table,
             entries: caches.to_vec(),
             parts,
+            access,
         })
     }
 
@@ -300,6 +325,11 @@ impl LayerTable {
     /// Device address of the table.
     pub fn ptr(&self) -> u64 {
         self.table.ptr
+    }
+
+    /// The entries' memory kind, classified at construction.
+    pub(crate) fn access(&self) -> TableAccess {
+        self.access
     }
 
     /// Shortest view in the table.

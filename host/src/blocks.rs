@@ -21,7 +21,7 @@ use cust::sys as cu;
 use kvio_kernels::args::CopyArgs;
 use kvio_kernels::index::{access_width, group_shift};
 
-use crate::alloc::{memory_kind, LayerTable, MemoryKind};
+use crate::alloc::{memory_kind, LayerTable, MemoryKind, TableAccess};
 use crate::driver::{check, Params, StreamRef};
 use crate::error::{invalid, Error, Result};
 use crate::layout::{chunks_disjoint, PagedLayout};
@@ -511,8 +511,9 @@ pub(crate) fn geometry(
     kind_of: impl Fn(u64) -> MemoryKind,
 ) -> Result<Geometry> {
     let (s, d) = (&op.src, &op.dst);
-    let src_ext = s.extent("src")?;
-    let dst_ext = d.extent("dst")?;
+    // Validate both pools (sizes, strides, every cache inside its memory).
+    s.extent("src")?;
+    d.extent("dst")?;
     let (a, b) = (&s.layout, &d.layout);
     if (
         s.layers,
@@ -542,15 +543,22 @@ pub(crate) fn geometry(
             "(layers, parts, block_size, heads, head_dim, elem_bytes) differ from src's",
         ));
     }
-    // Memory the pools live in: device or pinned host, nothing else.
+    // Memory the pools live in: device or pinned host, nothing else. One driver query per
+    // strided pool; a layer table was classified when it was built.
     let mut host_involved = false;
-    for (name, pool, ext) in [("src", s, src_ext), ("dst", d, dst_ext)] {
-        for (lo, _) in pool.ranges(ext) {
-            match kind_of(lo) {
-                MemoryKind::Device => {}
-                MemoryKind::PinnedHost => host_involved = true,
-                _ => return Err(Error::NotDeviceAccessible { name, ptr: lo }),
-            }
+    for (name, pool) in [("src", s), ("dst", d)] {
+        let verdict = match pool.bases {
+            Bases::Strided { mem, .. } => match kind_of(mem.ptr()) {
+                MemoryKind::Device => TableAccess::Device,
+                MemoryKind::PinnedHost => TableAccess::WithHost,
+                _ => TableAccess::Unreachable(mem.ptr()),
+            },
+            Bases::Table(t) => t.access(),
+        };
+        match verdict {
+            TableAccess::Device => {}
+            TableAccess::WithHost => host_involved = true,
+            TableAccess::Unreachable(ptr) => return Err(Error::NotDeviceAccessible { name, ptr }),
         }
     }
     // Merge dimensions whose stride equals the span so far on both sides (innermost first).
