@@ -1,6 +1,7 @@
 //! CPU reference implementations, element by element, written independently of the kernels'
 //! index math. The GPU tests compare against these bit for bit.
 
+use crate::blocks::{Bases, BlockPool};
 use crate::layout::{PagedLayout, TokenLayout};
 use crate::mem::ErrorCounts;
 use crate::plan::Slice;
@@ -156,6 +157,56 @@ pub struct PoolImage {
 }
 
 impl PoolImage {
+    /// The image of a pool laid out in one buffer that starts at the pool's lowest base: a
+    /// strided pool as it is; a layer-table pool when its entries are evenly spaced
+    /// (`entry(l, p) = entry(0, 0) + l * layer_stride + p * part_stride`, as when the tables
+    /// point into one allocation). `None` for a table whose entries are scattered.
+    ///
+    /// ```
+    /// use kvio::{reference::PoolImage, BlockPool, DeviceBytes};
+    /// // SAFETY: a description only.
+    /// let mem = unsafe { DeviceBytes::from_raw(0x1000, 4 * 2 * 2 * 8 * 2) };
+    /// let img = PoolImage::of(&BlockPool::cross_layer_nhd(mem, 4, 2, 2, 1, 8, 2)).unwrap();
+    /// assert_eq!((img.layer_stride, img.part_stride), (2 * 2 * 8 * 2, 2 * 8 * 2));
+    /// ```
+    pub fn of(pool: &BlockPool<'_>) -> Option<PoolImage> {
+        let (layer_stride, part_stride) = match pool.bases {
+            Bases::Strided {
+                layer_stride,
+                part_stride,
+                ..
+            } => (layer_stride, part_stride),
+            Bases::Table(t) => {
+                let at = |l: usize, p: usize| t.entries()[l * t.parts() + p].ptr();
+                let base = at(0, 0);
+                let ls = if t.layers() > 1 {
+                    at(1, 0).checked_sub(base)?
+                } else {
+                    0
+                };
+                let ps = if t.parts() > 1 {
+                    at(0, 1).checked_sub(base)?
+                } else {
+                    0
+                };
+                let even = (0..t.layers()).all(|l| {
+                    (0..t.parts()).all(|p| at(l, p) == base + l as u64 * ls + p as u64 * ps)
+                });
+                if !even {
+                    return None;
+                }
+                (ls as usize, ps as usize)
+            }
+        };
+        Some(PoolImage {
+            layers: pool.layers,
+            parts: pool.parts,
+            layout: pool.layout,
+            layer_stride,
+            part_stride,
+        })
+    }
+
     fn offset(
         &self,
         block: usize,
