@@ -229,7 +229,7 @@ impl Exec {
     fn copy_blocks(&self, op: &BlockCopy<'_>) -> kvio::Result<()> {
         match self {
             // SAFETY: as above; a device map's pairs are host memory too.
-            Exec::Cpu => unsafe { kvio::emulate::copy_blocks(op) },
+            Exec::Cpu => unsafe { kvio::emulate::copy_blocks(op) }.map(|_| ()),
             Exec::Gpu { g, stream, .. } => {
                 g.kv.copy_blocks(op, StreamRef::from_cust(stream))
                     .map(|_| ())

@@ -254,6 +254,8 @@ pub fn memory_kind(ptr: u64) -> MemoryKind {
 pub struct LayerTable {
     table: DeviceAlloc,
     entries: Vec<DeviceBytes>,
+    /// Host copy of the uploaded bases (what the DMA planner addresses with).
+    bases: Vec<u64>,
     parts: usize,
     /// What the entries are, classified once here rather than on every launch.
     access: TableAccess,
@@ -302,6 +304,7 @@ impl LayerTable {
         Ok(LayerTable {
             table,
             entries: caches.to_vec(),
+            bases: ptrs,
             parts,
             access,
         })
@@ -320,6 +323,11 @@ impl LayerTable {
     /// The views the table points at (host copy).
     pub fn entries(&self) -> &[DeviceBytes] {
         &self.entries
+    }
+
+    /// The bases the device table holds, in its order (host copy).
+    pub(crate) fn bases(&self) -> &[u64] {
+        &self.bases
     }
 
     /// Device address of the table.

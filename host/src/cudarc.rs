@@ -17,46 +17,17 @@
 //! the types always match. candle 0.11 uses the same cudarc (0.19), so candle's
 //! `CudaDevice::cuda_stream()` and `CudaStorage::as_cuda_slice::<T>()` work here directly.
 //!
-//! # Context
+//! # Context and ordering
 //!
-//! `CudaContext::new(ordinal)` retains the device's *primary* context and makes it current on
-//! the calling thread; [`Kvio::load`] loads kvio's PTX into whichever context is current. On
-//! any other thread, call `ctx.bind_to_thread()` first — [`load`] does both. The kvio context
-//! helpers ([`crate::PrimaryContext`], [`crate::DeviceErrors`], [`crate::PinnedHost`],
-//! [`crate::DeviceAlloc`]) work in the same primary context. Drop the [`Kvio`] before the
-//! last `Arc<CudaContext>`: when cudarc releases the primary context for the last time the
-//! driver destroys it, module included.
+//! [`load`] binds cudarc's context to the calling thread and loads kvio into it (other threads
+//! call `ctx.bind_to_thread()` first). Drop the [`Kvio`] before the last `Arc<CudaContext>`.
 //!
-//! # Event tracking and synchronisation
-//!
-//! cudarc orders work on different streams by itself: once a context has a non-default stream
-//! and event tracking is on (the default), each `CudaSlice` carries a *read* and a *write*
-//! event, and every use through `DevicePtr::device_ptr`/`DevicePtrMut::device_ptr_mut`
-//! (a) makes the using stream wait for the events that conflict with the use (reads wait for
-//! the last write; writes wait for the last read and write) and (b) records the use on drop of
-//! the returned `SyncOnDrop` guard. [`read()`], [`write()`], [`read_pinned`] and
-//! [`write_pinned`] call exactly those accessors and hand back an [`Access`] that holds the
-//! guard. Therefore:
-//!
-//! - Take each view with the stream the kvio call will run on.
-//! - Keep the [`Access`] alive until the kvio call that uses it has been enqueued, and drop it
-//!   right after (before you free the slice or use it on another stream). Dropping it earlier
-//!   hides the kvio launch from cudarc: another stream (or the slice's own free) would not
-//!   wait for it.
-//! - The waits are enqueued on the stream (`cuStreamWaitEvent`); the host never blocks.
-//! - Pinned memory: `PinnedHostSlice` has one event; [`write_pinned`] records the kvio
-//!   transfer on it, so `PinnedHostSlice::as_slice()` (which synchronises that event) returns
-//!   only after the offload has landed. Like every record here this needs tracking to be
-//!   active; otherwise synchronise the stream before reading the host side.
-//! - With tracking off (`CudaContext::disable_event_tracking`, candle's
-//!   `CudaDevice::disable_event_tracking`) or a single-stream context, nothing is waited for
-//!   or recorded: order the streams yourself.
-//! - CUDA-graph capture: keep cudarc's event waits and records out of the capture. Take the
-//!   views *before* `begin_capture` (their waits are then ordinary stream work) and drop them
-//!   after `end_capture`, or capture with tracking off. Either way cudarc does not see the
-//!   replays: order them against other streams yourself.
-//!
-//! kvio itself never synchronises and allocates nothing per call, as everywhere else.
+//! [`read()`], [`write()`], [`read_pinned`] and [`write_pinned`] go through cudarc's
+//! `device_ptr`/`device_ptr_mut`, so with event tracking on (cudarc's default) the kvio stream
+//! waits for conflicting work on other streams, and the returned [`Access`] records the kvio use
+//! when dropped. Take each view with the stream the kvio call runs on and drop it right after
+//! that call is enqueued. With tracking off, order the streams yourself. For CUDA-graph
+//! capture, take the views before `begin_capture` and drop them after `end_capture`.
 //!
 //! ```no_run
 //! # fn main() -> kvio::Result<()> {

@@ -1,19 +1,27 @@
-//! CPU emulation of kvio's launches: the same host-side validation and planning, and the very
-//! same kernel bodies (`kvio_kernels::ops`), run for every thread of the planned grid on the
-//! CPU. For property tests and fuzzing without a GPU; far slower than the GPU.
+//! CPU emulation of kvio's operations: the same planner as on a GPU (validation, backend choice,
+//! staging) produces the same `Plan`; here its DMA spans and uploads are `memcpy`s and its
+//! launch runs the very same kernel bodies (`kvio_kernels::ops`) for every thread of the planned
+//! grid. For property tests and fuzzing without a GPU; far slower than the GPU.
 //!
 //! Every [`DeviceBytes`](crate::DeviceBytes) in the arguments must describe **host** memory
-//! (`DeviceBytes::from_raw(vec.as_ptr() as u64, len)`), hence the `unsafe`.
+//! (`DeviceBytes::from_raw(vec.as_ptr() as u64, len)`), hence the `unsafe`. All memory counts as
+//! device memory (so block copies take the device-side entry point).
 
 use kvio_kernels::ops;
 
 use crate::alloc::MemoryKind;
-use crate::blocks::{check_device_map, check_host_map, copy_args, geometry, BlockCopy, BlockMap};
+use crate::blocks::{self, Backend, BlockCopy};
 use crate::error::Result;
-use crate::write::{plan_slices, plan_slots, SliceUpdate, SlotUpdate, BLOCK_THREADS};
+use crate::launch::GridCap;
+use crate::plan::{Kernel, Plan, Target};
+use crate::write::{plan as write_plan, SliceUpdate, SlotUpdate};
 
-/// Multiprocessors the emulated device pretends to have (it only sizes the grid).
-const EMULATED_SMS: u32 = 2;
+/// The pretend device: two multiprocessors' worth of CTAs for every kernel (it only sizes the
+/// grid), all memory device memory.
+const EMULATED: Target<'static> = Target {
+    caps: GridCap::uniform(2),
+    kind_of: &|_| MemoryKind::Device,
+};
 
 /// [`Kvio::update_slots`](crate::Kvio::update_slots) on host memory.
 ///
@@ -22,12 +30,8 @@ const EMULATED_SMS: u32 = 2;
 /// # Safety
 /// Every view in `op` (and the error word, if any) is valid host memory of its length.
 pub unsafe fn update_slots(op: &SlotUpdate<'_>) -> Result<()> {
-    if let Some((a, grid)) = plan_slots(op, EMULATED_SMS)? {
-        // SAFETY: validated like a launch; the memory is host memory (caller).
-        ops::emulate(grid, BLOCK_THREADS, a.shift, |g| unsafe {
-            ops::update_slots(&a, g)
-        });
-    }
+    // SAFETY: forwarded.
+    unsafe { run(&write_plan::slots(op, &EMULATED)?) };
     Ok(())
 }
 
@@ -38,38 +42,54 @@ pub unsafe fn update_slots(op: &SlotUpdate<'_>) -> Result<()> {
 /// # Safety
 /// As [`update_slots`].
 pub unsafe fn update_slices(op: &SliceUpdate<'_>) -> Result<()> {
-    let (a, grid) = plan_slices(op, EMULATED_SMS)?;
-    // SAFETY: as above.
-    ops::emulate(grid, BLOCK_THREADS, a.shift, |g| unsafe {
-        ops::update_slices(&a, g)
-    });
+    // SAFETY: forwarded.
+    unsafe { run(&write_plan::slices(op, &EMULATED)?) };
     Ok(())
 }
 
-/// [`Kvio::copy_blocks`](crate::Kvio::copy_blocks) on host memory, kernel backend, pools with
-/// strided bases (pointer tables live on a device). All pools count as device memory.
+/// [`Kvio::copy_blocks`](crate::Kvio::copy_blocks) on host memory; returns the backend that
+/// ran. Pools with a [`LayerTable`](crate::LayerTable) need a GPU (the table lives there).
 ///
 /// See the example of [`crate::BlockCopy`].
 ///
 /// # Safety
-/// As [`update_slots`]; a device map's pairs are host memory too.
-pub unsafe fn copy_blocks(op: &BlockCopy<'_>) -> Result<()> {
-    let geo = geometry(op, |_| MemoryKind::Device)?;
-    let (pairs, n) = match op.map {
-        BlockMap::Host(p) => {
-            check_host_map(op, p)?;
-            (p.as_ptr() as u64, p.len())
+/// As [`update_slots`]; a device map's pairs and the staging buffer are host memory too.
+pub unsafe fn copy_blocks(op: &BlockCopy<'_>) -> Result<Backend> {
+    let (backend, plan) = blocks::plan(op, &EMULATED)?;
+    // SAFETY: forwarded.
+    unsafe { run(&plan) };
+    Ok(backend)
+}
+
+/// Executes a validated plan on host memory, in the order the GPU runner enqueues it.
+///
+/// # Safety
+/// Every address in the plan is host memory valid for what the plan does with it.
+unsafe fn run(plan: &Plan<'_>) {
+    match plan {
+        Plan::Nothing => {}
+        Plan::Dma(spans) => {
+            for s in spans {
+                // SAFETY: validated spans in host memory (caller).
+                unsafe { std::ptr::copy(s.src as *const u8, s.dst as *mut u8, s.bytes as usize) };
+            }
         }
-        BlockMap::Device { pairs, len } => {
-            check_device_map(pairs, len)?;
-            (pairs.ptr(), len)
+        Plan::Kernel { upload, launch } => {
+            if let Some(u) = upload {
+                // SAFETY: the staging buffer holds `src.len()` bytes of host memory (caller).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(u.src.as_ptr(), u.dst as *mut u8, u.src.len())
+                };
+            }
+            let kernel = launch.kernel;
+            // SAFETY: arguments validated like a launch; the memory is host memory (caller).
+            ops::emulate(launch.grid, launch.threads, kernel.shift(), |g| unsafe {
+                match &kernel {
+                    Kernel::Slots(a) => ops::update_slots(a, g),
+                    Kernel::Slices(a) => ops::update_slices(a, g),
+                    Kernel::Copy(a) | Kernel::Transfer(a) => ops::copy_blocks(a, g),
+                }
+            });
         }
-    };
-    if let Some((a, grid, threads)) = copy_args(op, &geo, pairs, n, (EMULATED_SMS, EMULATED_SMS))? {
-        // SAFETY: as above.
-        ops::emulate(grid, threads, a.shift, |g| unsafe {
-            ops::copy_blocks(&a, g)
-        });
     }
-    Ok(())
 }

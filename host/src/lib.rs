@@ -17,9 +17,21 @@
 //! back, for layer-separate ([`LayerTable`]) and cross-layer ([`BlockPool::cross_layer_nhd`])
 //! pools, converting layouts on the way, by DMA or by an SM kernel ([`Backend`]).
 //!
-//! Every launcher validates host-side arguments (typed [`Error`], nothing launched), allocates
-//! nothing and never synchronises. Device-resident indices are checked in the kernel: bad ones
-//! are skipped and counted in a [`DeviceErrors`] word.
+//! Every operation is validated once on the host into a plan (typed [`Error`] on a bad
+//! argument, nothing enqueued), which one runner executes on the caller's stream: it allocates
+//! nothing and never synchronises. [`emulate`] executes the same plans on the CPU. Device-resident
+//! indices are checked in the kernel: bad ones are skipped and counted in a [`DeviceErrors`]
+//! word.
+//!
+//! The modules, from what the caller describes to what runs:
+//! - descriptors: [`layout`] (token and paged layouts), `mem` ([`DeviceBytes`] views), `alloc`
+//!   (device, pinned and table allocations), `write` ([`SlotUpdate`], [`SliceUpdate`]),
+//!   [`blocks`] ([`BlockPool`], [`BlockMap`], [`BlockCopy`]);
+//! - plans: [`plan`] (the plan type and host-side index lists), with each operation's planner
+//!   beside its descriptors (`write::plan`, `blocks::plan`) and the launch geometry in `launch`;
+//! - runners: `run` (the GPU, on a stream) and [`emulate`] (the CPU);
+//! - kernels: the `kvio-kernels` crate (PTX from `ptx`), whose index rules the planners call
+//!   too; [`reference`](mod@reference) is the independent oracle the tests compare with.
 #![warn(missing_docs)]
 
 mod alloc;
@@ -29,12 +41,15 @@ pub mod cudarc;
 mod driver;
 pub mod emulate;
 mod error;
+mod error_word;
+mod launch;
 pub mod layout;
 mod mem;
 mod module;
 pub mod plan;
 mod ptx;
 pub mod reference;
+mod run;
 mod write;
 
 pub use alloc::{memory_kind, DeviceAlloc, LayerTable, MemoryKind, PinnedHost};
@@ -42,8 +57,9 @@ pub use blocks::{Backend, Bases, BlockCopy, BlockMap, BlockPool};
 pub use cust;
 pub use driver::{current_context, current_device, device_attribute, PrimaryContext, StreamRef};
 pub use error::{Error, Result};
+pub use error_word::{DeviceErrors, ErrorCounts};
 pub use layout::{PagedLayout, TokenLayout};
-pub use mem::{DeviceBytes, DeviceErrors, ErrorCounts};
+pub use mem::DeviceBytes;
 pub use module::Kvio;
 pub use ptx::{ptx, Arch, KERNELS, PTX_SM80, PTX_SM90};
 pub use write::{SliceUpdate, SlotMapping, SlotUpdate};

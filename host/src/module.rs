@@ -5,12 +5,16 @@ use std::ptr;
 
 use cust::sys as cu;
 
+use crate::alloc::memory_kind;
 use crate::driver::{check, current_context, current_device, device_attribute, with_ctx};
 use crate::error::{Error, Result};
+use crate::launch::{resident_ctas, GridCap, BLOCK_THREADS, TRANSFER_THREADS};
+use crate::plan::{Kernel, Target};
 use crate::ptx::{ptx, Arch};
 
 /// Kvio's kernels, loaded into one CUDA context. Load once, at set-up time; every operation is
-/// a method that validates its arguments and enqueues one launch on the caller's stream.
+/// a method that plans it (all validation, on the host) and runs the plan on the caller's
+/// stream.
 ///
 /// ```no_run
 /// # fn main() -> kvio::Result<()> {
@@ -23,14 +27,14 @@ use crate::ptx::{ptx, Arch};
 pub struct Kvio {
     ctx: cu::CUcontext,
     module: cu::CUmodule,
-    pub(crate) update_slots: cu::CUfunction,
-    pub(crate) update_slices: cu::CUfunction,
-    pub(crate) copy_blocks: cu::CUfunction,
+    update_slots: cu::CUfunction,
+    update_slices: cu::CUfunction,
+    copy_blocks: cu::CUfunction,
+    transfer_blocks: cu::CUfunction,
     noop: cu::CUfunction,
     naive_spans: cu::CUfunction,
-    pub(crate) sm_count: u32,
-    pub(crate) grid_cap: GridCap,
-    pub(crate) transfer_blocks: cu::CUfunction,
+    sm_count: u32,
+    grid_cap: GridCap,
     arch: Arch,
 }
 
@@ -82,25 +86,24 @@ impl Kvio {
             update_slots: ptr::null_mut(),
             update_slices: ptr::null_mut(),
             copy_blocks: ptr::null_mut(),
+            transfer_blocks: ptr::null_mut(),
             noop: ptr::null_mut(),
             naive_spans: ptr::null_mut(),
             sm_count: sms.max(1) as u32,
-            grid_cap: GridCap::default(),
-            transfer_blocks: ptr::null_mut(),
+            grid_cap: GridCap::uniform(1),
             arch,
         };
         this.update_slots = this.function("kvio_update_slots")?;
         this.update_slices = this.function("kvio_update_slices")?;
         this.copy_blocks = this.function("kvio_copy_blocks")?;
         this.transfer_blocks = this.function("kvio_transfer_blocks")?;
-        // Persistent grids: never more blocks than can be resident at once.
+        // Persistent grids: never more CTAs than can be resident at once.
         let sms = this.sm_count;
-        let cap = |f, threads| -> Result<u32> { Ok(sms * occupancy(f, threads)?.max(1)) };
         this.grid_cap = GridCap {
-            slots: cap(this.update_slots, crate::write::BLOCK_THREADS)?,
-            slices: cap(this.update_slices, crate::write::BLOCK_THREADS)?,
-            copy: cap(this.copy_blocks, crate::write::BLOCK_THREADS)?,
-            transfer: cap(this.transfer_blocks, crate::blocks::TRANSFER_THREADS)?,
+            slots: resident_ctas(this.update_slots, BLOCK_THREADS, sms)?,
+            slices: resident_ctas(this.update_slices, BLOCK_THREADS, sms)?,
+            copy: resident_ctas(this.copy_blocks, BLOCK_THREADS, sms)?,
+            transfer: resident_ctas(this.transfer_blocks, TRANSFER_THREADS, sms)?,
         };
         this.noop = this.function("kvio_noop")?;
         this.naive_spans = this.function("kvio_naive_spans")?;
@@ -115,6 +118,24 @@ impl Kvio {
             cu::cuModuleGetFunction(&mut f, self.module, cname.as_ptr())
         })?;
         Ok(f)
+    }
+
+    /// The entry point that runs `k`.
+    pub(crate) fn entry(&self, k: &Kernel) -> cu::CUfunction {
+        match k {
+            Kernel::Slots(_) => self.update_slots,
+            Kernel::Slices(_) => self.update_slices,
+            Kernel::Copy(_) => self.copy_blocks,
+            Kernel::Transfer(_) => self.transfer_blocks,
+        }
+    }
+
+    /// What the planners need to know of this device.
+    pub(crate) fn target(&self) -> Target<'static> {
+        Target {
+            caps: self.grid_cap,
+            kind_of: &memory_kind,
+        }
     }
 
     /// The architecture whose PTX was loaded.
@@ -169,26 +190,6 @@ impl Kvio {
     pub fn sm_count(&self) -> u32 {
         self.sm_count
     }
-}
-
-/// Most blocks of each kernel that are resident on the whole device at once (the grids are
-/// persistent: kernels loop over their work).
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct GridCap {
-    pub(crate) slots: u32,
-    pub(crate) slices: u32,
-    pub(crate) copy: u32,
-    pub(crate) transfer: u32,
-}
-
-/// Resident blocks of `threads` threads per multiprocessor for kernel `f`.
-fn occupancy(f: cu::CUfunction, threads: u32) -> Result<u32> {
-    let mut n = 0;
-    // SAFETY: out-pointer to a local; `f` is a loaded kernel.
-    check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
-        cu::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f, threads as i32, 0)
-    })?;
-    Ok(n.max(0) as u32)
 }
 
 impl Drop for Kvio {

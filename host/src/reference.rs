@@ -2,8 +2,8 @@
 //! index math. The GPU tests compare against these bit for bit.
 
 use crate::blocks::{Bases, BlockPool};
+use crate::error_word::ErrorCounts;
 use crate::layout::{PagedLayout, TokenLayout};
-use crate::mem::ErrorCounts;
 use crate::plan::Slice;
 
 fn copy_elem(src: &[u8], s: usize, dst: &mut [u8], d: usize, e: usize) {

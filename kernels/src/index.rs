@@ -63,6 +63,50 @@ pub enum SliceCheck {
     Valid,
 }
 
+/// Why a (non-padding) slice is refused, in the order the checks run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SliceFault {
+    /// `len < 0`, `len > page_size` or `page_size == 0`.
+    Length,
+    /// `cache_start < 0` or the slice ends past `num_slots`.
+    CacheRange,
+    /// `src_start < 0` or the slice ends past `num_tokens`.
+    SourceRange,
+    /// First and last row on different pages.
+    CrossesPage,
+}
+
+/// The rule for one slice `(cache_start, src_start, len)` with `len != 0`, against the cache
+/// (`num_slots` rows in pages of `page_size`) and the source (`num_tokens` rows): `None` when
+/// it stays inside one page and inside both buffers, else the first failed check. The kernel
+/// ([`check_slice`]) and the host's `validate_slices` both decide through this function.
+#[inline(always)]
+pub fn slice_fault(
+    cache_start: i32,
+    src_start: i32,
+    len: i32,
+    page_size: u32,
+    num_slots: u64,
+    num_tokens: u64,
+) -> Option<SliceFault> {
+    if len < 0 || len as u32 > page_size || page_size == 0 {
+        return Some(SliceFault::Length);
+    }
+    let len = len as u64;
+    // Each sum is < 2^32: no overflow.
+    if cache_start < 0 || cache_start as u64 + len > num_slots {
+        return Some(SliceFault::CacheRange);
+    }
+    if src_start < 0 || src_start as u64 + len > num_tokens {
+        return Some(SliceFault::SourceRange);
+    }
+    let (start, page) = (cache_start as u64, page_size as u64);
+    if len > 0 && div_u64(start, page) != div_u64(start + len - 1, page) {
+        return Some(SliceFault::CrossesPage);
+    }
+    None
+}
+
 /// Checks one slice against the cache (`num_slots` rows in pages of `page_size`) and the
 /// source (`num_tokens` rows). A valid slice stays inside one page and inside both buffers.
 #[inline(always)]
@@ -75,21 +119,21 @@ pub fn check_slice(
     num_tokens: u64,
 ) -> SliceCheck {
     if len == 0 {
-        return SliceCheck::Padding;
+        SliceCheck::Padding
+    } else if slice_fault(
+        cache_start,
+        src_start,
+        len,
+        page_size,
+        num_slots,
+        num_tokens,
+    )
+    .is_some()
+    {
+        SliceCheck::Invalid
+    } else {
+        SliceCheck::Valid
     }
-    if len < 0 || cache_start < 0 || src_start < 0 || len as u32 > page_size || page_size == 0 {
-        return SliceCheck::Invalid;
-    }
-    let (start, src, len) = (cache_start as u64, src_start as u64, len as u64);
-    let end = start + len; // < 2^32: no overflow
-    if end > num_slots || src + len > num_tokens {
-        return SliceCheck::Invalid;
-    }
-    let page = page_size as u64;
-    if div_u64(start, page) != div_u64(end - 1, page) {
-        return SliceCheck::Invalid;
-    }
-    SliceCheck::Valid
 }
 
 /// Reads a device-side count: `Some(n)` when `0 <= raw <= capacity`, else `None`
@@ -157,16 +201,106 @@ pub enum PairCheck {
     Valid,
 }
 
+/// Which id of a (non-padding) pair is past its pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PairFault {
+    /// The source id (checked first).
+    Src,
+    /// The destination id.
+    Dst,
+}
+
 /// Checks a block pair against the two pools' block counts.
 #[inline(always)]
 pub fn check_pair(src: i64, dst: i64, src_blocks: u64, dst_blocks: u64) -> PairCheck {
     if src < 0 || dst < 0 {
         PairCheck::Skip
-    } else if src as u64 >= src_blocks || dst as u64 >= dst_blocks {
+    } else if pair_fault(src, dst, src_blocks, dst_blocks).is_some() {
         PairCheck::OutOfRange
     } else {
         PairCheck::Valid
     }
+}
+
+/// The range rule for a pair with both ids non-negative: `None` when both are inside their
+/// pools, else the first id past its pool. [`check_pair`] and the host's block-map validation
+/// both decide through this function. (A negative id reads as past any pool.)
+#[inline(always)]
+pub fn pair_fault(src: i64, dst: i64, src_blocks: u64, dst_blocks: u64) -> Option<PairFault> {
+    if src as u64 >= src_blocks {
+        Some(PairFault::Src)
+    } else if dst as u64 >= dst_blocks {
+        Some(PairFault::Dst)
+    } else {
+        None
+    }
+}
+
+/// The per-(layer, part) cache bases of a layer-separate pool, entry `layer * parts + part`:
+/// the host's copy as a slice, or the device-resident table on the GPU ([`TablePtr`]).
+pub trait BaseTable {
+    /// Entry `i`.
+    ///
+    /// # Safety
+    /// `i` is below the table's length.
+    unsafe fn entry(&self, i: u64) -> u64;
+}
+
+impl BaseTable for &[u64] {
+    #[inline(always)]
+    unsafe fn entry(&self, i: u64) -> u64 {
+        self[i as usize]
+    }
+}
+
+/// A table of bases given by its address (the kernels' view of a `LayerTable`).
+#[derive(Clone, Copy, Debug)]
+pub struct TablePtr(pub *const u64);
+
+impl BaseTable for TablePtr {
+    #[inline(always)]
+    unsafe fn entry(&self, i: u64) -> u64 {
+        // SAFETY: forwarded (the table holds entry `i`).
+        unsafe { *self.0.add(i as usize) }
+    }
+}
+
+/// One side of a block copy as addressing sees it: where each (layer, part) cache starts and
+/// the byte strides `[layer, part, block, token, head]` (layer and part strides apply only
+/// without a table).
+#[derive(Clone, Copy, Debug)]
+pub struct PoolSide<T> {
+    /// Base of a strided pool (ignored with a table).
+    pub base: *mut u8,
+    /// Per-(layer, part) bases, `parts` entries per layer; `None` for a strided pool.
+    pub table: Option<T>,
+    /// Entries per layer of the table.
+    pub parts: u64,
+    /// Byte strides: layer, part, block, token, head.
+    pub strides: [u64; 5],
+}
+
+/// Address of chunk `(layer, part, token, head)` of block `block` of a pool side: the one
+/// addressing rule of block copies, used by the kernel (device table) and by the host's DMA
+/// planning (host slice). Computed with wrapping arithmetic, so the host may compute device
+/// addresses; nothing is dereferenced but the table.
+///
+/// # Safety
+/// With a table, `layer * parts + part` is below its length.
+#[inline(always)]
+pub unsafe fn chunk_at<T: BaseTable + Copy>(
+    side: &PoolSide<T>,
+    block: u64,
+    ix: [u64; 4],
+) -> *mut u8 {
+    let [layer, part, token, head] = ix;
+    let [ls, ps, bs, ts, hs] = side.strides;
+    let base = match side.table {
+        // SAFETY: forwarded from the caller.
+        Some(t) => (unsafe { t.entry(layer * side.parts + part) }) as *mut u8,
+        None => side.base.wrapping_add((layer * ls + part * ps) as usize),
+    };
+    base.wrapping_add((block * bs + token * ts + head * hs) as usize)
 }
 
 /// Splits a flat item index over the nested extents `dims` (outermost first, each non-zero)

@@ -6,7 +6,7 @@
 use core::sync::atomic::{AtomicU32, Ordering};
 
 use crate::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs};
-use crate::index::{self, err, PairCheck, SliceCheck, SlotTarget};
+use crate::index::{self, chunk_at, err, PairCheck, PoolSide, SliceCheck, SlotTarget, TablePtr};
 use crate::span::{copy_span, load_staged, store_staged, STAGE_UNITS, V16};
 
 /// A thread's place in a grid split into groups of `1 << shift` lanes: each group owns one
@@ -233,34 +233,6 @@ pub unsafe fn update_slices(a: &SliceArgs, g: Group) {
     }
 }
 
-/// Address of one chunk of a pool side: layer/part base from the table (when non-null) or
-/// from `base + layer * layer_stride + part * part_stride`, then block/token/head strides.
-///
-/// # Safety
-/// Indices inside the host-validated pool; a table holds `table_parts` entries per layer.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn chunk_at(
-    base: *mut u8,
-    table: *const u64,
-    strides: [u64; 5],
-    table_parts: u64,
-    block: u64,
-    ix: [u64; 4],
-) -> *mut u8 {
-    let [layer, part, token, head] = ix;
-    let [ls, ps, bs, ts, hs] = strides;
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        let b = if table.is_null() {
-            base.add((layer * ls + part * ps) as usize)
-        } else {
-            *table.add((layer * table_parts + part) as usize) as *mut u8
-        };
-        b.add((block * bs + token * ts + head * hs) as usize)
-    }
-}
-
 /// Block copy between two pools (device or mapped pinned host memory, any layouts): for pair
 /// `i` (`pairs[2i]` source block, `pairs[2i+1]` destination block), every (layer, part, token,
 /// head) chunk of `chunk` bytes, as `pieces` work items of `piece` bytes; merged dimensions
@@ -275,20 +247,38 @@ pub unsafe fn copy_blocks(a: &CopyArgs, g: Group) {
     let ext = [a.layers, a.parts, a.tokens, a.heads, a.pieces];
     let per_pair = a.layers * a.parts * a.tokens * a.heads * a.pieces;
     let items = a.num_pairs * per_pair;
-    let ss = [
-        a.src_layer_stride,
-        a.src_part_stride,
-        a.src_block_stride,
-        a.src_token_stride,
-        a.src_head_stride,
-    ];
-    let ds = [
-        a.dst_layer_stride,
-        a.dst_part_stride,
-        a.dst_block_stride,
-        a.dst_token_stride,
-        a.dst_head_stride,
-    ];
+    let side = |base: *mut u8, table: *const u64, strides: [u64; 5]| PoolSide {
+        base,
+        table: if table.is_null() {
+            None
+        } else {
+            Some(TablePtr(table))
+        },
+        parts: a.table_parts,
+        strides,
+    };
+    let src = side(
+        a.src_base,
+        a.src_table,
+        [
+            a.src_layer_stride,
+            a.src_part_stride,
+            a.src_block_stride,
+            a.src_token_stride,
+            a.src_head_stride,
+        ],
+    );
+    let dst = side(
+        a.dst_base,
+        a.dst_table,
+        [
+            a.dst_layer_stride,
+            a.dst_part_stride,
+            a.dst_block_stride,
+            a.dst_token_stride,
+            a.dst_head_stride,
+        ],
+    );
     let mut item = g.first;
     let mut ix = [0u64; 5];
     while item < items {
@@ -315,10 +305,8 @@ pub unsafe fn copy_blocks(a: &CopyArgs, g: Group) {
                 unsafe {
                     let at = [layer, part, token, head];
                     let off = (piece * a.piece) as usize;
-                    let from =
-                        chunk_at(a.src_base, a.src_table, ss, a.table_parts, s as u64, at).add(off);
-                    let to =
-                        chunk_at(a.dst_base, a.dst_table, ds, a.table_parts, d as u64, at).add(off);
+                    let from = chunk_at(&src, s as u64, at).add(off);
+                    let to = chunk_at(&dst, d as u64, at).add(off);
                     copy_span(from, to, a.piece, g.lane, g.lanes, a.width);
                 }
             }

@@ -1,8 +1,7 @@
-//! Host-side planning and validation of index lists held in host memory.
-//!
-//! [`slots_to_slices`] turns a slot mapping into the fewest slices for the slice-based
-//! update; [`validate_slots`] and [`validate_slices`] check host copies of index lists
-//! before the caller uploads them (device-resident lists are checked by the kernels).
+//! Index lists held in host memory: turned into slices, or checked by the kernels' own rules
+//! (`kvio_kernels::index`) before the caller uploads them.
+
+use kvio_kernels::index::{slice_fault, slot_target, SliceFault, SlotTarget};
 
 use crate::error::{invalid, Error, Result};
 
@@ -132,18 +131,19 @@ pub fn validate_slots<S: SlotIndex>(slots: &[S], num_slots: usize) -> Result<()>
     let mut seen: Vec<(i64, usize)> = Vec::with_capacity(slots.len());
     for (t, s) in slots.iter().enumerate() {
         let s = s.to_i64();
-        if s < 0 {
-            continue;
+        // The kernel's rule, on a cache seen as `num_slots` blocks of one slot.
+        match slot_target(s, 1, num_slots as u64) {
+            SlotTarget::Skip => {}
+            SlotTarget::OutOfRange => {
+                return Err(Error::IndexOutOfRange {
+                    name: "slots",
+                    at: t,
+                    value: s,
+                    limit: num_slots as u64,
+                })
+            }
+            SlotTarget::At { .. } => seen.push((s, t)),
         }
-        if s as u64 >= num_slots as u64 {
-            return Err(Error::IndexOutOfRange {
-                name: "slots",
-                at: t,
-                value: s,
-                limit: num_slots as u64,
-            });
-        }
-        seen.push((s, t));
     }
     seen.sort_unstable();
     for w in seen.windows(2) {
@@ -188,18 +188,24 @@ pub fn validate_slices(
         if s.len == 0 {
             continue;
         }
-        if s.len < 0 || s.len as usize > page_size {
-            return Err(bad(s.len as i64, page_size as u64 + 1));
-        }
         let (start, src, len) = (s.cache_start as i64, s.new_kv_start as i64, s.len as i64);
-        if start < 0 || (start + len) as u64 > num_slots as u64 {
-            return Err(bad(start, num_slots as u64));
-        }
-        if src < 0 || (src + len) as u64 > num_tokens as u64 {
-            return Err(bad(src, num_tokens as u64));
-        }
-        if start / page_size as i64 != (start + len - 1) / page_size as i64 {
-            return Err(invalid("slices", (i, *s), "crosses a page boundary"));
+        // The kernel's rule (`index::slice_fault`), with the failed check named.
+        let fault = slice_fault(
+            s.cache_start,
+            s.new_kv_start,
+            s.len,
+            page_size as u32,
+            num_slots as u64,
+            num_tokens as u64,
+        );
+        match fault {
+            None => {}
+            Some(SliceFault::Length) => return Err(bad(len, page_size as u64 + 1)),
+            Some(SliceFault::CacheRange) => return Err(bad(start, num_slots as u64)),
+            Some(SliceFault::SourceRange) => return Err(bad(src, num_tokens as u64)),
+            Some(SliceFault::CrossesPage) => {
+                return Err(invalid("slices", (i, *s), "crosses a page boundary"))
+            }
         }
         ranges.push((start, start + len, i));
     }

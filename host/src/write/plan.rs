@@ -1,172 +1,15 @@
-//! The write path: new K/V tokens into a paged cache, by slot mapping or by slices.
-//!
-//! Both launchers validate every host-side argument first (typed errors, nothing launched),
-//! then enqueue exactly one kernel on the caller's stream: no allocation, no synchronisation,
-//! so they can be captured in a CUDA graph. Indices that live on the device (slots, slices,
-//! the slice count) are checked by the kernel: bad ones are skipped and counted in the
-//! [`DeviceErrors`] word, so nothing is ever written outside the cache.
+//! Validation and launch planning of the write path: one [`Plan`] per update.
 
 use kvio_kernels::args::{SliceArgs, SlotArgs};
 use kvio_kernels::index::{access_width, group_shift};
 
-use crate::driver::{Params, StreamRef};
+use super::{SliceUpdate, SlotUpdate};
 use crate::error::{invalid, Error, Result};
+use crate::error_word::DeviceErrors;
+use crate::launch::{grid_for, BLOCK_THREADS, PER_LANE};
 use crate::layout::{chunks_disjoint, PagedLayout, TokenLayout};
-use crate::mem::{DeviceBytes, DeviceErrors};
-use crate::module::Kvio;
-
-/// Threads per block of every kvio launch.
-pub(crate) const BLOCK_THREADS: u32 = 256;
-/// Accesses each lane of a group is given per span (enough loads in flight, few idle lanes).
-pub(crate) const PER_LANE: u64 = 4;
-
-/// A device-resident slot mapping: one slot per token, `slot = block * block_size + offset`,
-/// negative = skip the token.
-///
-/// ```
-/// // SAFETY: a description only (three i32 slots at some device address).
-/// let slots = unsafe { kvio::DeviceBytes::from_raw(0x7f00_0000_0000, 12) };
-/// let mapping = kvio::SlotMapping::I32(slots);
-/// assert_eq!(mapping.len(), 3);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SlotMapping {
-    /// `i32` slots (4 bytes each).
-    I32(DeviceBytes),
-    /// `i64` slots (8 bytes each; vLLM's `slot_mapping`).
-    I64(DeviceBytes),
-}
-
-impl SlotMapping {
-    fn parts(&self) -> (DeviceBytes, usize) {
-        match *self {
-            SlotMapping::I32(b) => (b, 4),
-            SlotMapping::I64(b) => (b, 8),
-        }
-    }
-
-    /// Number of slots (tokens) the mapping holds.
-    pub fn len(&self) -> usize {
-        let (b, w) = self.parts();
-        b.len() / w
-    }
-
-    /// Whether it holds no slot.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// Arguments of [`Kvio::update_slots`] (vLLM `reshape_and_cache_flash` semantics).
-///
-/// Token `t < slots.len()` of `key` (and `value`) is written to slot `slots[t]` of `key_cache`
-/// (and `value_cache`). K and V caches share one [`PagedLayout`]; for a combined K/V
-/// allocation pass two views of it (e.g. `value_cache` = `key_cache` + the V offset).
-///
-/// Run here through the CPU emulation on host memory; on a GPU the same value goes to
-/// [`Kvio::update_slots`] (see its example) with device memory.
-///
-/// ```
-/// use kvio::{DeviceBytes, PagedLayout, SlotMapping, SlotUpdate, TokenLayout};
-/// // Two tokens of one head of 4 f32 into an NHD cache of 2 blocks × 2 slots.
-/// let key: Vec<f32> = (0..8).map(|x| x as f32).collect();
-/// let mut cache = vec![0f32; 2 * 2 * 4];
-/// let slots = [3i64, -1]; // token 0 -> block 1, offset 1; token 1 skipped
-/// // SAFETY: host memory, used by the emulation only.
-/// let op = unsafe {
-///     SlotUpdate {
-///         key: DeviceBytes::from_raw(key.as_ptr() as u64, 32),
-///         value: None,
-///         input: TokenLayout::contiguous(2, 1, 4, 4),
-///         key_cache: DeviceBytes::from_raw(cache.as_mut_ptr() as u64, 64),
-///         value_cache: None,
-///         cache: PagedLayout::nhd(2, 2, 1, 4, 4),
-///         slots: SlotMapping::I64(DeviceBytes::from_raw(slots.as_ptr() as u64, 16)),
-///         errors: None,
-///     }
-/// };
-/// // SAFETY: every view is live host memory of its length.
-/// unsafe { kvio::emulate::update_slots(&op) }.unwrap();
-/// assert_eq!(cache[12..16], [0.0, 1.0, 2.0, 3.0]);
-/// assert!(cache[..12].iter().all(|&x| x == 0.0));
-/// ```
-#[derive(Clone, Copy, Debug)]
-pub struct SlotUpdate<'a> {
-    /// New keys, `[T, H, D]` as described by `input`.
-    pub key: DeviceBytes,
-    /// New values (same layout as `key`), or `None` to write K only.
-    pub value: Option<DeviceBytes>,
-    /// Layout of `key` and `value`.
-    pub input: TokenLayout,
-    /// The key cache.
-    pub key_cache: DeviceBytes,
-    /// The value cache; `Some` exactly when `value` is.
-    pub value_cache: Option<DeviceBytes>,
-    /// Layout of each cache.
-    pub cache: PagedLayout,
-    /// Slot per token; its length is the number of tokens written (`≤ input.num_tokens`).
-    pub slots: SlotMapping,
-    /// Where to count slots past the end of the cache (`None`: skipped, not counted).
-    pub errors: Option<&'a DeviceErrors>,
-}
-
-/// Arguments of [`Kvio::update_slices`] (vLLM TPU `kv_cache_update` semantics).
-///
-/// `slices` is `[3, padded]` `i32` in struct-of-arrays form: row 0 the first cache slot, row 1
-/// the first token of `new_kv`, row 2 the length. Only the first `*num_slices` entries are
-/// used (the count lives on the device, so the same padded launch can be replayed in a CUDA
-/// graph with another count). A slice has `0 < len ≤ block_size` and stays inside one page;
-/// `len == 0` is padding.
-///
-/// Run here through the CPU emulation on host memory; on a GPU the same value goes to
-/// [`Kvio::update_slices`] with device memory.
-///
-/// ```
-/// use kvio::plan::{slices_to_table, slots_to_slices};
-/// use kvio::{DeviceBytes, PagedLayout, SliceUpdate, TokenLayout};
-/// // Three tokens of one head of 2 u16 into a flat cache of 4 pages × 2 slots.
-/// let rows: Vec<u16> = (0..6).collect();
-/// let mut cache = vec![0u16; 4 * 2 * 2];
-/// let slices = slots_to_slices(&[2i64, 3, 6], 2).unwrap(); // [2, 3] and [6]
-/// let table = slices_to_table(&slices, 4).unwrap(); // `[3, 4]`, padded
-/// let count = [slices.len() as i32];
-/// // SAFETY: host memory, used by the emulation only.
-/// let op = unsafe {
-///     SliceUpdate {
-///         new_kv: DeviceBytes::from_raw(rows.as_ptr() as u64, 12),
-///         input: TokenLayout::contiguous(3, 1, 2, 2),
-///         cache: DeviceBytes::from_raw(cache.as_mut_ptr() as u64, 32),
-///         layout: PagedLayout::nhd(4, 2, 1, 2, 2),
-///         slices: DeviceBytes::from_raw(table.as_ptr() as u64, 48),
-///         padded: 4,
-///         num_slices: DeviceBytes::from_raw(count.as_ptr() as u64, 4),
-///         errors: None,
-///     }
-/// };
-/// // SAFETY: every view is live host memory of its length.
-/// unsafe { kvio::emulate::update_slices(&op) }.unwrap();
-/// assert_eq!(cache[4..8], [0, 1, 2, 3]); // slots 2 and 3: tokens 0 and 1
-/// assert_eq!(cache[12..14], [4, 5]); // slot 6: token 2
-/// ```
-#[derive(Clone, Copy, Debug)]
-pub struct SliceUpdate<'a> {
-    /// New K/V rows, `[T, H', D]` (each token's heads contiguous).
-    pub new_kv: DeviceBytes,
-    /// Layout of `new_kv`.
-    pub input: TokenLayout,
-    /// The cache, written in place.
-    pub cache: DeviceBytes,
-    /// Layout of the cache (each slot's heads contiguous; page = block).
-    pub layout: PagedLayout,
-    /// `[3, padded]` `i32` slice table on the device.
-    pub slices: DeviceBytes,
-    /// Capacity of the slice table.
-    pub padded: usize,
-    /// One device `i32`: how many slices are real.
-    pub num_slices: DeviceBytes,
-    /// Where to count refused slices and counts (`None`: skipped, not counted).
-    pub errors: Option<&'a DeviceErrors>,
-}
+use crate::mem::DeviceBytes;
+use crate::plan::{Kernel, Launch, Plan, Target};
 
 fn fits(name: &'static str, needed: u64, buf: &DeviceBytes) -> Result<()> {
     if needed > buf.len() as u64 {
@@ -194,104 +37,13 @@ fn same_shape(input: &TokenLayout, cache: &PagedLayout) -> Result<()> {
     Ok(())
 }
 
-/// Blocks for `items` work items handled by groups of `1 << shift` lanes, capped so the grid
-/// stays resident-sized (the kernels loop over the rest).
-fn grid_for(items: u64, shift: u32, max_blocks: u32) -> u32 {
-    let groups_per_block = (BLOCK_THREADS >> shift) as u64;
-    items
-        .div_ceil(groups_per_block)
-        .clamp(1, max_blocks.max(1) as u64) as u32
-}
-
 fn err_ptr(e: Option<&DeviceErrors>) -> u64 {
     e.map_or(0, DeviceErrors::ptr)
 }
 
-impl Kvio {
-    /// Writes new tokens into a paged cache by slot mapping. See [`SlotUpdate`].
-    ///
-    /// ```no_run
-    /// # fn main() -> kvio::Result<()> {
-    /// use cust::memory::DeviceBuffer;
-    /// use kvio::{DeviceBytes, PagedLayout, SlotMapping, SlotUpdate, StreamRef, TokenLayout};
-    /// let _ctx = kvio::PrimaryContext::retain(0)?;
-    /// let kv = kvio::Kvio::load()?;
-    /// let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None).unwrap();
-    /// let (t, h, d) = (4, 8, 128);
-    /// let cache = PagedLayout::nhd(64, 16, h, d, 2); // bf16
-    /// let key = DeviceBuffer::from_slice(&vec![1u16; t * h * d]).unwrap();
-    /// let value = DeviceBuffer::from_slice(&vec![2u16; t * h * d]).unwrap();
-    /// let kc = DeviceBuffer::from_slice(&vec![0u16; 64 * 16 * h * d]).unwrap();
-    /// let vc = DeviceBuffer::from_slice(&vec![0u16; 64 * 16 * h * d]).unwrap();
-    /// let slots = DeviceBuffer::from_slice(&[17i64, 18, -1, 40]).unwrap();
-    /// kv.update_slots(&SlotUpdate {
-    ///     key: DeviceBytes::of(&key),
-    ///     value: Some(DeviceBytes::of(&value)),
-    ///     input: TokenLayout::contiguous(t, h, d, 2),
-    ///     key_cache: DeviceBytes::of(&kc),
-    ///     value_cache: Some(DeviceBytes::of(&vc)),
-    ///     cache,
-    ///     slots: SlotMapping::I64(DeviceBytes::of(&slots)),
-    ///     errors: None,
-    /// }, StreamRef::from_cust(&stream))?;
-    /// # Ok(()) }
-    /// ```
-    pub fn update_slots(&self, op: &SlotUpdate<'_>, stream: StreamRef<'_>) -> Result<()> {
-        let Some((args, grid)) = plan_slots(op, self.grid_cap.slots)? else {
-            return Ok(());
-        };
-        Params::new(&args.to_words(), &SlotArgs::SIZES).launch(
-            self.update_slots,
-            grid,
-            BLOCK_THREADS,
-            stream,
-        )
-    }
-
-    /// Copies slices of new rows into a paged cache in place. See [`SliceUpdate`].
-    ///
-    /// ```no_run
-    /// # fn main() -> kvio::Result<()> {
-    /// use cust::memory::DeviceBuffer;
-    /// use kvio::plan::{slices_to_table, slots_to_slices};
-    /// use kvio::{DeviceBytes, PagedLayout, SliceUpdate, StreamRef, TokenLayout};
-    /// let _ctx = kvio::PrimaryContext::retain(0)?;
-    /// let kv = kvio::Kvio::load()?;
-    /// let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None).unwrap();
-    /// let (t, h2, d, page) = (5, 16, 128, 16); // K and V heads together: H' = 2H
-    /// let layout = PagedLayout::nhd(64, page, h2, d, 2); // flat [64*16, H', D] bf16
-    /// let new_kv = DeviceBuffer::from_slice(&vec![1u16; t * h2 * d]).unwrap();
-    /// let cache = DeviceBuffer::from_slice(&vec![0u16; 64 * page * h2 * d]).unwrap();
-    /// let slices = slots_to_slices(&[30i64, 31, 32, 33, 100], page)?; // 3 slices
-    /// let padded = 8; // fixed capacity: the same launch serves any count up to 8
-    /// let table = DeviceBuffer::from_slice(&slices_to_table(&slices, padded)?).unwrap();
-    /// let count = DeviceBuffer::from_slice(&[slices.len() as i32]).unwrap();
-    /// kv.update_slices(&SliceUpdate {
-    ///     new_kv: DeviceBytes::of(&new_kv),
-    ///     input: TokenLayout::contiguous(t, h2, d, 2),
-    ///     cache: DeviceBytes::of(&cache),
-    ///     layout,
-    ///     slices: DeviceBytes::of(&table),
-    ///     padded,
-    ///     num_slices: DeviceBytes::of(&count),
-    ///     errors: None,
-    /// }, StreamRef::from_cust(&stream))?;
-    /// # Ok(()) }
-    /// ```
-    pub fn update_slices(&self, op: &SliceUpdate<'_>, stream: StreamRef<'_>) -> Result<()> {
-        let (args, grid) = plan_slices(op, self.grid_cap.slices)?;
-        Params::new(&args.to_words(), &SliceArgs::SIZES).launch(
-            self.update_slices,
-            grid,
-            BLOCK_THREADS,
-            stream,
-        )
-    }
-}
-
-/// Validates a slot update and returns the kernel arguments and grid; `None` when there is
-/// nothing to do (no token).
-pub(crate) fn plan_slots(op: &SlotUpdate<'_>, max_blocks: u32) -> Result<Option<(SlotArgs, u32)>> {
+/// Validates a slot update into one launch of `kvio_update_slots` ([`Plan::Nothing`] for no
+/// token).
+pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     let src_ext = op.input.extent("input")?;
     let dst_ext = op.cache.extent("cache")?;
     same_shape(&op.input, &op.cache)?;
@@ -345,7 +97,7 @@ pub(crate) fn plan_slots(op: &SlotUpdate<'_>, max_blocks: u32) -> Result<Option<
         return Err(invalid("slots", n, "more slots than input tokens"));
     }
     if n == 0 {
-        return Ok(None);
+        return Ok(Plan::Nothing);
     }
     let e = op.cache.elem_bytes as u64;
     let (c, i) = (&op.cache, &op.input);
@@ -398,14 +150,22 @@ pub(crate) fn plan_slots(op: &SlotUpdate<'_>, max_blocks: u32) -> Result<Option<
         .checked_mul(parts)
         .and_then(|v| v.checked_mul(heads))
         .ok_or(Error::Overflow { name: "slots" })?;
-    Ok(Some((args, grid_for(items, args.shift, max_blocks))))
+    Ok(Plan::Kernel {
+        upload: None,
+        launch: Launch {
+            kernel: Kernel::Slots(args),
+            grid: grid_for(items, BLOCK_THREADS, args.shift, target.caps.slots),
+            threads: BLOCK_THREADS,
+        },
+    })
 }
 
 /// Bytes of rows one work item of the slice update copies (at most).
 const SLICE_ITEM_BYTES: usize = 8192;
 
-/// Validates a slice update and returns the kernel arguments and grid.
-pub(crate) fn plan_slices(op: &SliceUpdate<'_>, max_blocks: u32) -> Result<(SliceArgs, u32)> {
+/// Validates a slice update into one launch of `kvio_update_slices` (the slice count lives on
+/// the device, so there is always a launch).
+pub(crate) fn slices<'a>(op: &SliceUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     let src_ext = op.input.extent("input")?;
     let dst_ext = op.layout.extent("layout")?;
     same_shape(&op.input, &op.layout)?;
@@ -484,12 +244,67 @@ pub(crate) fn plan_slices(op: &SliceUpdate<'_>, max_blocks: u32) -> Result<(Slic
         shift,
         errors: err_ptr(op.errors) as *mut u32,
     };
-    Ok((args, grid_for(op.padded as u64 * pieces, shift, max_blocks)))
+    Ok(Plan::Kernel {
+        upload: None,
+        launch: Launch {
+            kernel: Kernel::Slices(args),
+            grid: grid_for(
+                op.padded as u64 * pieces,
+                BLOCK_THREADS,
+                shift,
+                target.caps.slices,
+            ),
+            threads: BLOCK_THREADS,
+        },
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::alloc::MemoryKind;
+    use crate::launch::GridCap;
+    use crate::write::SlotMapping;
+
+    fn target(cap: u32) -> Target<'static> {
+        Target {
+            caps: GridCap::uniform(cap),
+            kind_of: &|_| MemoryKind::Device,
+        }
+    }
+
+    /// The slot plan's arguments and grid (`None`: nothing to do).
+    fn plan_slots(op: &SlotUpdate<'_>, cap: u32) -> Result<Option<(SlotArgs, u32)>> {
+        Ok(match slots(op, &target(cap))? {
+            Plan::Kernel {
+                upload: None,
+                launch:
+                    Launch {
+                        kernel: Kernel::Slots(a),
+                        grid,
+                        threads: BLOCK_THREADS,
+                    },
+            } => Some((a, grid)),
+            Plan::Nothing => None,
+            other => panic!("not a slot-update plan: {other:?}"),
+        })
+    }
+
+    /// The slice plan's arguments and grid.
+    fn plan_slices(op: &SliceUpdate<'_>, cap: u32) -> Result<(SliceArgs, u32)> {
+        match slices(op, &target(cap))? {
+            Plan::Kernel {
+                upload: None,
+                launch:
+                    Launch {
+                        kernel: Kernel::Slices(a),
+                        grid,
+                        threads: BLOCK_THREADS,
+                    },
+            } => Ok((a, grid)),
+            other => panic!("not a slice-update plan: {other:?}"),
+        }
+    }
 
     fn bytes(ptr: u64, len: usize) -> DeviceBytes {
         // SAFETY: these views are only validated, never used.

@@ -1,0 +1,56 @@
+//! The DMA backend's plan: one copy-engine span per contiguous chunk, addressed by the same
+//! `index::chunk_at` the kernel uses (with the host copies of the layer tables).
+
+use kvio_kernels::index::{check_pair, chunk_at, PairCheck};
+
+use super::plan::Geometry;
+use super::pool::BlockPool;
+use crate::plan::Span;
+
+/// The spans of a validated block copy with a host map; consecutive pairs `(s, d)`,
+/// `(s+1, d+1)` merge into one span when whole blocks are contiguous on both sides.
+pub(crate) fn spans(
+    src: &BlockPool<'_>,
+    dst: &BlockPool<'_>,
+    geo: &Geometry,
+    pairs: &[[i64; 2]],
+) -> Vec<Span> {
+    let (nsrc, ndst) = (src.layout.num_blocks as u64, dst.layout.num_blocks as u64);
+    let valid: Vec<(u64, u64)> = pairs
+        .iter()
+        .filter(|p| check_pair(p[0], p[1], nsrc, ndst) == PairCheck::Valid)
+        .map(|p| (p[0] as u64, p[1] as u64))
+        .collect();
+    let (from, to) = (src.side(), dst.side());
+    let [nl, np, nt, nh] = geo.ext;
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < valid.len() {
+        let (s0, d0) = valid[i];
+        let mut run = 1;
+        if geo.block_contiguous {
+            while i + run < valid.len() && valid[i + run] == (s0 + run as u64, d0 + run as u64) {
+                run += 1;
+            }
+        }
+        for l in 0..nl {
+            for p in 0..np {
+                for t in 0..nt {
+                    for h in 0..nh {
+                        let at = [l, p, t, h];
+                        // SAFETY: validated pools: a table holds `layers × parts` entries and
+                        // `l < layers`, `p < parts` (host slices are bounds-checked anyway).
+                        let (s, d) = unsafe { (chunk_at(&from, s0, at), chunk_at(&to, d0, at)) };
+                        out.push(Span {
+                            dst: d as u64,
+                            src: s as u64,
+                            bytes: geo.chunk * run as u64,
+                        });
+                    }
+                }
+            }
+        }
+        i += run;
+    }
+    out
+}

@@ -1,0 +1,162 @@
+//! Block copies: whole KV blocks between two pools, inside one GPU (copy-on-write,
+//! defragmentation), GPU → pinned host (offload) and pinned host → GPU (onload), converting
+//! between layouts on the way. One call, [`Kvio::copy_blocks`], covers every direction: what
+//! differs is only where the two [`BlockPool`]s live and how they are laid out.
+//!
+//! Two backends move the bytes:
+//! - [`Backend::Dma`]: the copy engines, one `cuMemcpyAsync` per contiguous span (runs of
+//!   consecutive block ids merged into one copy). Needs a host-side block map.
+//! - [`Backend::Kernel`]: SM threads load and store both pools directly (pinned host memory is
+//!   mapped into the device's address space), a few CTAs only when host memory is involved
+//!   ([`DEFAULT_TRANSFER_CTAS`]). With a device-resident block map it allocates nothing and
+//!   never synchronises: it can be captured in a CUDA graph.
+//!
+//! [`Backend::Auto`] picks the kernel, except for transfers between host and device whose
+//! contiguous spans are at least [`DMA_MIN_SPAN`], and for a host map without a staging
+//! buffer. The threshold is a measured crossover (`BENCHMARKS.md`).
+//!
+//! The modules follow the data: [`BlockPool`] descriptors (`pool`), block maps (`map`), the
+//! planner (`plan`: validation, geometry, backend choice, kernel launch) and the DMA spans
+//! (`dma`).
+
+mod dma;
+mod map;
+mod plan;
+mod pool;
+#[cfg(test)]
+mod test_pools;
+
+pub use crate::launch::DEFAULT_TRANSFER_CTAS;
+pub use map::BlockMap;
+pub(crate) use plan::plan;
+pub use pool::{Bases, BlockPool};
+
+use crate::driver::StreamRef;
+use crate::error::Result;
+use crate::error_word::DeviceErrors;
+use crate::mem::DeviceBytes;
+use crate::module::Kvio;
+
+/// Contiguous span (bytes) from which [`Backend::Auto`] prefers the copy engines for transfers
+/// between host and device (measured crossover on an H200: below it the kernel backend on its
+/// default CTA budget moves more bytes per second).
+pub const DMA_MIN_SPAN: usize = 2 << 20;
+
+/// How the bytes move.
+///
+/// ```
+/// use kvio::{blocks::DMA_MIN_SPAN, Backend};
+/// // `Auto` uses the copy engines for host transfers of long contiguous spans, SM threads
+/// // otherwise.
+/// let cross_layer_block_16 = 32 * 2 * 16 * 8 * 128 * 2; // a whole 32-layer block: 2 MiB
+/// assert!(cross_layer_block_16 >= DMA_MIN_SPAN); // DMA
+/// let layer_page_16 = 16 * 8 * 128 * 2; // one layer's K of a 16-token page: 32 KiB
+/// assert!(layer_page_16 < DMA_MIN_SPAN); // the kernel backend
+/// # let _ = Backend::Auto;
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The kernel, except DMA for host transfers with contiguous spans of at least
+    /// [`DMA_MIN_SPAN`] bytes, or a host map without staging.
+    Auto,
+    /// Copy engines: one async copy per contiguous span.
+    Dma,
+    /// SM threads.
+    Kernel,
+}
+
+/// Arguments of [`Kvio::copy_blocks`].
+///
+/// Run here through the CPU emulation on host memory; on a GPU the same value goes to
+/// [`Kvio::copy_blocks`] with device or pinned memory.
+///
+/// ```
+/// use kvio::{Backend, BlockCopy, BlockMap, BlockPool, DeviceBytes};
+/// let (nb, l, bs, h, d) = (4, 2, 2, 1, 4); // f32 pools
+/// let block = l * 2 * bs * h * d; // elements of one cross-layer block
+/// let src: Vec<f32> = (0..nb * block).map(|x| x as f32).collect();
+/// let mut dst = vec![0f32; nb * block];
+/// let bytes = nb * block * 4;
+/// // SAFETY: host memory, used by the emulation only.
+/// let (s, t) = unsafe {
+///     (
+///         DeviceBytes::from_raw(src.as_ptr() as u64, bytes),
+///         DeviceBytes::from_raw(dst.as_mut_ptr() as u64, bytes),
+///     )
+/// };
+/// let pairs = [[3i64, 0], [-1, -1], [1, 2]];
+/// let mut staging = [0u64; 6]; // 16 bytes a pair: where the kernel reads a host map from
+/// // SAFETY: host memory, used by the emulation only.
+/// let staging = unsafe { DeviceBytes::from_raw(staging.as_mut_ptr() as u64, 48) };
+/// let op = BlockCopy {
+///     src: BlockPool::cross_layer_nhd(s, nb, l, bs, h, d, 4),
+///     dst: BlockPool::cross_layer_hnd(t, nb, l, bs, h, d, 4), // converted on the way
+///     map: BlockMap::Host(&pairs),
+///     backend: Backend::Kernel,
+///     max_ctas: None,
+///     staging: Some(staging),
+///     errors: None,
+/// };
+/// // SAFETY: every view is live host memory of its length.
+/// unsafe { kvio::emulate::copy_blocks(&op) }.unwrap();
+/// // Without staging the kernel backend cannot read a host map, here as on a GPU:
+/// let unstaged = BlockCopy { staging: None, ..op };
+/// // SAFETY: as above.
+/// assert!(unsafe { kvio::emulate::copy_blocks(&unstaged) }.is_err());
+/// // With one head, NHD and HND blocks hold the same bytes: block 3 -> 0, block 1 -> 2.
+/// assert_eq!(dst[..block], src[3 * block..4 * block]);
+/// assert_eq!(dst[2 * block..3 * block], src[block..2 * block]);
+/// assert!(dst[block..2 * block].iter().all(|&x| x == 0.0));
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct BlockCopy<'a> {
+    /// Pool read from.
+    pub src: BlockPool<'a>,
+    /// Pool written to.
+    pub dst: BlockPool<'a>,
+    /// Which blocks go where.
+    pub map: BlockMap<'a>,
+    /// Which engine moves them.
+    pub backend: Backend,
+    /// CTAs the kernel backend may use (`None`: [`DEFAULT_TRANSFER_CTAS`] when either pool is
+    /// host memory, the whole GPU otherwise).
+    pub max_ctas: Option<u32>,
+    /// Device scratch of `16 × pairs` bytes for a host map on the kernel backend (the map is
+    /// copied there on the stream; not capturable). `None`: a host map uses DMA.
+    pub staging: Option<DeviceBytes>,
+    /// Where to count block ids past their pool (device maps).
+    pub errors: Option<&'a DeviceErrors>,
+}
+
+impl Kvio {
+    /// Copies whole blocks between two pools (inside the GPU, GPU → pinned host, pinned host →
+    /// GPU), converting layouts if the pools differ; returns the backend that ran.
+    ///
+    /// ```no_run
+    /// # fn main() -> kvio::Result<()> {
+    /// use kvio::{Backend, BlockCopy, BlockMap, BlockPool, DeviceAlloc, PinnedHost, StreamRef};
+    /// let _ctx = kvio::PrimaryContext::retain(0)?;
+    /// let kv = kvio::Kvio::load()?;
+    /// let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None).unwrap();
+    /// let (blocks, layers, bs, h, d) = (64, 32, 16, 8, 128);
+    /// let bytes = blocks * layers * 2 * bs * h * d * 2;
+    /// let gpu = DeviceAlloc::new(bytes)?;          // cross-layer cache on the GPU
+    /// let host = PinnedHost::alloc(bytes)?;        // pinned pool, same layout
+    /// let backend = kv.copy_blocks(&BlockCopy {
+    ///     src: BlockPool::cross_layer_nhd(gpu.bytes(), blocks, layers, bs, h, d, 2),
+    ///     dst: BlockPool::cross_layer_nhd(host.bytes(), blocks, layers, bs, h, d, 2),
+    ///     map: BlockMap::Host(&[[3, 0], [4, 1], [9, 2]]),
+    ///     backend: Backend::Auto,
+    ///     max_ctas: None,
+    ///     staging: None,
+    ///     errors: None,
+    /// }, StreamRef::from_cust(&stream))?;
+    /// assert_eq!(backend, Backend::Dma); // whole 2 MiB blocks to the host: the copy engines
+    /// # Ok(()) }
+    /// ```
+    pub fn copy_blocks(&self, op: &BlockCopy<'_>, stream: StreamRef<'_>) -> Result<Backend> {
+        let (backend, plan) = plan::plan(op, &self.target())?;
+        self.run(&plan, stream)?;
+        Ok(backend)
+    }
+}

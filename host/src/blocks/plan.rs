@@ -1,0 +1,638 @@
+//! Planning a block copy: pool validation and dimension merging ([`Geometry`]), the backend
+//! choice, map checks, and the DMA spans or the kernel launch (with the staging upload of a
+//! host map).
+
+use kvio_kernels::args::CopyArgs;
+use kvio_kernels::index::{access_width, group_shift};
+
+use super::dma;
+use super::map::{check_device_map, check_host_map, BlockMap};
+use super::pool::{Bases, BlockPool};
+use super::{Backend, BlockCopy, DMA_MIN_SPAN};
+use crate::alloc::{MemoryKind, TableAccess};
+use crate::error::{invalid, Error, Result};
+use crate::error_word::DeviceErrors;
+use crate::launch::{
+    grid_for, GridCap, BLOCK_THREADS, DEFAULT_TRANSFER_CTAS, PER_LANE, TRANSFER_THREADS,
+};
+use crate::plan::{Kernel, Launch, Plan, Target, Upload};
+
+/// Largest span one work item of the block copy moves; larger contiguous chunks are split so
+/// whole-block copies still spread over the grid.
+const MAX_PIECE: u64 = 16 * 1024;
+
+/// Validates a block copy and plans it: the backend that will run and what it does.
+pub(crate) fn plan<'a>(op: &BlockCopy<'a>, target: &Target<'_>) -> Result<(Backend, Plan<'a>)> {
+    let geo = geometry(op, target.kind_of)?;
+    let backend = choose(op, &geo)?;
+    if let BlockMap::Host(pairs) = op.map {
+        check_host_map(&op.src, &op.dst, pairs)?;
+    }
+    let plan = match op.map {
+        BlockMap::Host(pairs) if backend == Backend::Dma => {
+            Plan::Dma(dma::spans(&op.src, &op.dst, &geo, pairs))
+        }
+        map => kernel(op, &geo, map, target.caps)?,
+    };
+    Ok((backend, plan))
+}
+
+/// The backend that runs `op` (never `Auto`): DMA needs a host map, a host map on the kernel
+/// needs staging; `Auto` takes the copy engines for host transfers of long spans or when a host
+/// map has no staging, the kernel otherwise.
+fn choose(op: &BlockCopy<'_>, geo: &Geometry) -> Result<Backend> {
+    Ok(match (op.backend, op.map) {
+        (Backend::Dma, BlockMap::Device { .. }) => {
+            return Err(invalid(
+                "backend",
+                "Dma",
+                "the DMA backend needs a host block map",
+            ))
+        }
+        (Backend::Dma, _) => Backend::Dma,
+        (Backend::Kernel, BlockMap::Host(_)) if op.staging.is_none() => {
+            return Err(invalid(
+                "staging",
+                "None",
+                "the kernel backend with a host map needs staging",
+            ))
+        }
+        (Backend::Kernel, _) => Backend::Kernel,
+        (Backend::Auto, BlockMap::Device { .. }) => Backend::Kernel,
+        (Backend::Auto, BlockMap::Host(_)) => {
+            let long = geo.host_involved && geo.chunk as usize >= DMA_MIN_SPAN;
+            if long || op.staging.is_none() {
+                Backend::Dma
+            } else {
+                Backend::Kernel
+            }
+        }
+    })
+}
+
+/// The kernel backend: the map in place (device) or uploaded to staging (host), then one
+/// launch.
+fn kernel<'a>(
+    op: &BlockCopy<'_>,
+    geo: &Geometry,
+    map: BlockMap<'a>,
+    caps: GridCap,
+) -> Result<Plan<'a>> {
+    let (pairs, n, upload) = match map {
+        BlockMap::Device { pairs, len } => {
+            check_device_map(pairs, len)?;
+            (pairs.ptr(), len, None)
+        }
+        BlockMap::Host(host) => {
+            let staging = op.staging.ok_or(Error::InvalidArgument {
+                name: "staging",
+                value: "None".into(),
+                reason: "the kernel backend with a host map needs staging",
+            })?;
+            let bytes: &'a [u8] = bytemuck::cast_slice(host);
+            if !staging.ptr().is_multiple_of(8) {
+                return Err(invalid("staging", staging.ptr(), "must be 8-byte aligned"));
+            }
+            if bytes.len() > staging.len() {
+                return Err(Error::BufferTooSmall {
+                    name: "staging",
+                    needed: bytes.len() as u64,
+                    len: staging.len() as u64,
+                });
+            }
+            let upload = (!bytes.is_empty()).then_some(Upload {
+                dst: staging.ptr(),
+                src: bytes,
+            });
+            (staging.ptr(), host.len(), upload)
+        }
+    };
+    Ok(match launch(op, geo, pairs, n, caps)? {
+        Some(launch) => Plan::Kernel { upload, launch },
+        None => Plan::Nothing,
+    })
+}
+
+/// Geometry shared by both backends.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    /// Extents (layers, parts, tokens, heads) after merging contiguous dimensions.
+    pub(crate) ext: [u64; 4],
+    /// Contiguous bytes per chunk after merging.
+    pub(crate) chunk: u64,
+    /// Whole blocks are contiguous on both sides (runs of consecutive ids merge).
+    pub(crate) block_contiguous: bool,
+    /// A pool is pinned host memory (the transfer entry point and its CTA budget).
+    pub(crate) host_involved: bool,
+}
+
+fn side_strides(p: &BlockPool<'_>) -> [Option<u64>; 4] {
+    let e = p.layout.elem_bytes as u64;
+    let (l, pt) = match p.bases {
+        Bases::Strided {
+            layer_stride,
+            part_stride,
+            ..
+        } => (Some(layer_stride as u64), Some(part_stride as u64)),
+        Bases::Table(_) => (None, None),
+    };
+    [
+        l,
+        pt,
+        Some(p.layout.token_stride as u64 * e),
+        Some(p.layout.head_stride as u64 * e),
+    ]
+}
+
+/// Validates both pools (sizes, strides, matching shapes, reachable memory) and merges the
+/// dimensions that are contiguous on both sides into one chunk.
+pub(crate) fn geometry(
+    op: &BlockCopy<'_>,
+    kind_of: &dyn Fn(u64) -> MemoryKind,
+) -> Result<Geometry> {
+    let (s, d) = (&op.src, &op.dst);
+    // Validate both pools (sizes, strides, every cache inside its memory).
+    s.extent("src")?;
+    d.extent("dst")?;
+    let (a, b) = (&s.layout, &d.layout);
+    if (
+        s.layers,
+        s.parts,
+        a.block_size,
+        a.num_heads,
+        a.head_dim,
+        a.elem_bytes,
+    ) != (
+        d.layers,
+        d.parts,
+        b.block_size,
+        b.num_heads,
+        b.head_dim,
+        b.elem_bytes,
+    ) {
+        return Err(invalid(
+            "dst",
+            (
+                d.layers,
+                d.parts,
+                b.block_size,
+                b.num_heads,
+                b.head_dim,
+                b.elem_bytes,
+            ),
+            "(layers, parts, block_size, heads, head_dim, elem_bytes) differ from src's",
+        ));
+    }
+    // Memory the pools live in: device or pinned host, nothing else. One driver query per
+    // strided pool; a layer table was classified when it was built.
+    let mut host_involved = false;
+    for (name, pool) in [("src", s), ("dst", d)] {
+        let verdict = match pool.bases {
+            Bases::Strided { mem, .. } => match kind_of(mem.ptr()) {
+                MemoryKind::Device => TableAccess::Device,
+                MemoryKind::PinnedHost => TableAccess::WithHost,
+                _ => TableAccess::Unreachable(mem.ptr()),
+            },
+            Bases::Table(t) => t.access(),
+        };
+        match verdict {
+            TableAccess::Device => {}
+            TableAccess::WithHost => host_involved = true,
+            TableAccess::Unreachable(ptr) => return Err(Error::NotDeviceAccessible { name, ptr }),
+        }
+    }
+    // Merge dimensions whose stride equals the span so far on both sides (innermost first).
+    let counts = [
+        s.layers as u64,
+        s.parts as u64,
+        a.block_size as u64,
+        a.num_heads as u64,
+    ];
+    let (ss, ds) = (side_strides(s), side_strides(d));
+    let mut ext = counts;
+    let mut chunk = a.chunk_bytes() as u64;
+    loop {
+        let next = (0..4)
+            .rev()
+            .find(|&i| ext[i] > 1 && ss[i] == Some(chunk) && ds[i] == Some(chunk));
+        match next {
+            Some(i) => {
+                chunk *= ext[i];
+                ext[i] = 1;
+            }
+            None => break,
+        }
+    }
+    let e = a.elem_bytes as u64;
+    let block_contiguous = ext == [1, 1, 1, 1]
+        && a.block_stride as u64 * e == chunk
+        && b.block_stride as u64 * e == chunk;
+    Ok(Geometry {
+        ext,
+        chunk,
+        block_contiguous,
+        host_involved,
+    })
+}
+
+/// Largest divisor of `n` that is at most `cap` (1 if none larger).
+fn largest_divisor_at_most(n: u64, cap: u64) -> u64 {
+    let mut best = 1;
+    let mut i = 1;
+    while i * i <= n {
+        if n.is_multiple_of(i) {
+            for d in [i, n / i] {
+                if d <= cap && d > best {
+                    best = d;
+                }
+            }
+        }
+        i += 1;
+    }
+    best
+}
+
+/// The launch of a validated block copy whose `n` pairs are at device address `pairs`;
+/// `None` when there is nothing to do.
+fn launch(
+    op: &BlockCopy<'_>,
+    geo: &Geometry,
+    pairs: u64,
+    n: usize,
+    caps: GridCap,
+) -> Result<Option<Launch>> {
+    let per_pair: u64 = geo.ext.iter().product();
+    if n == 0 || per_pair == 0 {
+        return Ok(None);
+    }
+    let side = |p: &BlockPool<'_>| -> (u64, u64, [u64; 5]) {
+        let s = p.side();
+        let table = match p.bases {
+            Bases::Table(t) => t.ptr(),
+            Bases::Strided { .. } => 0,
+        };
+        (s.base as u64, table, s.strides)
+    };
+    let (sb, st, ss) = side(&op.src);
+    let (db, dt, ds) = side(&op.dst);
+    let mut widths = vec![geo.chunk, sb, db];
+    widths.extend_from_slice(&ss);
+    widths.extend_from_slice(&ds);
+    for pool in [&op.src, &op.dst] {
+        if let Bases::Table(t) = pool.bases {
+            widths.extend_from_slice(t.bases());
+        }
+    }
+    let width = access_width(&widths);
+    // Split big chunks into pieces of at most MAX_PIECE bytes (whole multiples of the access).
+    let units = geo.chunk / width as u64;
+    let piece = largest_divisor_at_most(units, (MAX_PIECE / width as u64).max(1)) * width as u64;
+    let pieces = geo.chunk / piece;
+    // Cannot overflow for validated pools (each factor is bounded by a buffer length), but the
+    // kernel computes the same product: refuse rather than let it wrap.
+    let items = (n as u64)
+        .checked_mul(per_pair)
+        .and_then(|v| v.checked_mul(pieces))
+        .ok_or(Error::Overflow { name: "map" })?;
+    let shift = group_shift(piece / width as u64, PER_LANE);
+    let (threads, cap, default_budget) = if geo.host_involved {
+        (TRANSFER_THREADS, caps.transfer, DEFAULT_TRANSFER_CTAS)
+    } else {
+        (BLOCK_THREADS, caps.copy, u32::MAX)
+    };
+    let budget = op.max_ctas.unwrap_or(default_budget).min(cap.max(1)).max(1);
+    let [layers, parts, tokens, heads] = geo.ext;
+    let args = CopyArgs {
+        src_base: sb as *mut u8,
+        src_table: st as *const u64,
+        src_layer_stride: ss[0],
+        src_part_stride: ss[1],
+        src_block_stride: ss[2],
+        src_token_stride: ss[3],
+        src_head_stride: ss[4],
+        dst_base: db as *mut u8,
+        dst_table: dt as *const u64,
+        dst_layer_stride: ds[0],
+        dst_part_stride: ds[1],
+        dst_block_stride: ds[2],
+        dst_token_stride: ds[3],
+        dst_head_stride: ds[4],
+        layers,
+        parts,
+        tokens,
+        heads,
+        chunk: geo.chunk,
+        piece,
+        pieces,
+        pairs: pairs as *const i64,
+        num_pairs: n as u64,
+        src_blocks: op.src.layout.num_blocks as u64,
+        dst_blocks: op.dst.layout.num_blocks as u64,
+        table_parts: op.src.parts as u64,
+        width,
+        shift,
+        errors: op.errors.map_or(0, DeviceErrors::ptr) as *mut u32,
+    };
+    Ok(Some(Launch {
+        kernel: if geo.host_involved {
+            Kernel::Transfer(args)
+        } else {
+            Kernel::Copy(args)
+        },
+        grid: grid_for(items, threads, shift, budget),
+        threads,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blocks::test_pools::*;
+    use crate::layout::PagedLayout;
+
+    // ---- merging -------------------------------------------------------------------------
+
+    #[test]
+    fn cross_layer_nhd_to_itself_merges_whole_blocks() {
+        let g = geo(nhd(SRC, NB, L, BS, H, D, E), nhd(DST, 7, L, BS, H, D, E)).unwrap();
+        assert_eq!(
+            g,
+            Geometry {
+                ext: [1, 1, 1, 1],
+                chunk: (L * 2 * BS * H * D * E) as u64,
+                block_contiguous: true,
+                host_involved: false,
+            }
+        );
+    }
+
+    #[test]
+    fn cross_layer_nhd_to_layer_first_merges_tokens_and_heads_only() {
+        let want = Geometry {
+            ext: [L as u64, 2, 1, 1],
+            chunk: (BS * H * D * E) as u64,
+            block_contiguous: false,
+            host_involved: false,
+        };
+        let g = geo(
+            nhd(SRC, NB, L, BS, H, D, E),
+            layer_first(DST, NB, L, BS, H, D, E),
+        )
+        .unwrap();
+        assert_eq!(g, want);
+        // Either direction.
+        let g = geo(
+            layer_first(SRC, NB, L, BS, H, D, E),
+            nhd(DST, NB, L, BS, H, D, E),
+        )
+        .unwrap();
+        assert_eq!(g, want);
+        // Layer-first to layer-first (different pool sizes): blocks contiguous per cache only.
+        let g = geo(
+            layer_first(SRC, NB, L, BS, H, D, E),
+            layer_first(DST, 9, L, BS, H, D, E),
+        )
+        .unwrap();
+        assert_eq!(g, want);
+    }
+
+    #[test]
+    fn nhd_to_hnd_merges_nothing_beyond_head_dim() {
+        let want = Geometry {
+            ext: [L as u64, 2, BS as u64, H as u64],
+            chunk: (D * E) as u64,
+            block_contiguous: false,
+            host_involved: false,
+        };
+        let g = geo(nhd(SRC, NB, L, BS, H, D, E), hnd(DST, NB, L, BS, H, D, E)).unwrap();
+        assert_eq!(g, want);
+        let g = geo(hnd(SRC, NB, L, BS, H, D, E), nhd(DST, NB, L, BS, H, D, E)).unwrap();
+        assert_eq!(g, want);
+    }
+
+    #[test]
+    fn cross_layer_hnd_to_itself_merges_whole_blocks() {
+        // The head dimension is outermost in HND: it merges last, after layers and parts.
+        let g = geo(hnd(SRC, NB, L, BS, H, D, E), hnd(DST, NB, L, BS, H, D, E)).unwrap();
+        assert_eq!(
+            g,
+            Geometry {
+                ext: [1, 1, 1, 1],
+                chunk: (H * L * 2 * BS * D * E) as u64,
+                block_contiguous: true,
+                host_involved: false,
+            }
+        );
+    }
+
+    #[test]
+    fn one_head_makes_nhd_and_hnd_identical() {
+        let g = geo(nhd(SRC, NB, L, BS, 1, D, E), hnd(DST, NB, L, BS, 1, D, E)).unwrap();
+        assert_eq!(
+            g,
+            Geometry {
+                ext: [1, 1, 1, 1],
+                chunk: (L * 2 * BS * D * E) as u64,
+                block_contiguous: true,
+                host_involved: false,
+            }
+        );
+        let g = geo(
+            nhd(SRC, NB, L, BS, 1, D, E),
+            layer_first(DST, NB, L, BS, 1, D, E),
+        )
+        .unwrap();
+        assert_eq!(
+            g,
+            Geometry {
+                ext: [L as u64, 2, 1, 1],
+                chunk: (BS * D * E) as u64,
+                block_contiguous: false,
+                host_involved: false,
+            }
+        );
+    }
+
+    #[test]
+    fn one_layer_one_token_one_head() {
+        // Every count 1 except parts: the chunk is K (or V) of one token of one head.
+        let g = geo(
+            nhd(SRC, NB, 1, 1, 1, 64, 4),
+            layer_first(DST, NB, 1, 1, 1, 64, 4),
+        )
+        .unwrap();
+        assert_eq!(
+            g,
+            Geometry {
+                ext: [1, 2, 1, 1],
+                chunk: 64 * 4,
+                block_contiguous: false,
+                host_involved: false,
+            }
+        );
+    }
+
+    // ---- memory kinds --------------------------------------------------------------------
+
+    #[test]
+    fn host_involved_iff_a_pool_is_pinned_host() {
+        let (s, d) = (nhd(SRC, NB, L, BS, H, D, E), nhd(DST, NB, L, BS, H, D, E));
+        let cases = [
+            (None, false),
+            (Some(SRC), true),
+            (Some(DST), true),
+            (Some(u64::MAX), false),
+        ];
+        for (host, want) in cases {
+            let g = geometry(&op(s, d, &[]), &|p| {
+                if Some(p) == host {
+                    MemoryKind::PinnedHost
+                } else {
+                    MemoryKind::Device
+                }
+            })
+            .unwrap();
+            assert_eq!(g.host_involved, want, "host pool at {host:x?}");
+        }
+        let g = geometry(&op(s, d, &[]), &|_| MemoryKind::PinnedHost).unwrap();
+        assert!(g.host_involved);
+    }
+
+    #[test]
+    fn unreachable_memory_rejected() {
+        let (s, d) = (nhd(SRC, NB, L, BS, H, D, E), nhd(DST, NB, L, BS, H, D, E));
+        for bad in [MemoryKind::Unregistered, MemoryKind::Other] {
+            let r = geometry(&op(s, d, &[]), &|p| {
+                if p == DST {
+                    bad
+                } else {
+                    MemoryKind::Device
+                }
+            });
+            assert_eq!(
+                r,
+                Err(Error::NotDeviceAccessible {
+                    name: "dst",
+                    ptr: DST
+                })
+            );
+            let r = geometry(&op(s, d, &[]), &|p| {
+                if p == SRC {
+                    bad
+                } else {
+                    MemoryKind::PinnedHost
+                }
+            });
+            assert_eq!(
+                r,
+                Err(Error::NotDeviceAccessible {
+                    name: "src",
+                    ptr: SRC
+                })
+            );
+        }
+    }
+
+    // ---- rejections ----------------------------------------------------------------------
+
+    #[test]
+    fn differing_pool_sizes_accepted() {
+        assert!(geo(nhd(SRC, 1, L, BS, H, D, E), nhd(DST, 100, L, BS, H, D, E)).is_ok());
+    }
+
+    #[test]
+    fn mismatched_shapes_rejected() {
+        let s = nhd(SRC, NB, L, BS, H, D, E);
+        assert!(geo(s, nhd(DST, NB, L, BS, H, D, E)).is_ok());
+        assert_invalid(geo(s, nhd(DST, NB, L + 1, BS, H, D, E)), "dst");
+        assert_invalid(geo(s, nhd(DST, NB, L, BS / 2, H, D, E)), "dst");
+        assert_invalid(geo(s, nhd(DST, NB, L, BS, H / 2, D, E)), "dst");
+        assert_invalid(geo(s, nhd(DST, NB, L, BS, H, D * 2, E)), "dst");
+        assert_invalid(geo(s, nhd(DST, NB, L, BS, H, D, 4)), "dst");
+        assert_invalid(geo(s, nhd(DST, NB, L, BS, H, D, 1)), "dst");
+        // One part (a combined or MLA cache) against two.
+        let cache = NB * BS * H * D * E;
+        let one_part = BlockPool {
+            bases: Bases::Strided {
+                mem: bytes(DST, L * cache),
+                layer_stride: cache,
+                part_stride: 0,
+            },
+            layers: L,
+            parts: 1,
+            layout: PagedLayout::nhd(NB, BS, H, D, E),
+        };
+        assert!(geo(one_part, one_part).is_ok());
+        assert_invalid(geo(s, one_part), "dst");
+        assert_invalid(geo(one_part, s), "dst");
+    }
+
+    #[test]
+    fn pool_memory_too_small_rejected() {
+        let need = pool_bytes(NB, L, BS, H, D, E);
+        let short = |at| BlockPool::cross_layer_nhd(bytes(at, need - 1), NB, L, BS, H, D, E);
+        let ok = nhd(DST, NB, L, BS, H, D, E);
+        let want = |name| {
+            Err(Error::BufferTooSmall {
+                name,
+                needed: need as u64,
+                len: need as u64 - 1,
+            })
+        };
+        assert_eq!(geo(short(SRC), ok), want("src"));
+        assert_eq!(geo(ok, short(SRC)), want("dst"));
+        let mut lf = layer_first(DST, NB, L, BS, H, D, E);
+        if let Bases::Strided { ref mut mem, .. } = lf.bases {
+            *mem = bytes(DST, need - 1);
+        }
+        assert_eq!(geo(nhd(SRC, NB, L, BS, H, D, E), lf), want("dst"));
+    }
+
+    #[test]
+    fn overlapping_layer_and_part_strides_rejected() {
+        let part = BS * H * D * E;
+        let with = |layer_stride, part_stride| {
+            let mut p = nhd(SRC, NB, L, BS, H, D, E);
+            p.bases = Bases::Strided {
+                mem: bytes(SRC, 4 * pool_bytes(NB, L, BS, H, D, E)),
+                layer_stride,
+                part_stride,
+            };
+            p
+        };
+        let ok = nhd(DST, NB, L, BS, H, D, E);
+        assert!(geo(with(2 * part, part), ok).is_ok());
+        // K and V on the same bytes.
+        assert_invalid(geo(with(2 * part, 0), ok), "src");
+        // V of layer l is K of layer l + 1.
+        assert_invalid(geo(ok, with(part, part)), "dst");
+        // K of layer l + 1 starts inside V of layer l.
+        assert_invalid(geo(with(2 * part - E, part), ok), "src");
+        // V starts inside K.
+        assert_invalid(geo(with(2 * part, part - 1), ok), "src");
+    }
+
+    #[test]
+    fn zero_layers_or_parts_rejected() {
+        let ok = nhd(DST, NB, L, BS, H, D, E);
+        let mut z = nhd(SRC, NB, L, BS, H, D, E);
+        z.layers = 0;
+        assert_invalid(geo(z, ok), "src");
+        assert_invalid(geo(ok, z), "dst");
+        let mut z = nhd(SRC, NB, L, BS, H, D, E);
+        z.parts = 0;
+        assert_invalid(geo(z, ok), "src");
+    }
+
+    #[test]
+    fn stride_overflow_rejected() {
+        let mut p = nhd(SRC, NB, L, BS, H, D, E);
+        p.bases = Bases::Strided {
+            mem: bytes(SRC, usize::MAX),
+            layer_stride: usize::MAX,
+            part_stride: 0,
+        };
+        let r = geo(p, nhd(DST, NB, L, BS, H, D, E));
+        assert_eq!(r, Err(Error::Overflow { name: "src" }));
+    }
+}

@@ -1,0 +1,458 @@
+//! Pool descriptors: where a pool's layer/part caches start ([`Bases`]) and how each is laid
+//! out ([`BlockPool`]), with the validation every block copy runs on both of its pools.
+
+use kvio_kernels::index::PoolSide;
+
+use crate::alloc::LayerTable;
+use crate::error::{invalid, Error, Result};
+use crate::layout::{chunks_disjoint, PagedLayout};
+use crate::mem::DeviceBytes;
+
+/// Saturating product: absurd shapes saturate and are then rejected by the pool's validation
+/// (as overflows) instead of wrapping to a plausible layout.
+fn sat(factors: &[usize]) -> usize {
+    factors.iter().fold(1usize, |a, &b| a.saturating_mul(b))
+}
+
+/// Where the per-layer, per-part (K/V) bases of a pool come from.
+///
+/// ```
+/// # fn main() -> kvio::Result<()> {
+/// use kvio::{Bases, BlockPool, DeviceBytes, PagedLayout};
+/// // SGLang's layer-first host pool `(2, L, NB, bs, H, D)` in one allocation.
+/// let (nb, l, bs, h, d, e) = (100, 4, 16, 8, 128, 2);
+/// let cache = nb * bs * h * d * e; // bytes of one layer's K (or V)
+/// // SAFETY: a description only; nothing here touches the memory.
+/// let mem = unsafe { DeviceBytes::from_raw(0x7000_0000, 2 * l * cache) };
+/// let layer_first = BlockPool {
+///     bases: Bases::Strided { mem, layer_stride: cache, part_stride: l * cache },
+///     layers: l,
+///     parts: 2,
+///     layout: PagedLayout::nhd(nb, bs, h, d, e),
+/// };
+/// let (k, v, _) = layer_first.layer_view(1)?;
+/// assert_eq!(k.ptr(), 0x7000_0000 + cache as u64);
+/// assert_eq!(v.unwrap().ptr(), 0x7000_0000 + (5 * cache) as u64);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub enum Bases<'a> {
+    /// One allocation: layer `l`, part `p` starts at byte `l * layer_stride + p * part_stride`
+    /// of `mem` (cross-layer blocks, SGLang's layer-first host pool, ...).
+    Strided {
+        /// The whole pool.
+        mem: DeviceBytes,
+        /// Bytes between layers.
+        layer_stride: usize,
+        /// Bytes between K and V.
+        part_stride: usize,
+    },
+    /// Layer-separate caches reached through a device-resident pointer table.
+    Table(&'a LayerTable),
+}
+
+/// A pool of KV blocks: `layers × parts` caches (parts = 2 for K and V, 1 for a combined or
+/// MLA cache), each laid out as `layout` (its block, token and head strides).
+#[derive(Clone, Copy, Debug)]
+pub struct BlockPool<'a> {
+    /// Where each layer/part cache starts.
+    pub bases: Bases<'a>,
+    /// Number of layers.
+    pub layers: usize,
+    /// Caches per layer (2: K and V).
+    pub parts: usize,
+    /// Layout of one layer/part cache (strides in elements, `num_blocks` = pool size).
+    pub layout: PagedLayout,
+}
+
+impl<'a> BlockPool<'a> {
+    /// Bytes of a cross-layer pool of `num_blocks` blocks (NHD or HND order: the same size),
+    /// checked for overflow: what to allocate for [`BlockPool::cross_layer_nhd`] /
+    /// [`BlockPool::cross_layer_hnd`].
+    ///
+    /// ```no_run
+    /// # fn main() -> kvio::Result<()> {
+    /// use kvio::{BlockPool, DeviceAlloc, PinnedHost};
+    /// let _ctx = kvio::PrimaryContext::retain(0)?;
+    /// let (blocks, layers, bs, h, d) = (1024, 32, 16, 8, 128);
+    /// let bytes = BlockPool::cross_layer_bytes(blocks, layers, bs, h, d, 2)?;
+    /// let gpu = DeviceAlloc::new(bytes)?; // the device cache
+    /// let host = PinnedHost::alloc(bytes)?; // a pinned pool of the same shape
+    /// let pool = BlockPool::cross_layer_nhd(gpu.bytes(), blocks, layers, bs, h, d, 2);
+    /// let (k0, v0, layout) = pool.layer_view(0)?; // layer 0's caches for the write path
+    /// # let _ = (host, k0, v0, layout); Ok(()) }
+    /// ```
+    pub fn cross_layer_bytes(
+        num_blocks: usize,
+        layers: usize,
+        block_size: usize,
+        heads: usize,
+        head_dim: usize,
+        elem_bytes: usize,
+    ) -> Result<usize> {
+        [
+            num_blocks, layers, 2, block_size, heads, head_dim, elem_bytes,
+        ]
+        .iter()
+        .try_fold(1usize, |a, &b| a.checked_mul(b))
+        .filter(|&n| n <= isize::MAX as usize)
+        .ok_or(Error::Overflow {
+            name: "cross_layer_bytes",
+        })
+    }
+
+    /// Cross-layer blocks in vLLM's FlashAttention NHD order `(NB, L, 2, bs, H, D)`: one block
+    /// holds all layers, K then V, contiguously (vLLM #27743).
+    ///
+    /// ```
+    /// # let mem = unsafe { kvio::DeviceBytes::from_raw(0x1000, 10 * 4 * 2 * 16 * 8 * 128 * 2) };
+    /// let pool = kvio::BlockPool::cross_layer_nhd(mem, 10, 4, 16, 8, 128, 2);
+    /// assert_eq!(pool.layout.block_stride, 4 * 2 * 16 * 8 * 128);
+    /// ```
+    pub fn cross_layer_nhd(
+        mem: DeviceBytes,
+        num_blocks: usize,
+        layers: usize,
+        block_size: usize,
+        heads: usize,
+        head_dim: usize,
+        elem_bytes: usize,
+    ) -> Self {
+        let part = block_size.saturating_mul(heads).saturating_mul(head_dim);
+        let mut layout = PagedLayout::nhd(num_blocks, block_size, heads, head_dim, elem_bytes);
+        layout.block_stride = sat(&[layers, 2, part]);
+        BlockPool {
+            bases: Bases::Strided {
+                mem,
+                layer_stride: sat(&[2, part, elem_bytes]),
+                part_stride: sat(&[part, elem_bytes]),
+            },
+            layers,
+            parts: 2,
+            layout,
+        }
+    }
+
+    /// Cross-layer blocks in the HND order `(NB, H, L, 2, bs, D)`.
+    ///
+    /// ```
+    /// # let mem = unsafe { kvio::DeviceBytes::from_raw(0x1000, 10 * 8 * 4 * 2 * 16 * 128 * 2) };
+    /// let pool = kvio::BlockPool::cross_layer_hnd(mem, 10, 4, 16, 8, 128, 2);
+    /// assert_eq!(pool.layout.head_stride, 4 * 2 * 16 * 128); // a head holds every layer's K and V
+    /// assert_eq!(pool.layout.token_stride, 128);
+    /// ```
+    pub fn cross_layer_hnd(
+        mem: DeviceBytes,
+        num_blocks: usize,
+        layers: usize,
+        block_size: usize,
+        heads: usize,
+        head_dim: usize,
+        elem_bytes: usize,
+    ) -> Self {
+        let part = block_size.saturating_mul(head_dim);
+        let layout = PagedLayout {
+            num_blocks,
+            block_size,
+            num_heads: heads,
+            head_dim,
+            elem_bytes,
+            block_stride: sat(&[heads, layers, 2, part]),
+            token_stride: head_dim,
+            head_stride: sat(&[layers, 2, part]),
+        };
+        BlockPool {
+            bases: Bases::Strided {
+                mem,
+                layer_stride: sat(&[2, part, elem_bytes]),
+                part_stride: sat(&[part, elem_bytes]),
+            },
+            layers,
+            parts: 2,
+            layout,
+        }
+    }
+
+    /// Layer-separate caches (each `layout`, e.g. [`PagedLayout::nhd`] or
+    /// [`PagedLayout::hnd`]) reached through `table`.
+    pub fn layer_separate(table: &'a LayerTable, layout: PagedLayout) -> Self {
+        BlockPool {
+            bases: Bases::Table(table),
+            layers: table.layers(),
+            parts: table.parts(),
+            layout,
+        }
+    }
+
+    /// The K and V caches of layer `layer` of a strided pool as views the write path accepts
+    /// ([`crate::SlotUpdate`]): `(key_cache, value_cache, layout)`.
+    ///
+    /// ```
+    /// # fn main() -> kvio::Result<()> {
+    /// let (nb, l, bs, h, d, e) = (8, 4, 16, 2, 64, 2);
+    /// let part = bs * h * d * e; // bytes of one layer's K (or V) in one block
+    /// // SAFETY: a description only; nothing here touches the memory.
+    /// let mem = unsafe { kvio::DeviceBytes::from_raw(0x10_0000, nb * l * 2 * part) };
+    /// let pool = kvio::BlockPool::cross_layer_nhd(mem, nb, l, bs, h, d, e);
+    /// let (k, v, layout) = pool.layer_view(2)?;
+    /// assert_eq!(k.ptr(), 0x10_0000 + (2 * 2 * part) as u64);
+    /// assert_eq!(v.unwrap().ptr(), k.ptr() + part as u64);
+    /// assert_eq!(layout.block_stride, l * 2 * bs * h * d); // next block: past every layer
+    /// # Ok(()) }
+    /// ```
+    pub fn layer_view(
+        &self,
+        layer: usize,
+    ) -> Result<(DeviceBytes, Option<DeviceBytes>, PagedLayout)> {
+        let Bases::Strided {
+            mem,
+            layer_stride,
+            part_stride,
+        } = self.bases
+        else {
+            return Err(invalid(
+                "bases",
+                "Table",
+                "layer_view needs a strided pool; use the table's entries",
+            ));
+        };
+        if layer >= self.layers {
+            return Err(Error::IndexOutOfRange {
+                name: "layer",
+                at: 0,
+                value: layer as i64,
+                limit: self.layers as u64,
+            });
+        }
+        self.extent("pool")?;
+        let ext = self.layout.extent("layout")? as usize;
+        let k = mem.slice(layer * layer_stride, ext)?;
+        let v = if self.parts > 1 {
+            Some(mem.slice(layer * layer_stride + part_stride, ext)?)
+        } else {
+            None
+        };
+        Ok((k, v, self.layout))
+    }
+
+    /// Checks the pool (sizes, strides, no two chunks sharing bytes, every cache inside its
+    /// memory) and returns the byte extent of one layer/part cache.
+    pub(crate) fn extent(&self, name: &'static str) -> Result<u64> {
+        let ext = self.layout.extent(name)?;
+        if self.layers == 0 || self.parts == 0 {
+            return Err(invalid(
+                name,
+                (self.layers, self.parts),
+                "layers and parts must be non-zero",
+            ));
+        }
+        match self.bases {
+            Bases::Strided {
+                mem,
+                layer_stride,
+                part_stride,
+            } => {
+                let of = Error::Overflow { name };
+                let total = ((self.layers - 1) as u64)
+                    .checked_mul(layer_stride as u64)
+                    .and_then(|a| {
+                        ((self.parts - 1) as u64)
+                            .checked_mul(part_stride as u64)
+                            .and_then(|b| a.checked_add(b))
+                    })
+                    .and_then(|a| a.checked_add(ext))
+                    .ok_or(of)?;
+                if total > mem.len() as u64 {
+                    return Err(Error::BufferTooSmall {
+                        name,
+                        needed: total,
+                        len: mem.len() as u64,
+                    });
+                }
+                let mut dims = self.layout.dims().to_vec();
+                dims.push((self.layers, layer_stride as u64));
+                dims.push((self.parts, part_stride as u64));
+                if !chunks_disjoint(&dims, self.layout.chunk_bytes() as u64) {
+                    return Err(invalid(
+                        name,
+                        (layer_stride, part_stride),
+                        "layer/part strides make caches overlap",
+                    ));
+                }
+            }
+            Bases::Table(t) => {
+                if t.layers() != self.layers || t.parts() != self.parts {
+                    return Err(invalid(
+                        name,
+                        (t.layers(), t.parts()),
+                        "table shape differs from the pool's",
+                    ));
+                }
+                if (t.min_len() as u64) < ext {
+                    return Err(Error::BufferTooSmall {
+                        name,
+                        needed: ext,
+                        len: t.min_len() as u64,
+                    });
+                }
+                let mut r: Vec<(u64, u64)> = t
+                    .entries()
+                    .iter()
+                    .map(|e| (e.ptr(), e.ptr() + ext))
+                    .collect();
+                r.sort_unstable();
+                if r.windows(2).any(|w| w[1].0 < w[0].1) {
+                    return Err(invalid(name, "table", "two layer/part caches overlap"));
+                }
+            }
+        }
+        Ok(ext)
+    }
+
+    /// Address ranges of the pool's caches (for overlap and memory-kind checks).
+    pub(crate) fn ranges(&self, ext: u64) -> Vec<(u64, u64)> {
+        match self.bases {
+            Bases::Strided { mem, .. } => vec![(mem.ptr(), mem.ptr() + mem.len() as u64)],
+            Bases::Table(t) => t
+                .entries()
+                .iter()
+                .map(|e| (e.ptr(), e.ptr() + ext))
+                .collect(),
+        }
+    }
+
+    /// The pool as the shared addressing sees it (`index::chunk_at`): strided base or the
+    /// host copy of its table, byte strides `[layer, part, block, token, head]`.
+    pub(crate) fn side(&self) -> PoolSide<&'a [u64]> {
+        let e = self.layout.elem_bytes as u64;
+        let (base, table, ls, ps) = match self.bases {
+            Bases::Strided {
+                mem,
+                layer_stride,
+                part_stride,
+            } => (mem.ptr(), None, layer_stride as u64, part_stride as u64),
+            Bases::Table(t) => (0, Some(t.bases()), 0, 0),
+        };
+        let l = &self.layout;
+        PoolSide {
+            base: base as *mut u8,
+            table,
+            parts: self.parts as u64,
+            strides: [
+                ls,
+                ps,
+                l.block_stride as u64 * e,
+                l.token_stride as u64 * e,
+                l.head_stride as u64 * e,
+            ],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blocks::test_pools::*;
+
+    // ---- layer views ---------------------------------------------------------------------
+
+    #[test]
+    fn layer_view_of_cross_layer_nhd() {
+        let pool = nhd(SRC, NB, L, BS, H, D, E);
+        let part = (BS * H * D * E) as u64;
+        let ext = pool.layout.extent("x").unwrap() as usize;
+        for l in 0..L {
+            let (k, v, layout) = pool.layer_view(l).unwrap();
+            let k_at = SRC + l as u64 * 2 * part;
+            assert_eq!(k, bytes(k_at, ext), "layer {l}");
+            assert_eq!(v, Some(bytes(k_at + part, ext)), "layer {l}");
+            assert_eq!(layout, pool.layout);
+        }
+        // The last view ends exactly at the end of the pool.
+        let (_, v, _) = pool.layer_view(L - 1).unwrap();
+        let v = v.unwrap();
+        assert_eq!(
+            v.ptr() + v.len() as u64,
+            SRC + pool_bytes(NB, L, BS, H, D, E) as u64
+        );
+    }
+
+    #[test]
+    fn layer_view_out_of_range() {
+        let pool = nhd(SRC, NB, L, BS, H, D, E);
+        for layer in [L, L + 1, usize::MAX / 2] {
+            assert_eq!(
+                pool.layer_view(layer),
+                Err(Error::IndexOutOfRange {
+                    name: "layer",
+                    at: 0,
+                    value: layer as i64,
+                    limit: L as u64
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn layer_view_of_one_part_pool_has_no_value() {
+        let cache = NB * BS * H * D * E;
+        let pool = BlockPool {
+            bases: Bases::Strided {
+                mem: bytes(SRC, L * cache),
+                layer_stride: cache,
+                part_stride: 0,
+            },
+            layers: L,
+            parts: 1,
+            layout: PagedLayout::nhd(NB, BS, H, D, E),
+        };
+        let (k, v, _) = pool.layer_view(2).unwrap();
+        assert_eq!((k, v), (bytes(SRC + 2 * cache as u64, cache), None));
+    }
+
+    #[test]
+    fn layer_view_checks_the_pool() {
+        let mut pool = nhd(SRC, NB, L, BS, H, D, E);
+        pool.bases = Bases::Strided {
+            mem: bytes(SRC, pool_bytes(NB, L, BS, H, D, E) - 1),
+            layer_stride: 2 * BS * H * D * E,
+            part_stride: BS * H * D * E,
+        };
+        assert!(matches!(
+            pool.layer_view(0),
+            Err(Error::BufferTooSmall { name: "pool", .. })
+        ));
+    }
+
+    #[test]
+    fn cross_layer_bytes_sizes_and_overflows() {
+        assert_eq!(
+            BlockPool::cross_layer_bytes(10, 4, 16, 8, 128, 2),
+            Ok(10 * 4 * 2 * 16 * 8 * 128 * 2)
+        );
+        let b = BlockPool::cross_layer_bytes(3, 2, 4, 2, 8, 2).unwrap();
+        let mem = unsafe_bytes(0x1000, b);
+        assert!(BlockPool::cross_layer_nhd(mem, 3, 2, 4, 2, 8, 2)
+            .extent("p")
+            .is_ok());
+        assert!(BlockPool::cross_layer_hnd(mem, 3, 2, 4, 2, 8, 2)
+            .extent("p")
+            .is_ok());
+        assert!(
+            BlockPool::cross_layer_nhd(unsafe_bytes(0x1000, b - 1), 3, 2, 4, 2, 8, 2)
+                .extent("p")
+                .is_err()
+        );
+        assert_eq!(
+            BlockPool::cross_layer_bytes(usize::MAX / 4, 4, 16, 8, 128, 2),
+            Err(Error::Overflow {
+                name: "cross_layer_bytes"
+            })
+        );
+    }
+
+    fn unsafe_bytes(ptr: u64, len: usize) -> DeviceBytes {
+        // SAFETY: only validated, never used.
+        unsafe { DeviceBytes::from_raw(ptr, len) }
+    }
+}

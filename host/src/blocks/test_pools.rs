@@ -1,0 +1,119 @@
+//! Description-only pools for the block-copy unit tests (addresses are never dereferenced).
+
+use super::plan::{geometry, Geometry};
+use super::*;
+use crate::alloc::MemoryKind;
+use crate::error::{Error, Result};
+use crate::layout::PagedLayout;
+use crate::mem::DeviceBytes;
+
+// Shapes used throughout: blocks, layers, block_size, heads, head_dim, elem_bytes.
+pub(crate) const NB: usize = 4;
+pub(crate) const L: usize = 3;
+pub(crate) const BS: usize = 16;
+pub(crate) const H: usize = 8;
+pub(crate) const D: usize = 128;
+pub(crate) const E: usize = 2;
+
+pub(crate) const SRC: u64 = 0x1000_0000;
+pub(crate) const DST: u64 = 0x8000_0000;
+
+pub(crate) fn bytes(ptr: u64, len: usize) -> DeviceBytes {
+    // SAFETY: these views are only validated, never used.
+    unsafe { DeviceBytes::from_raw(ptr, len) }
+}
+
+/// Bytes of a whole pool of `nb` blocks (every layer, K and V).
+pub(crate) fn pool_bytes(nb: usize, l: usize, bs: usize, h: usize, d: usize, e: usize) -> usize {
+    nb * l * 2 * bs * h * d * e
+}
+
+pub(crate) fn nhd(
+    at: u64,
+    nb: usize,
+    l: usize,
+    bs: usize,
+    h: usize,
+    d: usize,
+    e: usize,
+) -> BlockPool<'static> {
+    BlockPool::cross_layer_nhd(
+        bytes(at, pool_bytes(nb, l, bs, h, d, e)),
+        nb,
+        l,
+        bs,
+        h,
+        d,
+        e,
+    )
+}
+
+pub(crate) fn hnd(
+    at: u64,
+    nb: usize,
+    l: usize,
+    bs: usize,
+    h: usize,
+    d: usize,
+    e: usize,
+) -> BlockPool<'static> {
+    BlockPool::cross_layer_hnd(
+        bytes(at, pool_bytes(nb, l, bs, h, d, e)),
+        nb,
+        l,
+        bs,
+        h,
+        d,
+        e,
+    )
+}
+
+/// SGLang-style layer-first pool in one allocation: `[2, L, NB, bs, H, D]` (parts outer).
+pub(crate) fn layer_first(
+    at: u64,
+    nb: usize,
+    l: usize,
+    bs: usize,
+    h: usize,
+    d: usize,
+    e: usize,
+) -> BlockPool<'static> {
+    let cache = nb * bs * h * d * e;
+    BlockPool {
+        bases: Bases::Strided {
+            mem: bytes(at, pool_bytes(nb, l, bs, h, d, e)),
+            layer_stride: cache,
+            part_stride: l * cache,
+        },
+        layers: l,
+        parts: 2,
+        layout: PagedLayout::nhd(nb, bs, h, d, e),
+    }
+}
+
+pub(crate) fn op<'a>(src: BlockPool<'a>, dst: BlockPool<'a>, map: &'a [[i64; 2]]) -> BlockCopy<'a> {
+    BlockCopy {
+        src,
+        dst,
+        map: BlockMap::Host(map),
+        backend: Backend::Auto,
+        max_ctas: None,
+        staging: None,
+        errors: None,
+    }
+}
+
+pub(crate) fn device(_: u64) -> MemoryKind {
+    MemoryKind::Device
+}
+
+pub(crate) fn geo(src: BlockPool<'_>, dst: BlockPool<'_>) -> Result<Geometry> {
+    geometry(&op(src, dst, &[]), &device)
+}
+
+pub(crate) fn assert_invalid<T: std::fmt::Debug>(r: Result<T>, want: &'static str) {
+    match r {
+        Err(Error::InvalidArgument { name, .. }) if name == want => {}
+        other => panic!("expected InvalidArgument {{ name: {want:?} }}, got {other:?}"),
+    }
+}

@@ -1,0 +1,114 @@
+//! The device-side error word: counters the kernels increment for device-resident indices
+//! they refuse, and the host-side [`ErrorCounts`] read back from it.
+
+use cust::sys as cu;
+use kvio_kernels::index::err;
+
+use crate::alloc::DeviceAlloc;
+use crate::driver::{check, StreamRef};
+use crate::error::Result;
+
+/// Counters read back from a [`DeviceErrors`] word: device-resident indices a kernel refused.
+///
+/// ```
+/// let counts = kvio::ErrorCounts { bad_slots: 2, ..Default::default() };
+/// assert!(!counts.is_clean());
+/// assert!(kvio::ErrorCounts::default().is_clean());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ErrorCounts {
+    /// Slot-mapping entries past the end of the cache (tokens skipped).
+    pub bad_slots: u32,
+    /// Slices out of range, too long or crossing a page (slices skipped).
+    pub bad_slices: u32,
+    /// Device-side counts outside their capacity (whole launches skipped).
+    pub bad_counts: u32,
+    /// Block ids outside their pool (blocks skipped).
+    pub bad_blocks: u32,
+}
+
+impl ErrorCounts {
+    /// True when no kernel refused anything.
+    pub fn is_clean(&self) -> bool {
+        *self == ErrorCounts::default()
+    }
+}
+
+/// The device-side error word: counters the kernels increment (atomically) for each index
+/// they skip because it was out of range. One word may serve many launches and streams.
+///
+/// ```no_run
+/// # fn main() -> kvio::Result<()> {
+/// let _ctx = kvio::PrimaryContext::retain(0)?;
+/// let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None).unwrap();
+/// let s = kvio::StreamRef::from_cust(&stream);
+/// let errors = kvio::DeviceErrors::new()?; // set-up time
+/// errors.reset(s)?;                         // before a step (capturable)
+/// // ... launches with `errors: Some(&errors)` ...
+/// let counts = errors.read(s)?;             // waits for the stream
+/// if !counts.is_clean() {
+///     eprintln!("kernels skipped bad indices: {counts:?}");
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct DeviceErrors {
+    mem: DeviceAlloc,
+}
+
+const WORDS: usize = err::WORDS;
+
+impl DeviceErrors {
+    /// Allocates a zeroed error word in the current context (this call synchronises: do it at
+    /// set-up time, not on a hot path).
+    pub fn new() -> Result<Self> {
+        let mem = DeviceAlloc::new(WORDS * 4)?;
+        // SAFETY: a fresh allocation of WORDS u32.
+        check("cuMemsetD32", unsafe {
+            cu::cuMemsetD32_v2(mem.ptr, 0, WORDS)
+        })?;
+        Ok(DeviceErrors { mem })
+    }
+
+    /// The device address of the counters (`u32` × 4), for a kernel parameter.
+    pub fn ptr(&self) -> u64 {
+        self.mem.ptr
+    }
+
+    /// Zeroes the counters, asynchronously on `stream`.
+    pub fn reset(&self, stream: StreamRef<'_>) -> Result<()> {
+        // SAFETY: the allocation lives while self does.
+        check("cuMemsetD32Async", unsafe {
+            cu::cuMemsetD32Async(self.ptr(), 0, WORDS, stream.cu_stream())
+        })
+    }
+
+    /// Copies the counters to the host after the work queued on `stream` so far; this waits
+    /// for `stream` (it is the one kvio call that synchronises, and only when asked).
+    pub fn read(&self, stream: StreamRef<'_>) -> Result<ErrorCounts> {
+        let mut w = [0u32; WORDS];
+        // SAFETY: w is WORDS u32 on the host, the device side is WORDS u32; the copy has
+        // finished when the stream synchronisation returns.
+        unsafe {
+            check(
+                "cuMemcpyDtoHAsync",
+                cu::cuMemcpyDtoHAsync_v2(
+                    w.as_mut_ptr().cast(),
+                    self.ptr(),
+                    WORDS * 4,
+                    stream.cu_stream(),
+                ),
+            )?;
+            check(
+                "cuStreamSynchronize",
+                cu::cuStreamSynchronize(stream.cu_stream()),
+            )?;
+        }
+        Ok(ErrorCounts {
+            bad_slots: w[err::BAD_SLOT],
+            bad_slices: w[err::BAD_SLICE],
+            bad_counts: w[err::BAD_COUNT],
+            bad_blocks: w[err::BAD_BLOCK],
+        })
+    }
+}

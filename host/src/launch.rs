@@ -1,0 +1,62 @@
+//! Launch geometry shared by every operation: CTA sizes, lanes per span, grid sizing and the
+//! per-kernel occupancy caps measured when the module is loaded.
+
+use cust::sys as cu;
+
+use crate::driver::check;
+use crate::error::Result;
+
+/// Threads per CTA of the write-path kernels and of device-side block copies.
+pub(crate) const BLOCK_THREADS: u32 = 256;
+/// Threads per CTA of block copies touching host memory (SGLang's transfer kernels use the
+/// same): few CTAs, many bytes in flight. The build gives that entry point `.maxntid 1024`.
+pub(crate) const TRANSFER_THREADS: u32 = 1024;
+/// Accesses each lane of a group is given per span (enough loads in flight, few idle lanes).
+pub(crate) const PER_LANE: u64 = 4;
+/// Default CTA budget of block copies when a pool is in host memory (leaves the SMs to the
+/// model).
+pub const DEFAULT_TRANSFER_CTAS: u32 = 4;
+
+/// Most CTAs of each kernel that are resident on the whole device at once. The grids are
+/// persistent (kernels loop over their work), so no launch asks for more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GridCap {
+    /// `kvio_update_slots` at [`BLOCK_THREADS`].
+    pub(crate) slots: u32,
+    /// `kvio_update_slices` at [`BLOCK_THREADS`].
+    pub(crate) slices: u32,
+    /// `kvio_copy_blocks` at [`BLOCK_THREADS`].
+    pub(crate) copy: u32,
+    /// `kvio_transfer_blocks` at [`TRANSFER_THREADS`].
+    pub(crate) transfer: u32,
+}
+
+impl GridCap {
+    /// The same cap for every kernel (the CPU emulation's pretend device).
+    pub(crate) const fn uniform(cap: u32) -> Self {
+        GridCap {
+            slots: cap,
+            slices: cap,
+            copy: cap,
+            transfer: cap,
+        }
+    }
+}
+
+/// CTAs of `threads` threads for `items` work items handled by groups of `1 << shift` lanes,
+/// at least one and at most `cap` (the kernels loop over the rest).
+pub(crate) fn grid_for(items: u64, threads: u32, shift: u32, cap: u32) -> u32 {
+    let groups_per_cta = (threads >> shift).max(1) as u64;
+    items.div_ceil(groups_per_cta).clamp(1, cap.max(1) as u64) as u32
+}
+
+/// Resident CTAs of `threads` threads on the whole device (`sms` multiprocessors) for kernel
+/// `f`, at least one per multiprocessor.
+pub(crate) fn resident_ctas(f: cu::CUfunction, threads: u32, sms: u32) -> Result<u32> {
+    let mut n = 0;
+    // SAFETY: out-pointer to a local; `f` is a loaded kernel.
+    check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+        cu::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f, threads as i32, 0)
+    })?;
+    Ok(sms * (n.max(0) as u32).max(1))
+}

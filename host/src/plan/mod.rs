@@ -1,0 +1,102 @@
+//! Planning: every operation is validated once on the host and turned into a `Plan`, plain
+//! data that says exactly what will run. The GPU runner (`Kvio`) and the CPU emulator
+//! ([`crate::emulate`]) execute the same plan, so they cannot disagree on validation, backend
+//! choice or staging.
+//!
+//! The public items here plan index lists held in host memory: [`slots_to_slices`] turns a
+//! slot mapping into the fewest slices for the slice-based update; [`validate_slots`] and
+//! [`validate_slices`] check host copies of index lists before the caller uploads them
+//! (device-resident lists are checked by the kernels).
+
+mod lists;
+
+use kvio_kernels::args::{CopyArgs, SliceArgs, SlotArgs};
+
+pub use lists::{
+    slices_to_table, slots_to_slices, validate_slices, validate_slots, Slice, SlotIndex,
+};
+
+use crate::alloc::MemoryKind;
+use crate::launch::GridCap;
+
+/// What one operation does once validated.
+#[derive(Debug)]
+// A plan lives on the stack for one call; boxing the launch would only add an allocation.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Plan<'a> {
+    /// Nothing (no token, no pair).
+    Nothing,
+    /// Copy-engine copies, in order.
+    Dma(Vec<Span>),
+    /// One kernel launch, after an optional host-to-device upload of its index list.
+    Kernel {
+        /// Copied to the device first, on the same stream.
+        upload: Option<Upload<'a>>,
+        /// The launch.
+        launch: Launch,
+    },
+}
+
+/// One contiguous copy of the DMA backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Span {
+    /// Destination address.
+    pub(crate) dst: u64,
+    /// Source address.
+    pub(crate) src: u64,
+    /// Bytes.
+    pub(crate) bytes: u64,
+}
+
+/// Host bytes the launch needs on the device (a host block map into its staging buffer).
+#[derive(Debug)]
+pub(crate) struct Upload<'a> {
+    /// Device address written.
+    pub(crate) dst: u64,
+    /// The bytes.
+    pub(crate) src: &'a [u8],
+}
+
+/// A kernel with its arguments, grid and CTA size.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Launch {
+    /// Which entry point, with its argument struct.
+    pub(crate) kernel: Kernel,
+    /// CTAs.
+    pub(crate) grid: u32,
+    /// Threads per CTA.
+    pub(crate) threads: u32,
+}
+
+/// An entry point of the PTX module and its arguments.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Kernel {
+    /// `kvio_update_slots`.
+    Slots(SlotArgs),
+    /// `kvio_update_slices`.
+    Slices(SliceArgs),
+    /// `kvio_copy_blocks` (device-side block copies).
+    Copy(CopyArgs),
+    /// `kvio_transfer_blocks` (block copies touching host memory, 1024-thread CTAs).
+    Transfer(CopyArgs),
+}
+
+impl Kernel {
+    /// log2 of the lanes per work item (the group size every entry point is launched with).
+    pub(crate) fn shift(&self) -> u32 {
+        match self {
+            Kernel::Slots(a) => a.shift,
+            Kernel::Slices(a) => a.shift,
+            Kernel::Copy(a) | Kernel::Transfer(a) => a.shift,
+        }
+    }
+}
+
+/// What planning needs to know of the device: its occupancy caps and what kind of memory an
+/// address is.
+pub(crate) struct Target<'f> {
+    /// Resident CTAs per kernel.
+    pub(crate) caps: GridCap,
+    /// Classifies an address (pinned host memory selects the transfer entry point).
+    pub(crate) kind_of: &'f dyn Fn(u64) -> MemoryKind,
+}

@@ -1,0 +1,233 @@
+//! The write path: new K/V tokens into a paged cache, by slot mapping or by slices.
+//!
+//! The descriptors live here; [`plan`] validates each into one kernel launch (typed errors,
+//! nothing launched on a bad argument). No allocation, no synchronisation: both can be
+//! captured in a CUDA graph. Indices that live on the device (slots, slices, the slice count)
+//! are checked by the kernel: bad ones are skipped and counted in the [`DeviceErrors`] word,
+//! so nothing is ever written outside the cache.
+
+pub(crate) mod plan;
+
+use crate::driver::StreamRef;
+use crate::error::Result;
+use crate::error_word::DeviceErrors;
+use crate::layout::{PagedLayout, TokenLayout};
+use crate::mem::DeviceBytes;
+use crate::module::Kvio;
+
+/// A device-resident slot mapping: one slot per token, `slot = block * block_size + offset`,
+/// negative = skip the token.
+///
+/// ```
+/// // SAFETY: a description only (three i32 slots at some device address).
+/// let slots = unsafe { kvio::DeviceBytes::from_raw(0x7f00_0000_0000, 12) };
+/// let mapping = kvio::SlotMapping::I32(slots);
+/// assert_eq!(mapping.len(), 3);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotMapping {
+    /// `i32` slots (4 bytes each).
+    I32(DeviceBytes),
+    /// `i64` slots (8 bytes each; vLLM's `slot_mapping`).
+    I64(DeviceBytes),
+}
+
+impl SlotMapping {
+    /// The bytes and the size of one slot.
+    pub(crate) fn parts(&self) -> (DeviceBytes, usize) {
+        match *self {
+            SlotMapping::I32(b) => (b, 4),
+            SlotMapping::I64(b) => (b, 8),
+        }
+    }
+
+    /// Number of slots (tokens) the mapping holds.
+    pub fn len(&self) -> usize {
+        let (b, w) = self.parts();
+        b.len() / w
+    }
+
+    /// Whether it holds no slot.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Arguments of [`Kvio::update_slots`] (vLLM `reshape_and_cache_flash` semantics).
+///
+/// Token `t < slots.len()` of `key` (and `value`) is written to slot `slots[t]` of `key_cache`
+/// (and `value_cache`). K and V caches share one [`PagedLayout`]; for a combined K/V
+/// allocation pass two views of it (e.g. `value_cache` = `key_cache` + the V offset).
+///
+/// Run here through the CPU emulation on host memory; on a GPU the same value goes to
+/// [`Kvio::update_slots`] (see its example) with device memory.
+///
+/// ```
+/// use kvio::{DeviceBytes, PagedLayout, SlotMapping, SlotUpdate, TokenLayout};
+/// // Two tokens of one head of 4 f32 into an NHD cache of 2 blocks × 2 slots.
+/// let key: Vec<f32> = (0..8).map(|x| x as f32).collect();
+/// let mut cache = vec![0f32; 2 * 2 * 4];
+/// let slots = [3i64, -1]; // token 0 -> block 1, offset 1; token 1 skipped
+/// // SAFETY: host memory, used by the emulation only.
+/// let op = unsafe {
+///     SlotUpdate {
+///         key: DeviceBytes::from_raw(key.as_ptr() as u64, 32),
+///         value: None,
+///         input: TokenLayout::contiguous(2, 1, 4, 4),
+///         key_cache: DeviceBytes::from_raw(cache.as_mut_ptr() as u64, 64),
+///         value_cache: None,
+///         cache: PagedLayout::nhd(2, 2, 1, 4, 4),
+///         slots: SlotMapping::I64(DeviceBytes::from_raw(slots.as_ptr() as u64, 16)),
+///         errors: None,
+///     }
+/// };
+/// // SAFETY: every view is live host memory of its length.
+/// unsafe { kvio::emulate::update_slots(&op) }.unwrap();
+/// assert_eq!(cache[12..16], [0.0, 1.0, 2.0, 3.0]);
+/// assert!(cache[..12].iter().all(|&x| x == 0.0));
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct SlotUpdate<'a> {
+    /// New keys, `[T, H, D]` as described by `input`.
+    pub key: DeviceBytes,
+    /// New values (same layout as `key`), or `None` to write K only.
+    pub value: Option<DeviceBytes>,
+    /// Layout of `key` and `value`.
+    pub input: TokenLayout,
+    /// The key cache.
+    pub key_cache: DeviceBytes,
+    /// The value cache; `Some` exactly when `value` is.
+    pub value_cache: Option<DeviceBytes>,
+    /// Layout of each cache.
+    pub cache: PagedLayout,
+    /// Slot per token; its length is the number of tokens written (`≤ input.num_tokens`).
+    pub slots: SlotMapping,
+    /// Where to count slots past the end of the cache (`None`: skipped, not counted).
+    pub errors: Option<&'a DeviceErrors>,
+}
+
+/// Arguments of [`Kvio::update_slices`] (vLLM TPU `kv_cache_update` semantics).
+///
+/// `slices` is `[3, padded]` `i32` in struct-of-arrays form: row 0 the first cache slot, row 1
+/// the first token of `new_kv`, row 2 the length. Only the first `*num_slices` entries are
+/// used (the count lives on the device, so the same padded launch can be replayed in a CUDA
+/// graph with another count). A slice has `0 < len ≤ block_size` and stays inside one page;
+/// `len == 0` is padding.
+///
+/// Run here through the CPU emulation on host memory; on a GPU the same value goes to
+/// [`Kvio::update_slices`] with device memory.
+///
+/// ```
+/// use kvio::plan::{slices_to_table, slots_to_slices};
+/// use kvio::{DeviceBytes, PagedLayout, SliceUpdate, TokenLayout};
+/// // Three tokens of one head of 2 u16 into a flat cache of 4 pages × 2 slots.
+/// let rows: Vec<u16> = (0..6).collect();
+/// let mut cache = vec![0u16; 4 * 2 * 2];
+/// let slices = slots_to_slices(&[2i64, 3, 6], 2).unwrap(); // [2, 3] and [6]
+/// let table = slices_to_table(&slices, 4).unwrap(); // `[3, 4]`, padded
+/// let count = [slices.len() as i32];
+/// // SAFETY: host memory, used by the emulation only.
+/// let op = unsafe {
+///     SliceUpdate {
+///         new_kv: DeviceBytes::from_raw(rows.as_ptr() as u64, 12),
+///         input: TokenLayout::contiguous(3, 1, 2, 2),
+///         cache: DeviceBytes::from_raw(cache.as_mut_ptr() as u64, 32),
+///         layout: PagedLayout::nhd(4, 2, 1, 2, 2),
+///         slices: DeviceBytes::from_raw(table.as_ptr() as u64, 48),
+///         padded: 4,
+///         num_slices: DeviceBytes::from_raw(count.as_ptr() as u64, 4),
+///         errors: None,
+///     }
+/// };
+/// // SAFETY: every view is live host memory of its length.
+/// unsafe { kvio::emulate::update_slices(&op) }.unwrap();
+/// assert_eq!(cache[4..8], [0, 1, 2, 3]); // slots 2 and 3: tokens 0 and 1
+/// assert_eq!(cache[12..14], [4, 5]); // slot 6: token 2
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct SliceUpdate<'a> {
+    /// New K/V rows, `[T, H', D]` (each token's heads contiguous).
+    pub new_kv: DeviceBytes,
+    /// Layout of `new_kv`.
+    pub input: TokenLayout,
+    /// The cache, written in place.
+    pub cache: DeviceBytes,
+    /// Layout of the cache (each slot's heads contiguous; page = block).
+    pub layout: PagedLayout,
+    /// `[3, padded]` `i32` slice table on the device.
+    pub slices: DeviceBytes,
+    /// Capacity of the slice table.
+    pub padded: usize,
+    /// One device `i32`: how many slices are real.
+    pub num_slices: DeviceBytes,
+    /// Where to count refused slices and counts (`None`: skipped, not counted).
+    pub errors: Option<&'a DeviceErrors>,
+}
+
+impl Kvio {
+    /// Writes new tokens into a paged cache by slot mapping. See [`SlotUpdate`].
+    ///
+    /// ```no_run
+    /// # fn main() -> kvio::Result<()> {
+    /// use cust::memory::DeviceBuffer;
+    /// use kvio::{DeviceBytes, PagedLayout, SlotMapping, SlotUpdate, StreamRef, TokenLayout};
+    /// let _ctx = kvio::PrimaryContext::retain(0)?;
+    /// let kv = kvio::Kvio::load()?;
+    /// let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None).unwrap();
+    /// let (t, h, d) = (4, 8, 128);
+    /// let cache = PagedLayout::nhd(64, 16, h, d, 2); // bf16
+    /// let key = DeviceBuffer::from_slice(&vec![1u16; t * h * d]).unwrap();
+    /// let value = DeviceBuffer::from_slice(&vec![2u16; t * h * d]).unwrap();
+    /// let kc = DeviceBuffer::from_slice(&vec![0u16; 64 * 16 * h * d]).unwrap();
+    /// let vc = DeviceBuffer::from_slice(&vec![0u16; 64 * 16 * h * d]).unwrap();
+    /// let slots = DeviceBuffer::from_slice(&[17i64, 18, -1, 40]).unwrap();
+    /// kv.update_slots(&SlotUpdate {
+    ///     key: DeviceBytes::of(&key),
+    ///     value: Some(DeviceBytes::of(&value)),
+    ///     input: TokenLayout::contiguous(t, h, d, 2),
+    ///     key_cache: DeviceBytes::of(&kc),
+    ///     value_cache: Some(DeviceBytes::of(&vc)),
+    ///     cache,
+    ///     slots: SlotMapping::I64(DeviceBytes::of(&slots)),
+    ///     errors: None,
+    /// }, StreamRef::from_cust(&stream))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn update_slots(&self, op: &SlotUpdate<'_>, stream: StreamRef<'_>) -> Result<()> {
+        self.run(&plan::slots(op, &self.target())?, stream)
+    }
+
+    /// Copies slices of new rows into a paged cache in place. See [`SliceUpdate`].
+    ///
+    /// ```no_run
+    /// # fn main() -> kvio::Result<()> {
+    /// use cust::memory::DeviceBuffer;
+    /// use kvio::plan::{slices_to_table, slots_to_slices};
+    /// use kvio::{DeviceBytes, PagedLayout, SliceUpdate, StreamRef, TokenLayout};
+    /// let _ctx = kvio::PrimaryContext::retain(0)?;
+    /// let kv = kvio::Kvio::load()?;
+    /// let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None).unwrap();
+    /// let (t, h2, d, page) = (5, 16, 128, 16); // K and V heads together: H' = 2H
+    /// let layout = PagedLayout::nhd(64, page, h2, d, 2); // flat [64*16, H', D] bf16
+    /// let new_kv = DeviceBuffer::from_slice(&vec![1u16; t * h2 * d]).unwrap();
+    /// let cache = DeviceBuffer::from_slice(&vec![0u16; 64 * page * h2 * d]).unwrap();
+    /// let slices = slots_to_slices(&[30i64, 31, 32, 33, 100], page)?; // 3 slices
+    /// let padded = 8; // fixed capacity: the same launch serves any count up to 8
+    /// let table = DeviceBuffer::from_slice(&slices_to_table(&slices, padded)?).unwrap();
+    /// let count = DeviceBuffer::from_slice(&[slices.len() as i32]).unwrap();
+    /// kv.update_slices(&SliceUpdate {
+    ///     new_kv: DeviceBytes::of(&new_kv),
+    ///     input: TokenLayout::contiguous(t, h2, d, 2),
+    ///     cache: DeviceBytes::of(&cache),
+    ///     layout,
+    ///     slices: DeviceBytes::of(&table),
+    ///     padded,
+    ///     num_slices: DeviceBytes::of(&count),
+    ///     errors: None,
+    /// }, StreamRef::from_cust(&stream))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn update_slices(&self, op: &SliceUpdate<'_>, stream: StreamRef<'_>) -> Result<()> {
+        self.run(&plan::slices(op, &self.target())?, stream)
+    }
+}
