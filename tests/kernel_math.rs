@@ -899,3 +899,120 @@ fn staged_load_store_round_trip() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// slice_fault, pair_fault (the rules host validation shares with the kernels)
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn slice_fault_names_the_first_failed_check() {
+    use kvio_kernels::index::{slice_fault, SliceFault};
+    assert_eq!(slice_fault(0, 0, 16, 16, 100, 100), None);
+    // Length is checked first: every other field is bad too.
+    assert_eq!(slice_fault(-1, -1, 17, 16, 0, 0), Some(SliceFault::Length));
+    assert_eq!(
+        slice_fault(0, 0, -1, 16, 100, 100),
+        Some(SliceFault::Length)
+    );
+    assert_eq!(slice_fault(0, 0, 1, 0, 100, 100), Some(SliceFault::Length));
+    // Then the cache range, then the source range, then the page.
+    assert_eq!(
+        slice_fault(-1, -1, 2, 16, 100, 100),
+        Some(SliceFault::CacheRange)
+    );
+    assert_eq!(
+        slice_fault(99, 200, 2, 16, 100, 100),
+        Some(SliceFault::CacheRange)
+    );
+    assert_eq!(
+        slice_fault(15, -1, 2, 16, 100, 100),
+        Some(SliceFault::SourceRange)
+    );
+    assert_eq!(
+        slice_fault(15, 99, 2, 16, 100, 100),
+        Some(SliceFault::SourceRange)
+    );
+    assert_eq!(
+        slice_fault(15, 0, 2, 16, 100, 100),
+        Some(SliceFault::CrossesPage)
+    );
+}
+
+#[test]
+fn pair_fault_names_the_source_first() {
+    use kvio_kernels::index::{pair_fault, PairFault};
+    assert_eq!(pair_fault(9, 2, 10, 3), None);
+    assert_eq!(pair_fault(10, 3, 10, 3), Some(PairFault::Src));
+    assert_eq!(pair_fault(10, 2, 10, 3), Some(PairFault::Src));
+    assert_eq!(pair_fault(9, 3, 10, 3), Some(PairFault::Dst));
+    assert_eq!(
+        pair_fault(0, i64::MAX, 1, u64::MAX >> 1),
+        Some(PairFault::Dst)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// chunk_at: one addressing rule for strided pools and layer tables
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn chunk_at_table_with_strided_bases_matches_the_strided_pool() {
+    use kvio_kernels::index::{chunk_at, PoolSide};
+    let (layers, parts) = (3u64, 2u64);
+    let base = 0x7000_0000u64;
+    let strides = [1 << 20, 1 << 19, 4096, 256, 64];
+    let bases: Vec<u64> = (0..layers)
+        .flat_map(|l| (0..parts).map(move |p| base + l * strides[0] + p * strides[1]))
+        .collect();
+    let strided: PoolSide<&[u64]> = PoolSide {
+        base: base as *mut u8,
+        table: None,
+        parts,
+        strides,
+    };
+    let table = PoolSide {
+        table: Some(&bases[..]),
+        // With a table the base and the layer/part strides are not used.
+        base: std::ptr::null_mut(),
+        strides: [0, 0, strides[2], strides[3], strides[4]],
+        parts,
+    };
+    let mut rng = SmallRng::seed_from_u64(7);
+    for _ in 0..1000 {
+        let block = rng.gen_range(0..100u64);
+        let ix = [
+            rng.gen_range(0..layers),
+            rng.gen_range(0..parts),
+            rng.gen_range(0..16u64),
+            rng.gen_range(0..4u64),
+        ];
+        let want = base
+            + ix[0] * strides[0]
+            + ix[1] * strides[1]
+            + block * strides[2]
+            + ix[2] * strides[3]
+            + ix[3] * strides[4];
+        // SAFETY: the table holds layers × parts entries and ix is inside them.
+        let (a, b) = unsafe { (chunk_at(&strided, block, ix), chunk_at(&table, block, ix)) };
+        assert_eq!((a as u64, b as u64), (want, want), "block {block}, {ix:?}");
+    }
+}
+
+#[test]
+fn chunk_at_reads_the_table_entry_of_layer_and_part() {
+    use kvio_kernels::index::{chunk_at, PoolSide};
+    // Scattered bases: entry l * parts + p, whatever the order in memory.
+    let bases = [0x9000u64, 0x1000, 0x5000, 0x3000];
+    let side = PoolSide {
+        base: std::ptr::null_mut(),
+        table: Some(&bases[..]),
+        parts: 2,
+        strides: [0, 0, 0x100, 0x10, 0x4],
+    };
+    for (i, &b) in bases.iter().enumerate() {
+        let ix = [i as u64 / 2, i as u64 % 2, 3, 1];
+        // SAFETY: i < 4 entries.
+        let at = unsafe { chunk_at(&side, 2, ix) } as u64;
+        assert_eq!(at, b + 2 * 0x100 + 3 * 0x10 + 0x4);
+    }
+}

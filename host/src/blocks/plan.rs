@@ -349,6 +349,7 @@ mod tests {
     use super::*;
     use crate::blocks::test_pools::*;
     use crate::layout::PagedLayout;
+    use crate::plan::Span;
 
     // ---- merging -------------------------------------------------------------------------
 
@@ -634,5 +635,163 @@ mod tests {
         };
         let r = geo(p, nhd(DST, NB, L, BS, H, D, E));
         assert_eq!(r, Err(Error::Overflow { name: "src" }));
+    }
+
+    // ---- plans: backend choice, staging, DMA spans -----------------------------------------
+
+    fn target(kind: MemoryKind) -> Target<'static> {
+        Target {
+            caps: GridCap::uniform(8),
+            kind_of: match kind {
+                MemoryKind::PinnedHost => &|_| MemoryKind::PinnedHost,
+                _ => &|_| MemoryKind::Device,
+            },
+        }
+    }
+
+    #[test]
+    fn host_map_backend_and_staging_decide_the_plan() {
+        let (s, d) = (nhd(SRC, NB, L, BS, H, D, E), nhd(DST, NB, L, BS, H, D, E));
+        let pairs = [[0i64, 1], [2, 3]];
+        let staging = bytes(0x4000_0000, 32);
+        let dev = target(MemoryKind::Device);
+        // Auto without staging: the copy engines.
+        let (b, p) = plan(&op(s, d, &pairs), &dev).unwrap();
+        assert_eq!(b, Backend::Dma);
+        assert!(
+            matches!(p, Plan::Dma(ref spans) if !spans.is_empty()),
+            "{p:?}"
+        );
+        // Auto with staging on device pools: the kernel, the map uploaded to staging first.
+        let staged = BlockCopy {
+            staging: Some(staging),
+            ..op(s, d, &pairs)
+        };
+        let (b, p) = plan(&staged, &dev).unwrap();
+        assert_eq!(b, Backend::Kernel);
+        match p {
+            Plan::Kernel {
+                upload: Some(u),
+                launch,
+            } => {
+                assert_eq!(u.dst, staging.ptr());
+                assert_eq!(u.src, bytemuck::cast_slice::<[i64; 2], u8>(&pairs));
+                let Kernel::Copy(a) = launch.kernel else {
+                    panic!("device pools take the device-copy entry: {launch:?}")
+                };
+                assert_eq!((a.pairs as u64, a.num_pairs), (staging.ptr(), 2));
+                assert_eq!(launch.threads, BLOCK_THREADS);
+            }
+            other => panic!("{other:?}"),
+        }
+        // The same on pinned pools: whole 2-MiB-or-longer spans go to DMA, shorter to the
+        // transfer entry point.
+        let (b, p) = plan(&staged, &target(MemoryKind::PinnedHost)).unwrap();
+        assert_eq!(b, Backend::Kernel);
+        assert!(
+            matches!(
+                p,
+                Plan::Kernel {
+                    launch: Launch {
+                        kernel: Kernel::Transfer(_),
+                        threads: TRANSFER_THREADS,
+                        ..
+                    },
+                    ..
+                }
+            ),
+            "{p:?}"
+        );
+        // Staging too short, or misaligned.
+        let short = BlockCopy {
+            staging: Some(bytes(0x4000_0000, 31)),
+            ..staged
+        };
+        assert!(matches!(
+            plan(&short, &dev),
+            Err(Error::BufferTooSmall {
+                name: "staging",
+                ..
+            })
+        ));
+        let odd = BlockCopy {
+            staging: Some(bytes(0x4000_0004, 32)),
+            ..staged
+        };
+        assert_invalid(plan(&odd, &dev), "staging");
+        // Kernel with a host map and no staging is refused, DMA with a device map too.
+        let unstaged = BlockCopy {
+            backend: Backend::Kernel,
+            ..op(s, d, &pairs)
+        };
+        assert_invalid(plan(&unstaged, &dev), "staging");
+        let dma_device_map = BlockCopy {
+            backend: Backend::Dma,
+            map: BlockMap::Device {
+                pairs: bytes(0x5000_0000, 32),
+                len: 2,
+            },
+            ..op(s, d, &pairs)
+        };
+        assert_invalid(plan(&dma_device_map, &dev), "backend");
+        // An empty host map on the kernel: nothing at all (no upload, no launch).
+        let empty = BlockCopy {
+            backend: Backend::Kernel,
+            staging: Some(staging),
+            ..op(s, d, &[])
+        };
+        assert!(matches!(
+            plan(&empty, &dev),
+            Ok((Backend::Kernel, Plan::Nothing))
+        ));
+    }
+
+    #[test]
+    fn dma_spans_merge_runs_of_whole_blocks() {
+        let (s, d) = (nhd(SRC, NB, L, BS, H, D, E), nhd(DST, 7, L, BS, H, D, E));
+        let block = (L * 2 * BS * H * D * E) as u64;
+        // 0->1, 1->2 form a run; padding is dropped; 3->0 stands alone.
+        let pairs = [[0i64, 1], [1, 2], [-1, -1], [3, 0]];
+        let (_, p) = plan(&op(s, d, &pairs), &target(MemoryKind::Device)).unwrap();
+        let Plan::Dma(spans) = p else { panic!("{p:?}") };
+        assert_eq!(
+            spans,
+            vec![
+                Span {
+                    dst: DST + block,
+                    src: SRC,
+                    bytes: 2 * block
+                },
+                Span {
+                    dst: DST,
+                    src: SRC + 3 * block,
+                    bytes: block
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn dma_spans_convert_cross_layer_to_layer_first() {
+        // One span per (layer, part): the chunk is one layer's K or V of a block.
+        let (s, d) = (
+            nhd(SRC, NB, L, BS, H, D, E),
+            layer_first(DST, NB, L, BS, H, D, E),
+        );
+        let part = (BS * H * D * E) as u64;
+        let cache = NB as u64 * part; // one layer's K (or V) in the layer-first pool
+        let (_, p) = plan(&op(s, d, &[[2, 1]]), &target(MemoryKind::Device)).unwrap();
+        let Plan::Dma(spans) = p else { panic!("{p:?}") };
+        let mut want = Vec::new();
+        for l in 0..L as u64 {
+            for k in 0..2u64 {
+                want.push(Span {
+                    dst: DST + l * cache + k * L as u64 * cache + part,
+                    src: SRC + 2 * (L as u64 * 2 * part) + (2 * l + k) * part,
+                    bytes: part,
+                });
+            }
+        }
+        assert_eq!(spans, want);
     }
 }
