@@ -14,12 +14,12 @@ use kvio::cudarc::{
     driver::{sys, CudaContext, CudaSlice, CudaStream, DeviceRepr, PinnedHostSlice},
 };
 use kvio::plan::{slices_to_table, slots_to_slices, Slice};
-use kvio::reference::{self, PoolImage};
+use kvio::reference;
 use kvio::{
-    Backend, Bases, BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceErrors, ErrorCounts, Kvio,
-    PagedLayout, PinnedHost, SliceUpdate, SlotMapping, SlotUpdate, TokenLayout,
+    Backend, BlockCopy, BlockMap, BlockPool, DeviceErrors, ErrorCounts, Kvio, PagedLayout,
+    PinnedHost, SliceUpdate, SlotMapping, SlotUpdate, TokenLayout,
 };
-use kvio_suite::{assert_same, gpu_required, random_bytes, Rng};
+use kvio_suite::{assert_same, gpu_required, random_bytes, Kind, Rng, Shape};
 
 /// kvio loaded into cudarc's primary context, and a cudarc stream. Field order is drop order:
 /// the module goes before the context.
@@ -339,82 +339,6 @@ fn cudarc_slice_update() {
         assert_same(&name, &got, &want);
         assert_eq!(rc.bad_slices, 2, "{name}: reference");
         assert_eq!(errors.read(kc::stream(s)).unwrap(), rc, "{name}");
-    }
-}
-
-/// Pool layouts of the block-copy tests.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Kind {
-    /// vLLM cross-layer `(NB, L, 2, bs, H, D)`.
-    CrossNhd,
-    /// Cross-layer `(NB, H, L, 2, bs, D)`.
-    CrossHnd,
-    /// SGLang's layer-first host pool `(2, L, NB, bs, H, D)`.
-    LayerFirst,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Shape {
-    blocks: usize,
-    layers: usize,
-    bs: usize,
-    heads: usize,
-    dim: usize,
-    elem: usize,
-}
-
-impl Shape {
-    fn bytes(&self) -> usize {
-        self.blocks * self.layers * 2 * self.bs * self.heads * self.dim * self.elem
-    }
-
-    fn pool(&self, kind: Kind, mem: DeviceBytes) -> BlockPool<'static> {
-        let Shape {
-            blocks,
-            layers,
-            bs,
-            heads,
-            dim,
-            elem,
-        } = *self;
-        match kind {
-            Kind::CrossNhd => BlockPool::cross_layer_nhd(mem, blocks, layers, bs, heads, dim, elem),
-            Kind::CrossHnd => BlockPool::cross_layer_hnd(mem, blocks, layers, bs, heads, dim, elem),
-            Kind::LayerFirst => {
-                let cache = blocks * bs * heads * dim * elem;
-                BlockPool {
-                    bases: Bases::Strided {
-                        mem,
-                        layer_stride: cache,
-                        part_stride: layers * cache,
-                    },
-                    layers,
-                    parts: 2,
-                    layout: PagedLayout::nhd(blocks, bs, heads, dim, elem),
-                }
-            }
-        }
-    }
-
-    /// The pool as a host image for the reference.
-    fn image(&self, kind: Kind) -> PoolImage {
-        // SAFETY: never dereferenced; only the strides are read.
-        let p = self.pool(kind, unsafe { DeviceBytes::from_raw(0, self.bytes()) });
-        let Bases::Strided {
-            layer_stride,
-            part_stride,
-            ..
-        } = p.bases
-        else {
-            unreachable!("strided pools only")
-        };
-        PoolImage {
-            layers: p.layers,
-            parts: p.parts,
-            layout: p.layout,
-            layer_stride,
-            part_stride,
-        }
     }
 }
 
