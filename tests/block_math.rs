@@ -3,8 +3,9 @@
 //! formulations.
 
 use kvio::reference::{copy_blocks, PoolImage};
-use kvio::{Bases, BlockPool, DeviceBytes, ErrorCounts, PagedLayout};
+use kvio::{ErrorCounts, PagedLayout};
 use kvio_kernels::index::{check_pair, split_n, PairCheck};
+use kvio_suite::{Kind, Shape};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -419,26 +420,7 @@ fn copy_blocks_limits_are_per_pool() {
     }
 }
 
-/// A pool image with the shape and strides of a strided `BlockPool` (fake memory: only the
-/// numbers are used).
-fn image_of(pool: &BlockPool<'_>) -> PoolImage {
-    let Bases::Strided {
-        layer_stride,
-        part_stride,
-        ..
-    } = pool.bases
-    else {
-        panic!("strided pools only");
-    };
-    PoolImage {
-        layers: pool.layers,
-        parts: pool.parts,
-        layout: pool.layout,
-        layer_stride,
-        part_stride,
-    }
-}
-
+/// Host images of the cross-layer NHD and HND pools of one shape, and their size in bytes.
 fn pools(
     nb: usize,
     l: usize,
@@ -447,12 +429,15 @@ fn pools(
     d: usize,
     e: usize,
 ) -> (PoolImage, PoolImage, usize) {
-    let bytes = nb * l * 2 * bs * h * d * e;
-    // SAFETY: these views are only used for their shape, never dereferenced.
-    let mem = unsafe { DeviceBytes::from_raw(0x1000, bytes) };
-    let nhd = BlockPool::cross_layer_nhd(mem, nb, l, bs, h, d, e);
-    let hnd = BlockPool::cross_layer_hnd(mem, nb, l, bs, h, d, e);
-    (image_of(&nhd), image_of(&hnd), bytes)
+    let s = Shape {
+        blocks: nb,
+        layers: l,
+        bs,
+        heads: h,
+        dim: d,
+        elem: e,
+    };
+    (s.image(Kind::CrossNhd), s.image(Kind::CrossHnd), s.bytes())
 }
 
 #[test]
