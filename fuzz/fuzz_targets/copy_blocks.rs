@@ -1,6 +1,6 @@
 //! `kvio::emulate::copy_blocks` (block-map validation, pool geometry and the kernel body run on
-//! the CPU) with arbitrary pool descriptors (strided bases), host or device block maps and
-//! views on small host buffers, the two pools in separate buffers or in one. No panic or
+//! the CPU) with arbitrary pool descriptors (strided bases), host block maps (through a staging
+//! buffer, as the kernel backend requires) or device block maps, and views on small host buffers, the two pools in separate buffers or in one. No panic or
 //! overflow; an accepted call touches nothing outside its views (AddressSanitizer past the end,
 //! checked bytes before), never writes the source pool (separate buffers) or the map, and —
 //! when its pools are separate and no two valid pairs share a destination — writes exactly
@@ -142,10 +142,15 @@ fn run(u: &mut Unstructured) -> Result<()> {
     let mv = map_buf.view(0, usize::MAX);
     // SAFETY: the view holds `mv.len()` bytes.
     unsafe { std::ptr::copy_nonoverlapping(map_bytes.as_ptr(), mv.ptr() as *mut u8, mv.len()) };
-    let map = if device_map {
-        BlockMap::Device { pairs: mv, len: n }
+    // A host map goes through staging on the kernel backend (as on the GPU): 16 bytes a pair.
+    let mut staging_buf = Buf::new(8, 16 * n, 0x33);
+    let (map, staging) = if device_map {
+        (BlockMap::Device { pairs: mv, len: n }, None)
     } else {
-        BlockMap::Host(&pairs)
+        (
+            BlockMap::Host(&pairs),
+            Some(staging_buf.view(0, usize::MAX)),
+        )
     };
     let op = BlockCopy {
         src,
@@ -157,7 +162,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
         } else {
             Some(u.int_in_range(0..=64)?)
         },
-        staging: None,
+        staging,
         errors: None,
     };
 
@@ -171,6 +176,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
     src_buf.check_pad("src");
     dst_buf.check_pad("dst");
     map_buf.check_pad("map");
+    staging_buf.check_pad("staging");
     assert_same("map", map_buf.data(), &before.2);
     if r.is_err() {
         assert_same("refused: src", src_buf.data(), &before.0);
