@@ -7,7 +7,9 @@ use kvio::reference;
 use kvio::{
     Backend, BlockCopy, BlockMap, DeviceBytes, DeviceErrors, Error, ErrorCounts, StreamRef,
 };
-use kvio_suite::{assert_same, gpu, random_bytes, upload, Gpu, Kind, Rng, Shape, TestPool, KINDS};
+use kvio_suite::{
+    assert_same, gpu, random_bytes, random_pairs, upload, Gpu, Kind, Rng, Shape, TestPool, KINDS,
+};
 
 /// How the copy is asked for.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -28,19 +30,9 @@ const MODES: [Mode; 4] = [
     Mode::Auto,
 ];
 
-/// Random pairs: distinct destinations, random sources, some padding.
+/// Random pairs: distinct destinations, random sources, one in 10 padding.
 fn make_pairs(n: usize, src_blocks: usize, dst_blocks: usize, rng: &mut Rng) -> Vec<[i64; 2]> {
-    let mut dsts: Vec<i64> = (0..dst_blocks as i64).collect();
-    rng.shuffle(&mut dsts);
-    (0..n)
-        .map(|i| {
-            if rng.below(10) == 0 {
-                [-1, -1]
-            } else {
-                [rng.below(src_blocks as u64) as i64, dsts[i]]
-            }
-        })
-        .collect()
+    random_pairs(n, src_blocks, dst_blocks, 10, rng)
 }
 
 /// Runs one copy and checks the destination against the reference. Returns the backend used.

@@ -19,7 +19,7 @@ use kvio::{
     Backend, BlockCopy, BlockMap, BlockPool, DeviceErrors, ErrorCounts, Kvio, PagedLayout,
     PinnedHost, SliceUpdate, SlotMapping, SlotUpdate, TokenLayout,
 };
-use kvio_suite::{assert_same, gpu_required, random_bytes, Kind, Rng, Shape};
+use kvio_suite::{assert_same, gpu_required, random_bytes, random_pairs, Kind, Rng, Shape};
 
 /// kvio loaded into cudarc's primary context, and a cudarc stream. Field order is drop order:
 /// the module goes before the context.
@@ -342,19 +342,9 @@ fn cudarc_slice_update() {
     }
 }
 
-/// Random pairs: distinct destinations, random sources, some padding.
+/// Random pairs: distinct destinations, random sources, one in 8 padding.
 fn make_pairs(n: usize, blocks: usize, rng: &mut Rng) -> Vec<[i64; 2]> {
-    let mut dsts: Vec<i64> = (0..blocks as i64).collect();
-    rng.shuffle(&mut dsts);
-    (0..n)
-        .map(|i| {
-            if rng.below(8) == 0 {
-                [-1, -1]
-            } else {
-                [rng.below(blocks as u64) as i64, dsts[i]]
-            }
-        })
-        .collect()
+    random_pairs(n, blocks, blocks, 8, rng)
 }
 
 /// Flattened pairs for a device map; `bad` appends a pair whose source is past the pool

@@ -42,16 +42,9 @@ use kvio::{
     LayerTable, MemoryKind, PagedLayout, PinnedHost, SliceUpdate, SlotMapping, SlotUpdate,
     StreamRef, TokenLayout,
 };
-use kvio_suite::{assert_same, download, gpu, random_bytes, upload, Kind, Shape, TestPool};
-
-fn env_usize(name: &str, default: usize) -> usize {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
-        Err(_) => default,
-    }
-}
+use kvio_suite::{
+    assert_same, download, env_usize, gpu, random_bytes, upload, Kind, Shape, TestPool,
+};
 
 /// Calls per operation.
 fn calls() -> usize {

@@ -36,7 +36,9 @@ use kvio::{
     Backend, BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceErrors, Error, ErrorCounts,
     SliceUpdate, SlotMapping, SlotUpdate, StreamRef, TokenLayout,
 };
-use kvio_suite::{assert_same, gpu, random_bytes, upload, Gpu, Kind, Mem, Rng, Shape, TestPool};
+use kvio_suite::{
+    assert_same, env_usize, gpu, random_bytes, upload, Gpu, Kind, Mem, Rng, Shape, TestPool,
+};
 
 /// Streams (and host threads) of the stress test.
 const STREAMS: usize = 8;
@@ -66,15 +68,6 @@ const MAX_PAIRS: usize = MAX_COPY + 2;
 const CHECKPOINTS: usize = 10;
 /// Slots of one layer/part cache.
 const NUM_SLOTS: usize = NB * BS;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
-        Err(_) => default,
-    }
-}
 
 /// FNV-1a, 64 bits: a checksum to report (the comparison itself is byte for byte).
 fn checksum(bytes: &[u8]) -> u64 {

@@ -61,6 +61,17 @@ pub fn gpu(test: &str) -> Option<&'static Gpu> {
     }
 }
 
+/// The number in the environment variable `name`, or `default` when it is unset. Panics when
+/// it is set to something else than a number.
+pub fn env_usize(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
+        Err(_) => default,
+    }
+}
+
 /// Deterministic random bytes (xorshift), never all zero.
 pub fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -101,6 +112,28 @@ impl Rng {
             v.swap(i, j);
         }
     }
+}
+
+/// `n` random block-copy pairs (`n <= dst_blocks`): distinct destinations, random sources,
+/// one pair in `pad_one_in` (on average) padding `[-1, -1]`.
+pub fn random_pairs(
+    n: usize,
+    src_blocks: usize,
+    dst_blocks: usize,
+    pad_one_in: u64,
+    rng: &mut Rng,
+) -> Vec<[i64; 2]> {
+    let mut dsts: Vec<i64> = (0..dst_blocks as i64).collect();
+    rng.shuffle(&mut dsts);
+    (0..n)
+        .map(|i| {
+            if rng.below(pad_one_in) == 0 {
+                [-1, -1]
+            } else {
+                [rng.below(src_blocks as u64) as i64, dsts[i]]
+            }
+        })
+        .collect()
 }
 
 /// Uploads `data` (synchronously; done before the work under test is queued).
