@@ -973,57 +973,33 @@ fn conflicting_targets_rejected_nothing_launched() {
         first: 1,
         second: 10,
     };
+    // (what, source pool, destination pool): the ten pairs and one conflicting pair.
+    let dup_dst_cases = [
+        ("duplicate destination, GPU -> pinned", 0, 2),
+        ("duplicate destination, pinned -> GPU", 2, 0),
+        ("duplicate destination, GPU -> GPU (NHD -> HND)", 0, 1),
+        ("duplicate destination, pinned -> pinned (table)", 2, 3),
+    ];
+    let read_written_cases = [
+        ("block read and written, one cross-layer pool", 0, 0),
+        ("block read and written, one table pool", 1, 1),
+        ("block read and written, one pinned pool", 2, 2),
+    ];
+    let case = |(what, src, dst): (&'static str, usize, usize), extra, want: &Error| {
+        let (s, d) = (pools[src].pool(), pools[dst].pool());
+        (what, s, d, with(extra), want.clone())
+    };
     #[allow(clippy::type_complexity)]
-    let cases: Vec<(&str, BlockPool<'_>, BlockPool<'_>, Vec<[i64; 2]>, Error)> = vec![
-        (
-            "duplicate destination, GPU -> pinned",
-            pools[0].pool(),
-            pools[2].pool(),
-            with([40, 22]),
-            dup_dst.clone(),
-        ),
-        (
-            "duplicate destination, pinned -> GPU",
-            pools[2].pool(),
-            pools[0].pool(),
-            with([40, 22]),
-            dup_dst.clone(),
-        ),
-        (
-            "duplicate destination, GPU -> GPU (NHD -> HND)",
-            pools[0].pool(),
-            pools[1].pool(),
-            with([40, 22]),
-            dup_dst.clone(),
-        ),
-        (
-            "duplicate destination, pinned -> pinned (table)",
-            pools[2].pool(),
-            pools[3].pool(),
-            with([40, 22]),
-            dup_dst.clone(),
-        ),
-        (
-            "block read and written, one cross-layer pool",
-            pools[0].pool(),
-            pools[0].pool(),
-            with([30, 11]),
-            read_written.clone(),
-        ),
-        (
-            "block read and written, one table pool",
-            pools[1].pool(),
-            pools[1].pool(),
-            with([30, 11]),
-            read_written.clone(),
-        ),
-        (
-            "block read and written, one pinned pool",
-            pools[2].pool(),
-            pools[2].pool(),
-            with([30, 11]),
-            read_written,
-        ),
+    let mut cases: Vec<(&str, BlockPool<'_>, BlockPool<'_>, Vec<[i64; 2]>, Error)> = dup_dst_cases
+        .into_iter()
+        .map(|c| case(c, [40, 22], &dup_dst))
+        .chain(
+            read_written_cases
+                .into_iter()
+                .map(|c| case(c, [30, 11], &read_written)),
+        )
+        .collect();
+    cases.extend([
         (
             "block copied onto itself",
             pools[0].pool(),
@@ -1046,7 +1022,7 @@ fn conflicting_targets_rejected_nothing_launched() {
                 second: 0,
             },
         ),
-    ];
+    ]);
     for (what, src, dst, pairs, want) in &cases {
         for backend in [Backend::Dma, Backend::Kernel, Backend::Auto] {
             let r = g.kv.copy_blocks(
