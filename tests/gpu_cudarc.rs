@@ -357,6 +357,21 @@ fn device_pairs(pairs: &[[i64; 2]], blocks: usize, bad: bool) -> Vec<[i64; 2]> {
     v
 }
 
+/// What `dst` (initially `init`, a pool of kind `dk`) holds after the reference copies `pairs`
+/// into it from `src` (a pool of kind `sk`), and the counts.
+fn reference_copy(
+    sh: &Shape,
+    sk: Kind,
+    src: &[u8],
+    dk: Kind,
+    init: Vec<u8>,
+    pairs: &[[i64; 2]],
+) -> (Vec<u8>, ErrorCounts) {
+    let mut want = init;
+    let counts = reference::copy_blocks(&sh.image(sk), src, &sh.image(dk), &mut want, pairs);
+    (want, counts)
+}
+
 fn flat(pairs: &[[i64; 2]]) -> Vec<i64> {
     pairs.iter().flatten().copied().collect()
 }
@@ -424,9 +439,7 @@ fn cudarc_copy_blocks_d2d() {
                 assert_eq!(used, backend, "{name}");
             }
             let got = down(s, &dst);
-            let mut want = poison;
-            let counts =
-                reference::copy_blocks(&sh.image(sk), &src_data, &sh.image(dk), &mut want, &pairs);
+            let (want, counts) = reference_copy(&sh, sk, &src_data, dk, poison, &pairs);
             assert_same(&name, &got, &want);
             assert_eq!(errors.read(kc::stream(s)).unwrap(), counts, "{name}");
         }
@@ -521,12 +534,12 @@ fn cudarc_offload_and_onload() {
     }
     // as_slice waits for the event the Access recorded after the launch.
     let got = host.as_slice().unwrap().to_vec();
-    let mut want = poison;
-    let counts = reference::copy_blocks(
-        &sh.image(Kind::CrossNhd),
+    let (want, counts) = reference_copy(
+        &sh,
+        Kind::CrossNhd,
         &gpu_data,
-        &sh.image(Kind::LayerFirst),
-        &mut want,
+        Kind::LayerFirst,
+        poison,
         &pairs,
     );
     assert_same("offload kernel -> cudarc pinned", &got, &want);
@@ -557,12 +570,12 @@ fn cudarc_offload_and_onload() {
         assert_eq!(used, Backend::Dma);
     }
     s.synchronize().unwrap();
-    let mut want = poison;
-    reference::copy_blocks(
-        &sh.image(Kind::CrossNhd),
+    let (want, _) = reference_copy(
+        &sh,
+        Kind::CrossNhd,
         &gpu_data,
-        &sh.image(Kind::CrossHnd),
-        &mut want,
+        Kind::CrossHnd,
+        poison,
         &pairs,
     );
     assert_same("offload DMA -> kvio pinned", kvio_host.as_slice(), &want);
@@ -596,12 +609,12 @@ fn cudarc_offload_and_onload() {
         )
         .unwrap();
     }
-    let mut want = poison;
-    let counts = reference::copy_blocks(
-        &sh.image(Kind::LayerFirst),
+    let (want, counts) = reference_copy(
+        &sh,
+        Kind::LayerFirst,
         &host_data,
-        &sh.image(Kind::CrossHnd),
-        &mut want,
+        Kind::CrossHnd,
+        poison,
         &pairs,
     );
     assert_same("onload kernel <- cudarc pinned", &down(s, &dst), &want);
@@ -635,12 +648,12 @@ fn cudarc_offload_and_onload() {
             .unwrap();
         assert_eq!(used, Backend::Kernel);
     }
-    let mut want = poison;
-    reference::copy_blocks(
-        &sh.image(Kind::CrossNhd),
+    let (want, _) = reference_copy(
+        &sh,
+        Kind::CrossNhd,
         &host_data,
-        &sh.image(Kind::CrossNhd),
-        &mut want,
+        Kind::CrossNhd,
+        poison,
         &pairs,
     );
     assert_same(
@@ -671,12 +684,12 @@ fn cudarc_offload_and_onload() {
         )
         .unwrap();
     }
-    let mut want = poison;
-    reference::copy_blocks(
-        &sh.image(Kind::CrossHnd),
+    let (want, _) = reference_copy(
+        &sh,
+        Kind::CrossHnd,
         &host_data,
-        &sh.image(Kind::LayerFirst),
-        &mut want,
+        Kind::LayerFirst,
+        poison,
         &pairs,
     );
     assert_same("onload DMA <- kvio pinned", &down(s, &dst), &want);
