@@ -362,15 +362,21 @@ impl WriteSetup {
     }
 }
 
-fn slot_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
-    let mut grp = c.benchmark_group("slot-update");
-    let row = cfg.heads * cfg.dim * cfg.elem;
+/// The `(tokens, page size)` cases of the write benchmarks: token counts at page size 16,
+/// then 16384 tokens at every page size of `cfg`.
+fn write_cases(cfg: &Cfg) -> Vec<(usize, usize)> {
     let mut cases: Vec<(usize, usize)> = [1usize, 16, 256, 4096, 65536]
         .iter()
         .map(|&t| (t, 16))
         .collect();
     cases.extend(cfg.pages.iter().map(|&bs| (16384usize, bs)));
-    for (t, bs) in cases {
+    cases
+}
+
+fn slot_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
+    let mut grp = c.benchmark_group("slot-update");
+    let row = cfg.heads * cfg.dim * cfg.elem;
+    for (t, bs) in write_cases(cfg) {
         let w = WriteSetup::new(cfg, t, bs, t as u64 ^ bs as u64);
         let name = if bs == 16 && t != 16384 {
             "slot-update/T"
@@ -444,12 +450,7 @@ fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream,
     // vLLM TPU layout: rows of K and V heads together (H' = 2H), flat cache.
     let heads = 2 * cfg.heads;
     let row = heads * cfg.dim * cfg.elem;
-    let mut cases: Vec<(usize, usize)> = [1usize, 16, 256, 4096, 65536]
-        .iter()
-        .map(|&t| (t, 16))
-        .collect();
-    cases.extend(cfg.pages.iter().map(|&bs| (16384usize, bs)));
-    for (t, bs) in cases {
+    for (t, bs) in write_cases(cfg) {
         let name = if bs == 16 && t != 16384 {
             "slice-update/T"
         } else {

@@ -3,8 +3,9 @@
 //! formulations.
 
 use kvio::reference::{copy_blocks, PoolImage};
-use kvio::{Bases, BlockPool, DeviceBytes, ErrorCounts, PagedLayout};
+use kvio::{ErrorCounts, PagedLayout};
 use kvio_kernels::index::{check_pair, split_n, PairCheck};
+use kvio_suite::{Kind, Shape};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -266,6 +267,12 @@ fn tiny_layer_first() -> PoolImage {
     }
 }
 
+/// The reference copy of `pairs` from a [`tiny_cross_layer`] image to a [`tiny_layer_first`]
+/// one.
+fn tiny_copy(src: &[u8], dst: &mut [u8], pairs: &[[i64; 2]]) -> ErrorCounts {
+    copy_blocks(&tiny_cross_layer(), src, &tiny_layer_first(), dst, pairs)
+}
+
 fn iota(n: usize) -> Vec<u8> {
     (0..n).map(|i| i as u8).collect()
 }
@@ -274,13 +281,7 @@ fn iota(n: usize) -> Vec<u8> {
 fn copy_blocks_hand_example() {
     let src = iota(32);
     let mut dst = vec![0xee; 32];
-    let counts = copy_blocks(
-        &tiny_cross_layer(),
-        &src,
-        &tiny_layer_first(),
-        &mut dst,
-        &[[0, 1], [1, 0]],
-    );
+    let counts = tiny_copy(&src, &mut dst, &[[0, 1], [1, 0]]);
     assert_eq!(counts, ErrorCounts::default());
     #[rustfmt::skip]
     let want: [u8; 32] = [
@@ -312,13 +313,7 @@ fn copy_blocks_hand_example() {
 fn copy_blocks_only_touches_mapped_blocks() {
     let src = iota(32);
     let mut dst = vec![0xee; 32];
-    copy_blocks(
-        &tiny_cross_layer(),
-        &src,
-        &tiny_layer_first(),
-        &mut dst,
-        &[[1, 1]],
-    );
+    tiny_copy(&src, &mut dst, &[[1, 1]]);
     #[rustfmt::skip]
     let want: [u8; 32] = [
         0xee, 0xee, 0xee, 0xee, 16, 17, 18, 19,
@@ -342,13 +337,7 @@ fn copy_blocks_padding_pairs_skipped() {
         [-1, 99],
         [99, -1],
     ];
-    let counts = copy_blocks(
-        &tiny_cross_layer(),
-        &src,
-        &tiny_layer_first(),
-        &mut dst,
-        &pairs,
-    );
+    let counts = tiny_copy(&src, &mut dst, &pairs);
     assert_eq!(counts, ErrorCounts::default());
     assert_eq!(dst, vec![0xee; 32]);
 }
@@ -358,13 +347,7 @@ fn copy_blocks_out_of_range_pairs_counted_and_skipped() {
     let src = iota(32);
     let mut dst = vec![0xee; 32];
     let pairs = [[2, 0], [0, 2], [i64::MAX, 0], [0, i64::MAX], [2, 2]];
-    let counts = copy_blocks(
-        &tiny_cross_layer(),
-        &src,
-        &tiny_layer_first(),
-        &mut dst,
-        &pairs,
-    );
+    let counts = tiny_copy(&src, &mut dst, &pairs);
     assert_eq!(
         counts,
         ErrorCounts {
@@ -377,23 +360,11 @@ fn copy_blocks_out_of_range_pairs_counted_and_skipped() {
     // Mixed with padding and a good pair: only the good pair lands.
     let mut dst = vec![0xee; 32];
     let pairs = [[-1, 0], [5, 0], [1, 1], [0, 3]];
-    let counts = copy_blocks(
-        &tiny_cross_layer(),
-        &src,
-        &tiny_layer_first(),
-        &mut dst,
-        &pairs,
-    );
+    let counts = tiny_copy(&src, &mut dst, &pairs);
     assert_eq!(counts.bad_blocks, 2);
     assert_eq!(counts.bad_slots + counts.bad_slices + counts.bad_counts, 0);
     let mut want = vec![0xee; 32];
-    copy_blocks(
-        &tiny_cross_layer(),
-        &src,
-        &tiny_layer_first(),
-        &mut want,
-        &[[1, 1]],
-    );
+    tiny_copy(&src, &mut want, &[[1, 1]]);
     assert_eq!(dst, want);
 }
 
@@ -419,26 +390,7 @@ fn copy_blocks_limits_are_per_pool() {
     }
 }
 
-/// A pool image with the shape and strides of a strided `BlockPool` (fake memory: only the
-/// numbers are used).
-fn image_of(pool: &BlockPool<'_>) -> PoolImage {
-    let Bases::Strided {
-        layer_stride,
-        part_stride,
-        ..
-    } = pool.bases
-    else {
-        panic!("strided pools only");
-    };
-    PoolImage {
-        layers: pool.layers,
-        parts: pool.parts,
-        layout: pool.layout,
-        layer_stride,
-        part_stride,
-    }
-}
-
+/// Host images of the cross-layer NHD and HND pools of one shape, and their size in bytes.
 fn pools(
     nb: usize,
     l: usize,
@@ -447,12 +399,15 @@ fn pools(
     d: usize,
     e: usize,
 ) -> (PoolImage, PoolImage, usize) {
-    let bytes = nb * l * 2 * bs * h * d * e;
-    // SAFETY: these views are only used for their shape, never dereferenced.
-    let mem = unsafe { DeviceBytes::from_raw(0x1000, bytes) };
-    let nhd = BlockPool::cross_layer_nhd(mem, nb, l, bs, h, d, e);
-    let hnd = BlockPool::cross_layer_hnd(mem, nb, l, bs, h, d, e);
-    (image_of(&nhd), image_of(&hnd), bytes)
+    let s = Shape {
+        blocks: nb,
+        layers: l,
+        bs,
+        heads: h,
+        dim: d,
+        elem: e,
+    };
+    (s.image(Kind::CrossNhd), s.image(Kind::CrossHnd), s.bytes())
 }
 
 #[test]

@@ -3,26 +3,13 @@
 //! random data with poisoned destinations. Skips without a GPU unless `KVIO_REQUIRE_GPU=1`.
 
 use cust::stream::Stream;
-use kvio::reference::{self, PoolImage};
+use kvio::reference;
 use kvio::{
-    Backend, Bases, BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceErrors, Error, ErrorCounts,
-    LayerTable, PagedLayout, StreamRef,
+    Backend, BlockCopy, BlockMap, DeviceBytes, DeviceErrors, Error, ErrorCounts, StreamRef,
 };
-use kvio_suite::{assert_same, gpu, random_bytes, upload, Gpu, Mem, Rng};
-
-/// Pool layouts under test.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Kind {
-    /// Layer-separate NHD caches through a pointer table.
-    SepNhd,
-    /// Layer-separate HND caches through a pointer table.
-    SepHnd,
-    /// Cross-layer `(NB, L, 2, bs, H, D)`.
-    CrossNhd,
-    /// Cross-layer `(NB, H, L, 2, bs, D)`.
-    CrossHnd,
-}
-const KINDS: [Kind; 4] = [Kind::SepNhd, Kind::SepHnd, Kind::CrossNhd, Kind::CrossHnd];
+use kvio_suite::{
+    assert_same, gpu, random_bytes, random_pairs, upload, Gpu, Kind, Rng, Shape, TestPool, KINDS,
+};
 
 /// How the copy is asked for.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -43,123 +30,9 @@ const MODES: [Mode; 4] = [
     Mode::Auto,
 ];
 
-#[derive(Clone, Copy, Debug)]
-struct Shape {
-    blocks: usize,
-    layers: usize,
-    bs: usize,
-    heads: usize,
-    dim: usize,
-    elem: usize,
-}
-
-/// A pool under test: its memory, its table (layer-separate kinds) and its shape.
-struct TestPool {
-    mem: Mem,
-    table: Option<LayerTable>,
-    kind: Kind,
-    s: Shape,
-}
-
-impl TestPool {
-    fn part_bytes(s: &Shape) -> usize {
-        s.blocks * s.bs * s.heads * s.dim * s.elem
-    }
-
-    fn new(kind: Kind, on_host: bool, s: Shape) -> TestPool {
-        let part = Self::part_bytes(&s);
-        let mem = Mem::new(on_host, part * 2 * s.layers);
-        let table = match kind {
-            Kind::SepNhd | Kind::SepHnd => {
-                let views: Vec<DeviceBytes> = (0..2 * s.layers)
-                    .map(|i| mem.bytes().slice(i * part, part).unwrap())
-                    .collect();
-                Some(LayerTable::new(&views, 2).expect("layer table"))
-            }
-            _ => None,
-        };
-        TestPool {
-            mem,
-            table,
-            kind,
-            s,
-        }
-    }
-
-    fn pool(&self) -> BlockPool<'_> {
-        let s = self.s;
-        match self.kind {
-            Kind::SepNhd => BlockPool::layer_separate(
-                self.table.as_ref().unwrap(),
-                PagedLayout::nhd(s.blocks, s.bs, s.heads, s.dim, s.elem),
-            ),
-            Kind::SepHnd => BlockPool::layer_separate(
-                self.table.as_ref().unwrap(),
-                PagedLayout::hnd(s.blocks, s.bs, s.heads, s.dim, s.elem),
-            ),
-            Kind::CrossNhd => BlockPool::cross_layer_nhd(
-                self.mem.bytes(),
-                s.blocks,
-                s.layers,
-                s.bs,
-                s.heads,
-                s.dim,
-                s.elem,
-            ),
-            Kind::CrossHnd => BlockPool::cross_layer_hnd(
-                self.mem.bytes(),
-                s.blocks,
-                s.layers,
-                s.bs,
-                s.heads,
-                s.dim,
-                s.elem,
-            ),
-        }
-    }
-
-    /// The same pool as a host image for the reference.
-    fn image(&self) -> PoolImage {
-        let p = self.pool();
-        match p.bases {
-            Bases::Strided {
-                layer_stride,
-                part_stride,
-                ..
-            } => PoolImage {
-                layers: p.layers,
-                parts: p.parts,
-                layout: p.layout,
-                layer_stride,
-                part_stride,
-            },
-            Bases::Table(_) => {
-                let part = Self::part_bytes(&self.s);
-                PoolImage {
-                    layers: p.layers,
-                    parts: 2,
-                    layout: p.layout,
-                    layer_stride: 2 * part,
-                    part_stride: part,
-                }
-            }
-        }
-    }
-}
-
-/// Random pairs: distinct destinations, random sources, some padding.
+/// Random pairs: distinct destinations, random sources, one in 10 padding.
 fn make_pairs(n: usize, src_blocks: usize, dst_blocks: usize, rng: &mut Rng) -> Vec<[i64; 2]> {
-    let mut dsts: Vec<i64> = (0..dst_blocks as i64).collect();
-    rng.shuffle(&mut dsts);
-    (0..n)
-        .map(|i| {
-            if rng.below(10) == 0 {
-                [-1, -1]
-            } else {
-                [rng.below(src_blocks as u64) as i64, dsts[i]]
-            }
-        })
-        .collect()
+    random_pairs(n, src_blocks, dst_blocks, 10, rng)
 }
 
 /// Runs one copy and checks the destination against the reference. Returns the backend used.
@@ -369,9 +242,7 @@ fn copy_within_one_pool() {
         elem: 2,
     };
     for kind in KINDS {
-        let mut pool = TestPool::new(kind, false, s);
-        let data = random_bytes(pool.mem.bytes().len(), 5);
-        pool.mem.fill(&data);
+        let (pool, data) = TestPool::random(kind, false, s, 5);
         let pairs: Vec<[i64; 2]> = (0..15).map(|i| [i, 39 - i]).collect();
         let map_d = upload(&pairs.iter().flatten().copied().collect::<Vec<i64>>());
         let op = BlockCopy {
@@ -429,12 +300,8 @@ fn concurrent_streams_disjoint_blocks() {
         elem: 2,
     };
     let streams: Vec<Stream> = (0..4).map(|_| g.stream()).collect();
-    let mut src = TestPool::new(Kind::SepNhd, false, s);
-    let mut dst = TestPool::new(Kind::CrossNhd, true, s);
-    let data = random_bytes(src.mem.bytes().len(), 11);
-    let poison = random_bytes(dst.mem.bytes().len(), 12);
-    src.mem.fill(&data);
-    dst.mem.fill(&poison);
+    let (src, data) = TestPool::random(Kind::SepNhd, false, s, 11);
+    let (dst, poison) = TestPool::random(Kind::CrossNhd, true, s, 12);
     let mut rng = Rng::new(3);
     let mut dsts: Vec<i64> = (0..64).collect();
     rng.shuffle(&mut dsts);
@@ -560,7 +427,7 @@ fn rejects_bad_host_arguments() {
     let fake = unsafe { DeviceBytes::from_raw(pageable.as_ptr() as u64, len) };
     let op = BlockCopy {
         src: src.pool(),
-        dst: BlockPool::cross_layer_nhd(fake, s.blocks, s.layers, s.bs, s.heads, s.dim, s.elem),
+        dst: s.pool(Kind::CrossNhd, fake),
         map: BlockMap::Host(&[[0, 1]]),
         backend: Backend::Kernel,
         max_ctas: None,
@@ -647,9 +514,7 @@ fn cross_layer_views_feed_the_write_path() {
         dim: 128,
         elem: 2,
     };
-    let mut pool = TestPool::new(Kind::CrossNhd, false, s);
-    let init = random_bytes(pool.mem.bytes().len(), 1);
-    pool.mem.fill(&init);
+    let (pool, init) = TestPool::random(Kind::CrossNhd, false, s, 1);
     let t = 20;
     let input = kvio::TokenLayout::contiguous(t, s.heads, s.dim, s.elem);
     let kh = random_bytes(input.extent("i").unwrap() as usize, 2);

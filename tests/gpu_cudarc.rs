@@ -14,12 +14,12 @@ use kvio::cudarc::{
     driver::{sys, CudaContext, CudaSlice, CudaStream, DeviceRepr, PinnedHostSlice},
 };
 use kvio::plan::{slices_to_table, slots_to_slices, Slice};
-use kvio::reference::{self, PoolImage};
+use kvio::reference;
 use kvio::{
-    Backend, Bases, BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceErrors, ErrorCounts, Kvio,
-    PagedLayout, PinnedHost, SliceUpdate, SlotMapping, SlotUpdate, TokenLayout,
+    Backend, BlockCopy, BlockMap, BlockPool, DeviceErrors, ErrorCounts, Kvio, PagedLayout,
+    PinnedHost, SliceUpdate, SlotMapping, SlotUpdate, TokenLayout,
 };
-use kvio_suite::{assert_same, gpu_required, random_bytes, Rng};
+use kvio_suite::{assert_same, gpu_required, random_bytes, random_pairs, Kind, Rng, Shape};
 
 /// kvio loaded into cudarc's primary context, and a cudarc stream. Field order is drop order:
 /// the module goes before the context.
@@ -342,95 +342,9 @@ fn cudarc_slice_update() {
     }
 }
 
-/// Pool layouts of the block-copy tests.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Kind {
-    /// vLLM cross-layer `(NB, L, 2, bs, H, D)`.
-    CrossNhd,
-    /// Cross-layer `(NB, H, L, 2, bs, D)`.
-    CrossHnd,
-    /// SGLang's layer-first host pool `(2, L, NB, bs, H, D)`.
-    LayerFirst,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Shape {
-    blocks: usize,
-    layers: usize,
-    bs: usize,
-    heads: usize,
-    dim: usize,
-    elem: usize,
-}
-
-impl Shape {
-    fn bytes(&self) -> usize {
-        self.blocks * self.layers * 2 * self.bs * self.heads * self.dim * self.elem
-    }
-
-    fn pool(&self, kind: Kind, mem: DeviceBytes) -> BlockPool<'static> {
-        let Shape {
-            blocks,
-            layers,
-            bs,
-            heads,
-            dim,
-            elem,
-        } = *self;
-        match kind {
-            Kind::CrossNhd => BlockPool::cross_layer_nhd(mem, blocks, layers, bs, heads, dim, elem),
-            Kind::CrossHnd => BlockPool::cross_layer_hnd(mem, blocks, layers, bs, heads, dim, elem),
-            Kind::LayerFirst => {
-                let cache = blocks * bs * heads * dim * elem;
-                BlockPool {
-                    bases: Bases::Strided {
-                        mem,
-                        layer_stride: cache,
-                        part_stride: layers * cache,
-                    },
-                    layers,
-                    parts: 2,
-                    layout: PagedLayout::nhd(blocks, bs, heads, dim, elem),
-                }
-            }
-        }
-    }
-
-    /// The pool as a host image for the reference.
-    fn image(&self, kind: Kind) -> PoolImage {
-        // SAFETY: never dereferenced; only the strides are read.
-        let p = self.pool(kind, unsafe { DeviceBytes::from_raw(0, self.bytes()) });
-        let Bases::Strided {
-            layer_stride,
-            part_stride,
-            ..
-        } = p.bases
-        else {
-            unreachable!("strided pools only")
-        };
-        PoolImage {
-            layers: p.layers,
-            parts: p.parts,
-            layout: p.layout,
-            layer_stride,
-            part_stride,
-        }
-    }
-}
-
-/// Random pairs: distinct destinations, random sources, some padding.
+/// Random pairs: distinct destinations, random sources, one in 8 padding.
 fn make_pairs(n: usize, blocks: usize, rng: &mut Rng) -> Vec<[i64; 2]> {
-    let mut dsts: Vec<i64> = (0..blocks as i64).collect();
-    rng.shuffle(&mut dsts);
-    (0..n)
-        .map(|i| {
-            if rng.below(8) == 0 {
-                [-1, -1]
-            } else {
-                [rng.below(blocks as u64) as i64, dsts[i]]
-            }
-        })
-        .collect()
+    random_pairs(n, blocks, blocks, 8, rng)
 }
 
 /// Flattened pairs for a device map; `bad` appends a pair whose source is past the pool
@@ -441,6 +355,21 @@ fn device_pairs(pairs: &[[i64; 2]], blocks: usize, bad: bool) -> Vec<[i64; 2]> {
         v.push([blocks as i64 + 3, 0]);
     }
     v
+}
+
+/// What `dst` (initially `init`, a pool of kind `dk`) holds after the reference copies `pairs`
+/// into it from `src` (a pool of kind `sk`), and the counts.
+fn reference_copy(
+    sh: &Shape,
+    sk: Kind,
+    src: &[u8],
+    dk: Kind,
+    init: Vec<u8>,
+    pairs: &[[i64; 2]],
+) -> (Vec<u8>, ErrorCounts) {
+    let mut want = init;
+    let counts = reference::copy_blocks(&sh.image(sk), src, &sh.image(dk), &mut want, pairs);
+    (want, counts)
 }
 
 fn flat(pairs: &[[i64; 2]]) -> Vec<i64> {
@@ -510,9 +439,7 @@ fn cudarc_copy_blocks_d2d() {
                 assert_eq!(used, backend, "{name}");
             }
             let got = down(s, &dst);
-            let mut want = poison;
-            let counts =
-                reference::copy_blocks(&sh.image(sk), &src_data, &sh.image(dk), &mut want, &pairs);
+            let (want, counts) = reference_copy(&sh, sk, &src_data, dk, poison, &pairs);
             assert_same(&name, &got, &want);
             assert_eq!(errors.read(kc::stream(s)).unwrap(), counts, "{name}");
         }
@@ -607,12 +534,12 @@ fn cudarc_offload_and_onload() {
     }
     // as_slice waits for the event the Access recorded after the launch.
     let got = host.as_slice().unwrap().to_vec();
-    let mut want = poison;
-    let counts = reference::copy_blocks(
-        &sh.image(Kind::CrossNhd),
+    let (want, counts) = reference_copy(
+        &sh,
+        Kind::CrossNhd,
         &gpu_data,
-        &sh.image(Kind::LayerFirst),
-        &mut want,
+        Kind::LayerFirst,
+        poison,
         &pairs,
     );
     assert_same("offload kernel -> cudarc pinned", &got, &want);
@@ -643,12 +570,12 @@ fn cudarc_offload_and_onload() {
         assert_eq!(used, Backend::Dma);
     }
     s.synchronize().unwrap();
-    let mut want = poison;
-    reference::copy_blocks(
-        &sh.image(Kind::CrossNhd),
+    let (want, _) = reference_copy(
+        &sh,
+        Kind::CrossNhd,
         &gpu_data,
-        &sh.image(Kind::CrossHnd),
-        &mut want,
+        Kind::CrossHnd,
+        poison,
         &pairs,
     );
     assert_same("offload DMA -> kvio pinned", kvio_host.as_slice(), &want);
@@ -682,12 +609,12 @@ fn cudarc_offload_and_onload() {
         )
         .unwrap();
     }
-    let mut want = poison;
-    let counts = reference::copy_blocks(
-        &sh.image(Kind::LayerFirst),
+    let (want, counts) = reference_copy(
+        &sh,
+        Kind::LayerFirst,
         &host_data,
-        &sh.image(Kind::CrossHnd),
-        &mut want,
+        Kind::CrossHnd,
+        poison,
         &pairs,
     );
     assert_same("onload kernel <- cudarc pinned", &down(s, &dst), &want);
@@ -721,12 +648,12 @@ fn cudarc_offload_and_onload() {
             .unwrap();
         assert_eq!(used, Backend::Kernel);
     }
-    let mut want = poison;
-    reference::copy_blocks(
-        &sh.image(Kind::CrossNhd),
+    let (want, _) = reference_copy(
+        &sh,
+        Kind::CrossNhd,
         &host_data,
-        &sh.image(Kind::CrossNhd),
-        &mut want,
+        Kind::CrossNhd,
+        poison,
         &pairs,
     );
     assert_same(
@@ -757,12 +684,12 @@ fn cudarc_offload_and_onload() {
         )
         .unwrap();
     }
-    let mut want = poison;
-    reference::copy_blocks(
-        &sh.image(Kind::CrossHnd),
+    let (want, _) = reference_copy(
+        &sh,
+        Kind::CrossHnd,
         &host_data,
-        &sh.image(Kind::LayerFirst),
-        &mut want,
+        Kind::LayerFirst,
+        poison,
         &pairs,
     );
     assert_same("onload DMA <- kvio pinned", &down(s, &dst), &want);

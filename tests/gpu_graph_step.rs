@@ -11,8 +11,8 @@ use cust::stream::Stream;
 use cust::sys as cu;
 use kvio::reference::{self, PoolImage};
 use kvio::{
-    Backend, Bases, BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceErrors, ErrorCounts,
-    PinnedHost, SlotMapping, SlotUpdate, StreamRef, TokenLayout,
+    Backend, BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceErrors, ErrorCounts, PinnedHost,
+    SlotMapping, SlotUpdate, StreamRef, TokenLayout,
 };
 use kvio_suite::{assert_same, gpu, overwrite, random_bytes, upload, Graph, Mem, Rng};
 
@@ -28,24 +28,6 @@ const TOKENS: usize = 64;
 /// Capacity of the offload block map (unused entries are `[-1, -1]` padding).
 const MAP_CAP: usize = 6;
 const REPLAYS: u64 = 100;
-
-fn image(p: &BlockPool<'_>) -> PoolImage {
-    let Bases::Strided {
-        layer_stride,
-        part_stride,
-        ..
-    } = p.bases
-    else {
-        unreachable!("cross-layer pools are strided")
-    };
-    PoolImage {
-        layers: p.layers,
-        parts: p.parts,
-        layout: p.layout,
-        layer_stride,
-        part_stride,
-    }
-}
 
 /// The step's changing inputs, as host data.
 struct StepData {
@@ -128,7 +110,8 @@ fn graph_serving_step_replays() {
     let dev = BlockPool::cross_layer_nhd(gpu_pool.bytes(), BLOCKS, LAYERS, BS, HEADS, DIM, ELEM);
     let host =
         BlockPool::cross_layer_nhd(host_pool.bytes(), HOST_BLOCKS, LAYERS, BS, HEADS, DIM, ELEM);
-    let (dev_img, host_img) = (image(&dev), image(&host));
+    let dev_img = PoolImage::of(&dev).expect("cross-layer pools are strided");
+    let host_img = PoolImage::of(&host).expect("cross-layer pools are strided");
 
     // Device-side step inputs, rewritten between replays (the graph holds their addresses).
     let mut keys: DeviceBuffer<u8> = upload(&vec![0u8; LAYERS * in_bytes]);

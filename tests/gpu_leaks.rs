@@ -36,22 +36,15 @@ use std::time::{Duration, Instant};
 
 use cust::sys as cu;
 use kvio::plan::{slices_to_table, slots_to_slices, Slice};
-use kvio::reference::{self, PoolImage};
+use kvio::reference;
 use kvio::{
-    memory_kind, Backend, Bases, BlockCopy, BlockMap, BlockPool, DeviceAlloc, DeviceBytes,
-    DeviceErrors, Error, Kvio, LayerTable, MemoryKind, PagedLayout, PinnedHost, SliceUpdate,
-    SlotMapping, SlotUpdate, StreamRef, TokenLayout,
+    memory_kind, Backend, BlockCopy, BlockMap, DeviceAlloc, DeviceBytes, DeviceErrors, Error, Kvio,
+    LayerTable, MemoryKind, PagedLayout, PinnedHost, SliceUpdate, SlotMapping, SlotUpdate,
+    StreamRef, TokenLayout,
 };
-use kvio_suite::{assert_same, download, gpu, random_bytes, upload, Mem};
-
-fn env_usize(name: &str, default: usize) -> usize {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
-        Err(_) => default,
-    }
-}
+use kvio_suite::{
+    assert_same, download, env_usize, gpu, random_bytes, upload, Kind, Shape, TestPool,
+};
 
 /// Calls per operation.
 fn calls() -> usize {
@@ -346,65 +339,55 @@ fn update_slices_calls() {
 const PNB: usize = 24;
 const PL: usize = 4;
 
+/// The shape of the block-copy pools.
+const PSHAPE: Shape = Shape {
+    blocks: PNB,
+    layers: PL,
+    bs: BS,
+    heads: H,
+    dim: D,
+    elem: E,
+};
+
 /// A cross-layer NHD pool, filled with random bytes.
-struct TestPool {
-    mem: Mem,
+struct Filled {
+    pool: TestPool,
     init: Vec<u8>,
 }
 
-impl TestPool {
-    fn new(on_host: bool, seed: u64) -> TestPool {
-        let len = PNB * PL * 2 * BS * H * D * E;
-        let mut mem = Mem::new(on_host, len);
-        let init = random_bytes(len, seed);
-        mem.fill(&init);
-        TestPool { mem, init }
-    }
-
-    fn pool(&self) -> BlockPool<'_> {
-        BlockPool::cross_layer_nhd(self.mem.bytes(), PNB, PL, BS, H, D, E)
-    }
-
-    fn image(&self) -> PoolImage {
-        let p = self.pool();
-        let Bases::Strided {
-            layer_stride,
-            part_stride,
-            ..
-        } = p.bases
-        else {
-            unreachable!()
-        };
-        PoolImage {
-            layers: p.layers,
-            parts: p.parts,
-            layout: p.layout,
-            layer_stride,
-            part_stride,
-        }
+impl Filled {
+    fn new(on_host: bool, seed: u64) -> Filled {
+        let (pool, init) = TestPool::random(Kind::CrossNhd, on_host, PSHAPE, seed);
+        Filled { pool, init }
     }
 
     /// Checks the pool holds its initial bytes with `pairs` copied in from `src`.
-    fn check(&self, what: &str, src: &TestPool, pairs: &[[i64; 2]]) {
+    fn check(&self, what: &str, src: &Filled, pairs: &[[i64; 2]]) {
         sync_ctx();
         let mut want = self.init.clone();
-        reference::copy_blocks(&src.image(), &src.init, &self.image(), &mut want, pairs);
-        assert_same(what, &self.mem.read(), &want);
+        reference::copy_blocks(
+            &src.pool.image(),
+            &src.init,
+            &self.pool.image(),
+            &mut want,
+            pairs,
+        );
+        assert_same(what, &self.pool.mem.read(), &want);
     }
 }
 
 /// A copy from `src` to `dst`.
 fn copy_op<'a>(
-    src: &'a TestPool,
-    dst: &'a TestPool,
+    src: &'a Filled,
+    dst: &'a Filled,
     map: BlockMap<'a>,
     backend: Backend,
     staging: Option<DeviceBytes>,
     errors: Option<&'a DeviceErrors>,
 ) -> BlockCopy<'a> {
     BlockCopy {
-        src: src.pool(),
-        dst: dst.pool(),
+        src: src.pool.pool(),
+        dst: dst.pool.pool(),
         map,
         backend,
         max_ctas: None,
@@ -421,8 +404,8 @@ fn copy_blocks_kernel_device_map_calls() {
     let _serial = serial();
     let stream = g.stream();
     let sref = StreamRef::from_cust(&stream);
-    let src = TestPool::new(false, 10);
-    let (to_dev, to_host) = (TestPool::new(false, 11), TestPool::new(true, 12));
+    let src = Filled::new(false, 10);
+    let (to_dev, to_host) = (Filled::new(false, 11), Filled::new(true, 12));
     let pairs: Vec<[i64; 2]> = vec![[0, 5], [7, 6], [2, 17], [PNB as i64 + 1, 8], [-1, 3]];
     let map = upload(&pairs.iter().flatten().copied().collect::<Vec<i64>>());
     let errors = DeviceErrors::new().unwrap();
@@ -453,8 +436,8 @@ fn copy_blocks_kernel_staged_host_map_calls() {
     let _serial = serial();
     let stream = g.stream();
     let sref = StreamRef::from_cust(&stream);
-    let (dev, host) = (TestPool::new(false, 20), TestPool::new(true, 21));
-    let (to_host, to_dev) = (TestPool::new(true, 22), TestPool::new(false, 23));
+    let (dev, host) = (Filled::new(false, 20), Filled::new(true, 21));
+    let (to_host, to_dev) = (Filled::new(true, 22), Filled::new(false, 23));
     let pairs: Vec<[i64; 2]> = vec![[1, 4], [3, 9], [-1, -1], [20, 0]];
     let staging = upload(&random_bytes(pairs.len() * 16, 24));
     let st = Some(DeviceBytes::of(&staging));
@@ -478,11 +461,11 @@ fn copy_blocks_dma_calls() {
     let _serial = serial();
     let stream = g.stream();
     let sref = StreamRef::from_cust(&stream);
-    let (dev, host) = (TestPool::new(false, 30), TestPool::new(true, 31));
+    let (dev, host) = (Filled::new(false, 30), Filled::new(true, 31));
     let (to_host, to_dev, to_dev2) = (
-        TestPool::new(true, 32),
-        TestPool::new(false, 33),
-        TestPool::new(false, 34),
+        Filled::new(true, 32),
+        Filled::new(false, 33),
+        Filled::new(false, 34),
     );
     let pairs: Vec<[i64; 2]> = vec![[0, 10], [1, 11], [2, 12], [8, 3], [-1, 5]];
     let hmap = BlockMap::Host(&pairs);
@@ -536,7 +519,7 @@ fn rejected_calls() {
     let _serial = serial();
     let stream = g.stream();
     let sref = StreamRef::from_cust(&stream);
-    let (dev, host) = (TestPool::new(false, 50), TestPool::new(true, 51));
+    let (dev, host) = (Filled::new(false, 50), Filled::new(true, 51));
     let dup = [[0i64, 1], [2, 1]];
     let staging = upload(&[0u8; 64]);
     let (st, hmap) = (Some(DeviceBytes::of(&staging)), BlockMap::Host(&dup));
@@ -576,7 +559,7 @@ fn rejected_calls() {
             })
         ));
     });
-    assert_same("untouched pinned pool", &host.mem.read(), &host.init);
+    assert_same("untouched pinned pool", &host.pool.mem.read(), &host.init);
     assert_same("untouched cache", &download(&c.dev, &stream), &c.init);
 }
 

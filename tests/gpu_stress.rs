@@ -33,10 +33,12 @@ use cust::stream::Stream;
 use kvio::plan::{slices_to_table, slots_to_slices, validate_slices, validate_slots, Slice};
 use kvio::reference::{self, PoolImage};
 use kvio::{
-    Backend, Bases, BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceErrors, Error, ErrorCounts,
-    LayerTable, PagedLayout, SliceUpdate, SlotMapping, SlotUpdate, StreamRef, TokenLayout,
+    Backend, BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceErrors, Error, ErrorCounts,
+    SliceUpdate, SlotMapping, SlotUpdate, StreamRef, TokenLayout,
 };
-use kvio_suite::{assert_same, gpu, random_bytes, upload, Gpu, Mem, Rng};
+use kvio_suite::{
+    assert_same, env_usize, gpu, random_bytes, upload, Gpu, Kind, Mem, Rng, Shape, TestPool,
+};
 
 /// Streams (and host threads) of the stress test.
 const STREAMS: usize = 8;
@@ -67,15 +69,6 @@ const CHECKPOINTS: usize = 10;
 /// Slots of one layer/part cache.
 const NUM_SLOTS: usize = NB * BS;
 
-fn env_usize(name: &str, default: usize) -> usize {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
-        Err(_) => default,
-    }
-}
-
 /// FNV-1a, 64 bits: a checksum to report (the comparison itself is byte for byte).
 fn checksum(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
@@ -92,101 +85,42 @@ fn add_counts(a: &mut ErrorCounts, b: ErrorCounts) {
 
 // ---- pools ------------------------------------------------------------------------------
 
-/// Pool layouts.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Kind {
-    /// Cross-layer `(NB, L, 2, bs, H, D)`.
-    CrossNhd,
-    /// Cross-layer `(NB, H, L, 2, bs, D)`.
-    CrossHnd,
-    /// Layer-separate NHD caches through a pointer table.
-    SepNhd,
-    /// Layer-separate HND caches through a pointer table.
-    SepHnd,
-}
+/// The shape of every shared pool.
+const SHAPE: Shape = Shape {
+    blocks: NB,
+    layers: LAYERS,
+    bs: BS,
+    heads: HEADS,
+    dim: DIM,
+    elem: ELEM,
+};
+/// Bytes of a whole pool.
+const POOL_BYTES: usize = NB * BS * HEADS * DIM * ELEM * 2 * LAYERS;
 
-/// One shared pool: its memory (device or pinned host), its table, its layout.
+/// One shared pool (device or pinned host) and its name.
 struct Pool {
     name: &'static str,
-    mem: Mem,
-    table: Option<LayerTable>,
-    kind: Kind,
+    pool: TestPool,
 }
-
-/// Bytes of one layer/part cache (every block).
-const PART_BYTES: usize = NB * BS * HEADS * DIM * ELEM;
-/// Bytes of a whole pool.
-const POOL_BYTES: usize = PART_BYTES * 2 * LAYERS;
 
 impl Pool {
     /// A pool filled with random bytes (returned, for the model).
     fn new(name: &'static str, kind: Kind, on_host: bool, seed: u64) -> (Pool, Vec<u8>) {
-        let mut mem = Mem::new(on_host, POOL_BYTES);
-        let init = random_bytes(POOL_BYTES, seed);
-        mem.fill(&init);
-        let table = match kind {
-            Kind::SepNhd | Kind::SepHnd => {
-                let views: Vec<DeviceBytes> = (0..2 * LAYERS)
-                    .map(|i| mem.bytes().slice(i * PART_BYTES, PART_BYTES).unwrap())
-                    .collect();
-                Some(LayerTable::new(&views, 2).expect("layer table"))
-            }
-            _ => None,
-        };
-        let pool = Pool {
-            name,
-            mem,
-            table,
-            kind,
-        };
-        (pool, init)
+        let (pool, init) = TestPool::random(kind, on_host, SHAPE, seed);
+        (Pool { name, pool }, init)
     }
+}
 
-    /// The pool as kvio sees it.
-    fn pool(&self) -> BlockPool<'_> {
-        self.view(self.kind)
+impl std::ops::Deref for Pool {
+    type Target = TestPool;
+    fn deref(&self) -> &TestPool {
+        &self.pool
     }
+}
 
-    /// The pool's memory described as `kind` (for the shared-memory conflict cases).
-    fn view(&self, kind: Kind) -> BlockPool<'_> {
-        let m = self.mem.bytes();
-        match kind {
-            Kind::SepNhd => BlockPool::layer_separate(
-                self.table.as_ref().expect("table pool"),
-                PagedLayout::nhd(NB, BS, HEADS, DIM, ELEM),
-            ),
-            Kind::SepHnd => BlockPool::layer_separate(
-                self.table.as_ref().expect("table pool"),
-                PagedLayout::hnd(NB, BS, HEADS, DIM, ELEM),
-            ),
-            Kind::CrossNhd => BlockPool::cross_layer_nhd(m, NB, LAYERS, BS, HEADS, DIM, ELEM),
-            Kind::CrossHnd => BlockPool::cross_layer_hnd(m, NB, LAYERS, BS, HEADS, DIM, ELEM),
-        }
-    }
-
-    /// The pool as a host image for `kvio::reference`.
-    fn image(&self) -> PoolImage {
-        let p = self.pool();
-        match p.bases {
-            Bases::Strided {
-                layer_stride,
-                part_stride,
-                ..
-            } => PoolImage {
-                layers: p.layers,
-                parts: p.parts,
-                layout: p.layout,
-                layer_stride,
-                part_stride,
-            },
-            Bases::Table(_) => PoolImage {
-                layers: p.layers,
-                parts: 2,
-                layout: p.layout,
-                layer_stride: 2 * PART_BYTES,
-                part_stride: PART_BYTES,
-            },
-        }
+impl std::ops::DerefMut for Pool {
+    fn deref_mut(&mut self) -> &mut TestPool {
+        &mut self.pool
     }
 }
 
@@ -761,7 +695,7 @@ fn many_streams_random_ops_nothing_lost() {
     let owners: Vec<Owners> = (0..pools.len()).map(|_| owners(&mut rng)).collect();
     let mut model = Model {
         imgs: init,
-        descs: pools.iter().map(Pool::image).collect(),
+        descs: pools.iter().map(|p| p.image()).collect(),
         key: key_h,
         val: val_h,
     };
@@ -1039,57 +973,33 @@ fn conflicting_targets_rejected_nothing_launched() {
         first: 1,
         second: 10,
     };
+    // (what, source pool, destination pool): the ten pairs and one conflicting pair.
+    let dup_dst_cases = [
+        ("duplicate destination, GPU -> pinned", 0, 2),
+        ("duplicate destination, pinned -> GPU", 2, 0),
+        ("duplicate destination, GPU -> GPU (NHD -> HND)", 0, 1),
+        ("duplicate destination, pinned -> pinned (table)", 2, 3),
+    ];
+    let read_written_cases = [
+        ("block read and written, one cross-layer pool", 0, 0),
+        ("block read and written, one table pool", 1, 1),
+        ("block read and written, one pinned pool", 2, 2),
+    ];
+    let case = |(what, src, dst): (&'static str, usize, usize), extra, want: &Error| {
+        let (s, d) = (pools[src].pool(), pools[dst].pool());
+        (what, s, d, with(extra), want.clone())
+    };
     #[allow(clippy::type_complexity)]
-    let cases: Vec<(&str, BlockPool<'_>, BlockPool<'_>, Vec<[i64; 2]>, Error)> = vec![
-        (
-            "duplicate destination, GPU -> pinned",
-            pools[0].pool(),
-            pools[2].pool(),
-            with([40, 22]),
-            dup_dst.clone(),
-        ),
-        (
-            "duplicate destination, pinned -> GPU",
-            pools[2].pool(),
-            pools[0].pool(),
-            with([40, 22]),
-            dup_dst.clone(),
-        ),
-        (
-            "duplicate destination, GPU -> GPU (NHD -> HND)",
-            pools[0].pool(),
-            pools[1].pool(),
-            with([40, 22]),
-            dup_dst.clone(),
-        ),
-        (
-            "duplicate destination, pinned -> pinned (table)",
-            pools[2].pool(),
-            pools[3].pool(),
-            with([40, 22]),
-            dup_dst.clone(),
-        ),
-        (
-            "block read and written, one cross-layer pool",
-            pools[0].pool(),
-            pools[0].pool(),
-            with([30, 11]),
-            read_written.clone(),
-        ),
-        (
-            "block read and written, one table pool",
-            pools[1].pool(),
-            pools[1].pool(),
-            with([30, 11]),
-            read_written.clone(),
-        ),
-        (
-            "block read and written, one pinned pool",
-            pools[2].pool(),
-            pools[2].pool(),
-            with([30, 11]),
-            read_written,
-        ),
+    let mut cases: Vec<(&str, BlockPool<'_>, BlockPool<'_>, Vec<[i64; 2]>, Error)> = dup_dst_cases
+        .into_iter()
+        .map(|c| case(c, [40, 22], &dup_dst))
+        .chain(
+            read_written_cases
+                .into_iter()
+                .map(|c| case(c, [30, 11], &read_written)),
+        )
+        .collect();
+    cases.extend([
         (
             "block copied onto itself",
             pools[0].pool(),
@@ -1112,7 +1022,7 @@ fn conflicting_targets_rejected_nothing_launched() {
                 second: 0,
             },
         ),
-    ];
+    ]);
     for (what, src, dst, pairs, want) in &cases {
         for backend in [Backend::Dma, Backend::Kernel, Backend::Auto] {
             let r = g.kv.copy_blocks(
@@ -1133,7 +1043,7 @@ fn conflicting_targets_rejected_nothing_launched() {
     }
 
     // -- positive controls: the same calls without the conflict do write -------------------
-    let descs: Vec<PoolImage> = pools.iter().map(Pool::image).collect();
+    let descs: Vec<PoolImage> = pools.iter().map(|p| p.image()).collect();
     let mut want_pinned = before[2].clone();
     reference::copy_blocks(&descs[0], &before[0], &descs[2], &mut want_pinned, &ten);
     for backend in [Backend::Dma, Backend::Kernel] {
@@ -1191,7 +1101,7 @@ fn pinned_to_pinned_dma_is_stream_ordered() {
     let all: Vec<[i64; 2]> = (0..NB as i64).map(|b| [b, b]).collect();
     let map = upload(&all.iter().flatten().copied().collect::<Vec<i64>>());
     let tail = [[NB as i64 - 1, 0], [NB as i64 / 2, 1]];
-    let descs: Vec<PoolImage> = pools.iter().map(Pool::image).collect();
+    let descs: Vec<PoolImage> = pools.iter().map(|p| p.image()).collect();
     let mut want2 = init[2].clone();
     reference::copy_blocks(&descs[0], &init[0], &descs[2], &mut want2, &all);
     let mut want3 = init[3].clone();

@@ -437,21 +437,26 @@ fn run_slice_case(
     let errors = DeviceErrors::new().unwrap();
     let src = upload(&src_h);
     let cache_bytes = layout.extent("l").unwrap() as usize;
+    // The update of `cache` by the table, with the device-side count in `count`.
+    let slice_op = |cache: &cust::memory::DeviceBuffer<u8>,
+                    count: &cust::memory::DeviceBuffer<i32>| {
+        SliceUpdate {
+            new_kv: DeviceBytes::of(&src),
+            input,
+            cache: DeviceBytes::of(cache),
+            layout,
+            slices: DeviceBytes::of(&table_d),
+            padded,
+            num_slices: DeviceBytes::of(count),
+            errors: Some(&errors),
+        }
+    };
 
     for run in 0..2u64 {
         let poison = random_bytes(cache_bytes, seed ^ 0xBEEF ^ run);
         let cache = upload(&poison);
         errors.reset(StreamRef::from_cust(&stream)).unwrap();
-        let op = SliceUpdate {
-            new_kv: DeviceBytes::of(&src),
-            input,
-            cache: DeviceBytes::of(&cache),
-            layout,
-            slices: DeviceBytes::of(&table_d),
-            padded,
-            num_slices: DeviceBytes::of(&count_d),
-            errors: Some(&errors),
-        };
+        let op = slice_op(&cache, &count_d);
         g.kv.update_slices(&op, StreamRef::from_cust(&stream))
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let got = download(&cache, &stream);
@@ -486,16 +491,7 @@ fn run_slice_case(
         let cache = upload(&poison);
         overwrite(&mut count_d, &[bad_count], &stream);
         errors.reset(StreamRef::from_cust(&stream)).unwrap();
-        let op = SliceUpdate {
-            new_kv: DeviceBytes::of(&src),
-            input,
-            cache: DeviceBytes::of(&cache),
-            layout,
-            slices: DeviceBytes::of(&table_d),
-            padded,
-            num_slices: DeviceBytes::of(&count_d),
-            errors: Some(&errors),
-        };
+        let op = slice_op(&cache, &count_d);
         g.kv.update_slices(&op, StreamRef::from_cust(&stream))
             .unwrap();
         assert_same(

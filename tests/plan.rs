@@ -462,33 +462,31 @@ fn validate_slices_rejects_page_crossing() {
     assert_eq!(validate_slices(&[sl(4, 0, 4)], 4, 16, 8), Ok(()));
 }
 
+/// The two positions an overlap of `slices` names, in order; panics on any other result.
+fn overlapping(r: kvio::Result<()>) -> [usize; 2] {
+    match r {
+        Err(Error::Overlap {
+            name: "slices",
+            first,
+            second,
+        }) => {
+            let mut p = [first, second];
+            p.sort_unstable();
+            p
+        }
+        other => panic!("expected overlap, got {other:?}"),
+    }
+}
+
 #[test]
 fn validate_slices_rejects_overlapping_cache_ranges() {
-    match validate_slices(&[sl(4, 0, 3), sl(6, 3, 2)], 8, 16, 8) {
-        Err(Error::Overlap {
-            name: "slices",
-            first,
-            second,
-        }) => {
-            let mut p = [first, second];
-            p.sort_unstable();
-            assert_eq!(p, [0, 1]);
-        }
-        other => panic!("expected overlap, got {other:?}"),
-    }
+    assert_eq!(
+        overlapping(validate_slices(&[sl(4, 0, 3), sl(6, 3, 2)], 8, 16, 8)),
+        [0, 1]
+    );
     // overlap of a slice contained in an earlier one, with an unrelated slice in between
-    match validate_slices(&[sl(0, 0, 8), sl(20, 0, 1), sl(3, 0, 1)], 8, 32, 8) {
-        Err(Error::Overlap {
-            name: "slices",
-            first,
-            second,
-        }) => {
-            let mut p = [first, second];
-            p.sort_unstable();
-            assert_eq!(p, [0, 2]);
-        }
-        other => panic!("expected overlap, got {other:?}"),
-    }
+    let slices = [sl(0, 0, 8), sl(20, 0, 1), sl(3, 0, 1)];
+    assert_eq!(overlapping(validate_slices(&slices, 8, 32, 8)), [0, 2]);
     // identical slices
     assert!(matches!(
         validate_slices(&[sl(1, 0, 1), sl(1, 1, 1)], 8, 16, 8),

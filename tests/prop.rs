@@ -2409,44 +2409,43 @@ proptest! {
     }
 }
 
-#[test]
-fn gpu_slot_update_matches_reference() {
-    let Some((g, mut runner)) = gpu_mode("gpu_slot_update_matches_reference") else {
+/// Runs the cases of `strategy` through `run` on the GPU (skips without one).
+fn run_on_gpu<S: Strategy>(test: &str, strategy: S, run: fn(&S::Value, &Exec)) {
+    let Some((g, mut runner)) = gpu_mode(test) else {
         return;
     };
     let x = Exec::gpu(g);
     runner
-        .run(&slot_case(), |c| {
-            run_slot_case(&c, &x);
+        .run(&strategy, |c| {
+            run(&c, &x);
             Ok(())
         })
         .unwrap();
+}
+
+#[test]
+fn gpu_slot_update_matches_reference() {
+    run_on_gpu(
+        "gpu_slot_update_matches_reference",
+        slot_case(),
+        run_slot_case,
+    );
 }
 
 #[test]
 fn gpu_slice_update_matches_reference() {
-    let Some((g, mut runner)) = gpu_mode("gpu_slice_update_matches_reference") else {
-        return;
-    };
-    let x = Exec::gpu(g);
-    runner
-        .run(&slice_case(), |c| {
-            run_slice_case(&c, &x);
-            Ok(())
-        })
-        .unwrap();
+    run_on_gpu(
+        "gpu_slice_update_matches_reference",
+        slice_case(),
+        run_slice_case,
+    );
 }
 
 #[test]
 fn gpu_block_copy_matches_reference() {
-    let Some((g, mut runner)) = gpu_mode("gpu_block_copy_matches_reference") else {
-        return;
-    };
-    let x = Exec::gpu(g);
-    runner
-        .run(&copy_case(), |c| {
-            run_copy_case(&c, &x);
-            Ok(())
-        })
-        .unwrap();
+    run_on_gpu(
+        "gpu_block_copy_matches_reference",
+        copy_case(),
+        run_copy_case,
+    );
 }

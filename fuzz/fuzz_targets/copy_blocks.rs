@@ -1,6 +1,6 @@
 //! `kvio::emulate::copy_blocks` (block-map validation, pool geometry and the kernel body run on
-//! the CPU) with arbitrary pool descriptors (strided bases), host or device block maps and
-//! views on small host buffers, the two pools in separate buffers or in one. No panic or
+//! the CPU) with arbitrary pool descriptors (strided bases), host block maps (through a staging
+//! buffer, as the kernel backend requires) or device block maps, and views on small host buffers, the two pools in separate buffers or in one. No panic or
 //! overflow; an accepted call touches nothing outside its views (AddressSanitizer past the end,
 //! checked bytes before), never writes the source pool (separate buffers) or the map, and —
 //! when its pools are separate and no two valid pairs share a destination — writes exactly
@@ -8,18 +8,10 @@
 #![no_main]
 
 use kvio::reference::{self, PoolImage};
-use kvio::{Backend, Bases, BlockCopy, BlockMap, BlockPool, PagedLayout};
-use kvio_fuzz::{assert_same, elem, index, size, Buf, MAX_BUF};
+use kvio::{Backend, Bases, BlockCopy, BlockMap, BlockPool};
+use kvio_fuzz::{assert_same, elem, index, paged_shape, size, stride, Buf, MAX_BUF};
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
-
-fn stride(u: &mut Unstructured, natural: usize) -> Result<usize> {
-    Ok(match u.int_in_range(0u8..=4)? {
-        0 | 1 => natural,
-        2 => natural.wrapping_add(size(u, 8)?),
-        _ => size(u, 256)?,
-    })
-}
 
 /// Shape shared by both pools (a mismatch is a refusal worth fuzzing too).
 #[derive(Clone, Copy, Debug)]
@@ -50,16 +42,7 @@ fn pool(u: &mut Unstructured, s: Shape, mem: kvio::DeviceBytes) -> Result<BlockP
     let hd = s.h.wrapping_mul(s.d);
     let part = s.bs.wrapping_mul(hd);
     let hnd: bool = u.arbitrary()?;
-    let mut layout = if hnd {
-        PagedLayout::hnd(1, 1, 1, 1, 1)
-    } else {
-        PagedLayout::nhd(1, 1, 1, 1, 1)
-    };
-    layout.num_blocks = nb;
-    layout.block_size = s.bs;
-    layout.num_heads = s.h;
-    layout.head_dim = s.d;
-    layout.elem_bytes = s.e;
+    let mut layout = paged_shape(hnd, nb, s.bs, s.h, s.d, s.e);
     let lp = s.layers.wrapping_mul(s.parts);
     let block_major: bool = u.arbitrary()?;
     let (bstride, ts, hs, ls, ps) = match (block_major, hnd) {
@@ -98,15 +81,15 @@ fn pool(u: &mut Unstructured, s: Shape, mem: kvio::DeviceBytes) -> Result<BlockP
             )
         }
     };
-    layout.block_stride = stride(u, bstride)?;
-    layout.token_stride = stride(u, ts)?;
-    layout.head_stride = stride(u, hs)?;
+    layout.block_stride = stride(u, bstride, 256)?;
+    layout.token_stride = stride(u, ts, 256)?;
+    layout.head_stride = stride(u, hs, 256)?;
     let e = s.e;
     Ok(BlockPool {
         bases: Bases::Strided {
             mem,
-            layer_stride: stride(u, ls)?.wrapping_mul(e),
-            part_stride: stride(u, ps)?.wrapping_mul(e),
+            layer_stride: stride(u, ls, 256)?.wrapping_mul(e),
+            part_stride: stride(u, ps, 256)?.wrapping_mul(e),
         },
         layers: s.layers,
         parts: s.parts,
@@ -159,10 +142,15 @@ fn run(u: &mut Unstructured) -> Result<()> {
     let mv = map_buf.view(0, usize::MAX);
     // SAFETY: the view holds `mv.len()` bytes.
     unsafe { std::ptr::copy_nonoverlapping(map_bytes.as_ptr(), mv.ptr() as *mut u8, mv.len()) };
-    let map = if device_map {
-        BlockMap::Device { pairs: mv, len: n }
+    // A host map goes through staging on the kernel backend (as on the GPU): 16 bytes a pair.
+    let mut staging_buf = Buf::new(8, 16 * n, 0x33);
+    let (map, staging) = if device_map {
+        (BlockMap::Device { pairs: mv, len: n }, None)
     } else {
-        BlockMap::Host(&pairs)
+        (
+            BlockMap::Host(&pairs),
+            Some(staging_buf.view(0, usize::MAX)),
+        )
     };
     let op = BlockCopy {
         src,
@@ -174,7 +162,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
         } else {
             Some(u.int_in_range(0..=64)?)
         },
-        staging: None,
+        staging,
         errors: None,
     };
 
@@ -188,6 +176,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
     src_buf.check_pad("src");
     dst_buf.check_pad("dst");
     map_buf.check_pad("map");
+    staging_buf.check_pad("staging");
     assert_same("map", map_buf.data(), &before.2);
     if r.is_err() {
         assert_same("refused: src", src_buf.data(), &before.0);
@@ -211,23 +200,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
     if dsts.windows(2).any(|w| w[0] == w[1]) {
         return Ok(());
     }
-    let image = |p: &BlockPool<'_>| {
-        let Bases::Strided {
-            layer_stride,
-            part_stride,
-            ..
-        } = p.bases
-        else {
-            unreachable!()
-        };
-        PoolImage {
-            layers: p.layers,
-            parts: p.parts,
-            layout: p.layout,
-            layer_stride,
-            part_stride,
-        }
-    };
+    let image = |p: &BlockPool<'_>| PoolImage::of(p).expect("strided pools have an image");
     let mut want = before.1.clone();
     reference::copy_blocks(&image(&src), &before.0, &image(&dst), &mut want, &pairs);
     assert_same("dst", dst_buf.data(), &want);

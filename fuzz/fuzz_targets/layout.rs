@@ -6,7 +6,7 @@
 #![no_main]
 
 use kvio::{Error, PagedLayout, TokenLayout};
-use kvio_fuzz::{elem, size};
+use kvio_fuzz::{elem, paged_shape, size};
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
 
@@ -26,17 +26,9 @@ fn paged(u: &mut Unstructured) -> Result<PagedLayout> {
         size(u, 40)?,
         elem(u)?,
     );
-    let mut l = if u.arbitrary()? {
-        PagedLayout::nhd(1, 1, 1, 1, 1)
-    } else {
-        PagedLayout::hnd(1, 1, 1, 1, 1)
-    };
+    let nhd_template: bool = u.arbitrary()?;
+    let mut l = paged_shape(!nhd_template, nb, bs, h, d, e);
     let nhd = l.token_stride == 1 && l.head_stride == 1;
-    l.num_blocks = nb;
-    l.block_size = bs;
-    l.num_heads = h;
-    l.head_dim = d;
-    l.elem_bytes = e;
     let (ts, hs) = if nhd {
         (h.wrapping_mul(d), d)
     } else {

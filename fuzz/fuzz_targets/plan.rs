@@ -13,7 +13,7 @@
 
 use kvio::plan::{slices_to_table, slots_to_slices, validate_slices, validate_slots, Slice};
 use kvio::Error;
-use kvio_fuzz::{index, size};
+use kvio_fuzz::{index, size, slice_copied};
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
 
@@ -185,19 +185,6 @@ fn check_table(slices: &[Slice], padded: usize) {
     }
 }
 
-/// The kernel's verdict on a slice (`index::check_slice`), restated in i128.
-fn copied(s: &Slice, page: usize, num_slots: usize, num_tokens: usize) -> bool {
-    let (start, from, len) = (s.cache_start as i128, s.new_kv_start as i128, s.len as i128);
-    let page = page as i128;
-    len > 0
-        && len <= page
-        && start >= 0
-        && from >= 0
-        && start + len <= num_slots as i128
-        && from + len <= num_tokens as i128
-        && start / page == (start + len - 1) / page
-}
-
 fn check_validate_slices(slices: &[Slice], page: usize, num_slots: usize, num_tokens: usize) {
     let got = validate_slices(slices, page, num_slots, num_tokens);
     if page == 0 || page > i32::MAX as usize {
@@ -212,7 +199,7 @@ fn check_validate_slices(slices: &[Slice], page: usize, num_slots: usize, num_to
     }
     let bad = slices
         .iter()
-        .position(|s| s.len != 0 && !copied(s, page, num_slots, num_tokens));
+        .position(|s| s.len != 0 && !slice_copied(s, page, num_slots, num_tokens));
     match got {
         Ok(()) => {
             assert!(

@@ -7,28 +7,13 @@
 #![no_main]
 
 use kvio::plan::Slice;
-use kvio::{reference, PagedLayout, SliceUpdate, TokenLayout};
-use kvio_fuzz::{assert_same, elem, index, size, Buf, MAX_BUF};
+use kvio::{reference, SliceUpdate, TokenLayout};
+use kvio_fuzz::{
+    assert_same, buf_len, cache_shape, elem, index, input_strides, paged_shape, size, slice_copied,
+    stride, Buf, MAX_BUF,
+};
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
-
-fn stride(u: &mut Unstructured, natural: usize) -> Result<usize> {
-    Ok(match u.int_in_range(0u8..=4)? {
-        0 | 1 => natural,
-        2 => natural.wrapping_add(size(u, 8)?),
-        _ => size(u, 64)?,
-    })
-}
-
-fn buf_len(u: &mut Unstructured, ext: Option<u64>) -> Result<usize> {
-    Ok(match (u.int_in_range(0u8..=3)?, ext) {
-        (0, _) | (_, None) => u.int_in_range(0..=4096)?,
-        (_, Some(e)) => (e as usize)
-            .saturating_add(u.int_in_range(0..=8)?)
-            .saturating_sub(u.int_in_range(0..=1)?),
-    }
-    .min(MAX_BUF))
-}
 
 fuzz_target!(|data: &[u8]| {
     let mut u = Unstructured::new(data);
@@ -36,22 +21,11 @@ fuzz_target!(|data: &[u8]| {
 });
 
 fn run(u: &mut Unstructured) -> Result<()> {
-    let (nb, bs, h, d, e) = (
-        size(u, 6)?,
-        size(u, 40)?,
-        size(u, 4)?,
-        size(u, 12)?,
-        elem(u)?,
-    );
-    let mut layout = PagedLayout::nhd(1, 1, 1, 1, 1);
-    layout.num_blocks = nb;
-    layout.block_size = bs;
-    layout.num_heads = h;
-    layout.head_dim = d;
-    layout.elem_bytes = e;
-    layout.head_stride = stride(u, d)?;
-    layout.token_stride = stride(u, h.wrapping_mul(d))?;
-    layout.block_stride = stride(u, bs.wrapping_mul(h).wrapping_mul(d))?;
+    let (nb, bs, h, d, e) = cache_shape(u)?;
+    let mut layout = paged_shape(false, nb, bs, h, d, e);
+    layout.head_stride = stride(u, d, 64)?;
+    layout.token_stride = stride(u, h.wrapping_mul(d), 64)?;
+    layout.block_stride = stride(u, bs.wrapping_mul(h).wrapping_mul(d), 64)?;
     let tokens = size(u, 40)?;
     let mut input = TokenLayout::contiguous(tokens, 1, 1, e);
     (input.num_heads, input.head_dim) = (h, d);
@@ -60,8 +34,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
         input.head_dim = size(u, 12)?;
         input.elem_bytes = elem(u)?;
     }
-    input.head_stride = stride(u, input.head_dim)?;
-    input.token_stride = stride(u, input.num_heads.wrapping_mul(input.head_stride))?;
+    input_strides(u, &mut input)?;
 
     let in_ext = input.extent("input").ok();
     let c_ext = layout.extent("layout").ok();
@@ -167,19 +140,9 @@ fn run(u: &mut Unstructured) -> Result<()> {
         .collect();
     let count = i32::from_ne_bytes(before.3[..4].try_into().unwrap());
     if count >= 0 && (count as usize) <= padded {
-        let page = bs as i64;
         let mut ranges: Vec<(i64, i64)> = listed[..count as usize]
             .iter()
-            .filter(|s| {
-                let (st, fr, ln) = (s.cache_start as i64, s.new_kv_start as i64, s.len as i64);
-                ln > 0
-                    && ln <= page
-                    && st >= 0
-                    && fr >= 0
-                    && st + ln <= num_slots as i64
-                    && fr + ln <= tokens as i64
-                    && st / page == (st + ln - 1) / page
-            })
+            .filter(|s| slice_copied(s, bs, num_slots, tokens))
             .map(|s| (s.cache_start as i64, s.cache_start as i64 + s.len as i64))
             .collect();
         ranges.sort_unstable();

@@ -7,29 +7,13 @@
 //! writes nothing.
 #![no_main]
 
-use kvio::{reference, PagedLayout, SlotMapping, SlotUpdate, TokenLayout};
-use kvio_fuzz::{assert_same, elem, index, size, Buf, MAX_BUF};
+use kvio::{reference, SlotMapping, SlotUpdate, TokenLayout};
+use kvio_fuzz::{
+    assert_same, buf_len, cache_shape, elem, index, input_strides, paged_shape, size, stride, Buf,
+    MAX_BUF,
+};
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
-
-fn stride(u: &mut Unstructured, natural: usize) -> Result<usize> {
-    Ok(match u.int_in_range(0u8..=4)? {
-        0 | 1 => natural,
-        2 => natural.wrapping_add(size(u, 8)?),
-        _ => size(u, 64)?,
-    })
-}
-
-/// A buffer length: the layout's own extent (when it has one) plus a little, or anything small.
-fn buf_len(u: &mut Unstructured, ext: Option<u64>) -> Result<usize> {
-    Ok(match (u.int_in_range(0u8..=3)?, ext) {
-        (0, _) | (_, None) => u.int_in_range(0..=4096)?,
-        (_, Some(e)) => (e as usize)
-            .saturating_add(u.int_in_range(0..=8)?)
-            .saturating_sub(u.int_in_range(0..=1)?),
-    }
-    .min(MAX_BUF))
-}
 
 fuzz_target!(|data: &[u8]| {
     let mut u = Unstructured::new(data);
@@ -38,32 +22,17 @@ fuzz_target!(|data: &[u8]| {
 
 fn run(u: &mut Unstructured) -> Result<()> {
     // Cache and input descriptors: mostly usual shapes, any field possibly anything.
-    let (nb, bs, h, d, e) = (
-        size(u, 6)?,
-        size(u, 40)?,
-        size(u, 4)?,
-        size(u, 12)?,
-        elem(u)?,
-    );
+    let (nb, bs, h, d, e) = cache_shape(u)?;
     let hnd: bool = u.arbitrary()?;
-    let mut cache = if hnd {
-        PagedLayout::hnd(1, 1, 1, 1, 1)
-    } else {
-        PagedLayout::nhd(1, 1, 1, 1, 1)
-    };
-    cache.num_blocks = nb;
-    cache.block_size = bs;
-    cache.num_heads = h;
-    cache.head_dim = d;
-    cache.elem_bytes = e;
+    let mut cache = paged_shape(hnd, nb, bs, h, d, e);
     let (ts, hs) = if hnd {
         (d, bs.wrapping_mul(d))
     } else {
         (h.wrapping_mul(d), d)
     };
-    cache.token_stride = stride(u, ts)?;
-    cache.head_stride = stride(u, hs)?;
-    cache.block_stride = stride(u, bs.wrapping_mul(h).wrapping_mul(d))?;
+    cache.token_stride = stride(u, ts, 64)?;
+    cache.head_stride = stride(u, hs, 64)?;
+    cache.block_stride = stride(u, bs.wrapping_mul(h).wrapping_mul(d), 64)?;
     let n = u.int_in_range(0usize..=24)?;
     let mut input = TokenLayout::contiguous(n, 1, 1, e);
     (input.num_heads, input.head_dim) = (h, d);
@@ -73,8 +42,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
         input.head_dim = size(u, 12)?;
         input.elem_bytes = elem(u)?;
     }
-    input.head_stride = stride(u, input.head_dim)?;
-    input.token_stride = stride(u, input.num_heads.wrapping_mul(input.head_stride))?;
+    input_strides(u, &mut input)?;
 
     // Buffers: inputs, one or two cache allocations (K and V views may share one).
     let in_ext = input.extent("input").ok();

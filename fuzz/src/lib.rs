@@ -5,6 +5,8 @@
 //! or read past the end is a heap overflow AddressSanitizer reports (cargo fuzz enables it),
 //! the `pad` bytes before the view hold a pattern checked after every call.
 
+use kvio::plan::Slice;
+use kvio::{PagedLayout, TokenLayout};
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 
 /// Largest buffer a target allocates.
@@ -46,6 +48,76 @@ pub fn elem(u: &mut Unstructured) -> Result<usize> {
         0 => size(u, 8)?,
         k => [1, 2, 4][k as usize % 3],
     })
+}
+
+/// A stride: mostly `natural`, sometimes `natural` plus a little, or any [`size`] up to
+/// `small`.
+pub fn stride(u: &mut Unstructured, natural: usize, small: usize) -> Result<usize> {
+    Ok(match u.int_in_range(0u8..=4)? {
+        0 | 1 => natural,
+        2 => natural.wrapping_add(size(u, 8)?),
+        _ => size(u, small)?,
+    })
+}
+
+/// A buffer length: the layout's own extent (when it has one) plus a little, or anything small.
+pub fn buf_len(u: &mut Unstructured, ext: Option<u64>) -> Result<usize> {
+    Ok(match (u.int_in_range(0u8..=3)?, ext) {
+        (0, _) | (_, None) => u.int_in_range(0..=4096)?,
+        (_, Some(e)) => (e as usize)
+            .saturating_add(u.int_in_range(0..=8)?)
+            .saturating_sub(u.int_in_range(0..=1)?),
+    }
+    .min(MAX_BUF))
+}
+
+/// The shape `(blocks, block size, heads, head dim, element bytes)` of a write target's cache:
+/// mostly usual, any field possibly anything.
+pub fn cache_shape(u: &mut Unstructured) -> Result<(usize, usize, usize, usize, usize)> {
+    Ok((
+        size(u, 6)?,
+        size(u, 40)?,
+        size(u, 4)?,
+        size(u, 12)?,
+        elem(u)?,
+    ))
+}
+
+/// A paged layout (HND or NHD element order) of the given shape; its strides are those of the
+/// 1-sized template, for the caller to set.
+pub fn paged_shape(hnd: bool, nb: usize, bs: usize, h: usize, d: usize, e: usize) -> PagedLayout {
+    let mut l = if hnd {
+        PagedLayout::hnd(1, 1, 1, 1, 1)
+    } else {
+        PagedLayout::nhd(1, 1, 1, 1, 1)
+    };
+    l.num_blocks = nb;
+    l.block_size = bs;
+    l.num_heads = h;
+    l.head_dim = d;
+    l.elem_bytes = e;
+    l
+}
+
+/// Sets an input's head and token strides: packed, or perturbed by [`stride`].
+pub fn input_strides(u: &mut Unstructured, input: &mut TokenLayout) -> Result<()> {
+    input.head_stride = stride(u, input.head_dim, 64)?;
+    input.token_stride = stride(u, input.num_heads.wrapping_mul(input.head_stride), 64)?;
+    Ok(())
+}
+
+/// Whether the kernel copies a slice (its `index::check_slice`, restated in i128): non-empty,
+/// within one page, inside the cache's `num_slots` and the input's `num_tokens`.
+pub fn slice_copied(s: &Slice, page: usize, num_slots: usize, num_tokens: usize) -> bool {
+    let (start, from, len) = (s.cache_start as i128, s.new_kv_start as i128, s.len as i128);
+    let page = page as i128;
+    len > 0
+        && len <= page
+        && start >= 0
+        && from >= 0
+        && start + len <= num_slots as i128
+        && from + len <= num_tokens as i128
+        && start / page == (start + len - 1) / page
 }
 
 /// Pattern byte of the pad before a view.

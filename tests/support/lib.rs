@@ -1,5 +1,5 @@
 //! Helpers shared by kvio's tests and benches: the GPU gate, random data, poisoning,
-//! device buffers on a stream, CUDA-graph capture.
+//! device buffers on a stream, CUDA-graph capture, block pools under test.
 //!
 //! GPU tests call [`gpu`] first. Without a usable GPU it prints why the test is skipped and
 //! returns `None`, unless `KVIO_REQUIRE_GPU=1`, in which case it panics: a GPU run can never
@@ -10,7 +10,10 @@ use std::sync::OnceLock;
 use cust::memory::{CopyDestination, DeviceBuffer, DeviceCopy};
 use cust::stream::{Stream, StreamFlags};
 use cust::sys as cu;
-use kvio::{Kvio, PrimaryContext, StreamRef};
+use kvio::reference::PoolImage;
+use kvio::{
+    Bases, BlockPool, DeviceBytes, Kvio, LayerTable, PagedLayout, PrimaryContext, StreamRef,
+};
 
 /// The device, kvio loaded on it, and the context made current on the calling thread.
 pub struct Gpu {
@@ -58,6 +61,17 @@ pub fn gpu(test: &str) -> Option<&'static Gpu> {
     }
 }
 
+/// The number in the environment variable `name`, or `default` when it is unset. Panics when
+/// it is set to something else than a number.
+pub fn env_usize(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
+        Err(_) => default,
+    }
+}
+
 /// Deterministic random bytes (xorshift), never all zero.
 pub fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -98,6 +112,28 @@ impl Rng {
             v.swap(i, j);
         }
     }
+}
+
+/// `n` random block-copy pairs (`n <= dst_blocks`): distinct destinations, random sources,
+/// one pair in `pad_one_in` (on average) padding `[-1, -1]`.
+pub fn random_pairs(
+    n: usize,
+    src_blocks: usize,
+    dst_blocks: usize,
+    pad_one_in: u64,
+    rng: &mut Rng,
+) -> Vec<[i64; 2]> {
+    let mut dsts: Vec<i64> = (0..dst_blocks as i64).collect();
+    rng.shuffle(&mut dsts);
+    (0..n)
+        .map(|i| {
+            if rng.below(pad_one_in) == 0 {
+                [-1, -1]
+            } else {
+                [rng.below(src_blocks as u64) as i64, dsts[i]]
+            }
+        })
+        .collect()
 }
 
 /// Uploads `data` (synchronously; done before the work under test is queued).
@@ -263,5 +299,176 @@ impl Mem {
             }
             Mem::Host(h) => h.as_slice().to_vec(),
         }
+    }
+}
+
+/// Block-pool layouts of the GPU block-copy tests.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Kind {
+    /// Layer-separate NHD caches through a pointer table.
+    SepNhd,
+    /// Layer-separate HND caches through a pointer table.
+    SepHnd,
+    /// Cross-layer `(NB, L, 2, bs, H, D)` (vLLM).
+    CrossNhd,
+    /// Cross-layer `(NB, H, L, 2, bs, D)`.
+    CrossHnd,
+    /// Layer-first, parts outer `(2, L, NB, bs, H, D)` (SGLang's host pool).
+    LayerFirst,
+}
+
+/// The four kinds the block tests iterate over (the layer-separate and cross-layer ones).
+pub const KINDS: [Kind; 4] = [Kind::SepNhd, Kind::SepHnd, Kind::CrossNhd, Kind::CrossHnd];
+
+impl Kind {
+    /// Whether pools of this kind go through a [`LayerTable`].
+    pub fn has_table(self) -> bool {
+        matches!(self, Kind::SepNhd | Kind::SepHnd)
+    }
+}
+
+/// The shape of a block pool: blocks, layers (each with K and V) and one block's geometry.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Shape {
+    /// Blocks.
+    pub blocks: usize,
+    /// Layers.
+    pub layers: usize,
+    /// Tokens per block.
+    pub bs: usize,
+    /// Heads.
+    pub heads: usize,
+    /// Elements per head.
+    pub dim: usize,
+    /// Bytes per element.
+    pub elem: usize,
+}
+
+impl Shape {
+    /// Bytes of one layer/part cache (every block).
+    pub fn part_bytes(&self) -> usize {
+        self.blocks * self.bs * self.heads * self.dim * self.elem
+    }
+
+    /// Bytes of a whole pool (every layer, K and V).
+    pub fn bytes(&self) -> usize {
+        self.part_bytes() * 2 * self.layers
+    }
+
+    /// The strided pool of `kind` over `mem` ([`Shape::bytes`] long). Panics for the
+    /// layer-separate kinds (they need a table: see [`Shape::table_pool`]).
+    pub fn pool(&self, kind: Kind, mem: DeviceBytes) -> BlockPool<'static> {
+        let Shape {
+            blocks,
+            layers,
+            bs,
+            heads,
+            dim,
+            elem,
+        } = *self;
+        match kind {
+            Kind::CrossNhd => BlockPool::cross_layer_nhd(mem, blocks, layers, bs, heads, dim, elem),
+            Kind::CrossHnd => BlockPool::cross_layer_hnd(mem, blocks, layers, bs, heads, dim, elem),
+            Kind::LayerFirst => {
+                let cache = self.part_bytes();
+                BlockPool {
+                    bases: Bases::Strided {
+                        mem,
+                        layer_stride: cache,
+                        part_stride: layers * cache,
+                    },
+                    layers,
+                    parts: 2,
+                    layout: PagedLayout::nhd(blocks, bs, heads, dim, elem),
+                }
+            }
+            Kind::SepNhd | Kind::SepHnd => panic!("{kind:?} pools need a layer table"),
+        }
+    }
+
+    /// The layer-separate pool of `kind` (`SepNhd` or `SepHnd`) through `table`.
+    pub fn table_pool<'a>(&self, kind: Kind, table: &'a LayerTable) -> BlockPool<'a> {
+        let Shape {
+            blocks,
+            bs,
+            heads,
+            dim,
+            elem,
+            ..
+        } = *self;
+        let layout = match kind {
+            Kind::SepNhd => PagedLayout::nhd(blocks, bs, heads, dim, elem),
+            Kind::SepHnd => PagedLayout::hnd(blocks, bs, heads, dim, elem),
+            _ => panic!("{kind:?} pools are strided"),
+        };
+        BlockPool::layer_separate(table, layout)
+    }
+
+    /// The host image of [`Shape::pool`] for `kvio::reference` (strided kinds only).
+    pub fn image(&self, kind: Kind) -> PoolImage {
+        // SAFETY: a description only, never dereferenced: only the strides are read.
+        let mem = unsafe { DeviceBytes::from_raw(0, self.bytes()) };
+        PoolImage::of(&self.pool(kind, mem)).expect("strided pools have an image")
+    }
+}
+
+/// A pool under test: its memory (device or pinned host), its table (layer-separate kinds,
+/// the `2 * layers` caches one after another in the memory) and its shape.
+pub struct TestPool {
+    /// The pool's memory.
+    pub mem: Mem,
+    table: Option<LayerTable>,
+    /// Its layout.
+    pub kind: Kind,
+    /// Its shape.
+    pub s: Shape,
+}
+
+impl TestPool {
+    /// Allocates a pool of `kind` and shape `s` on the host (pinned) or the device; its
+    /// contents are undefined.
+    pub fn new(kind: Kind, on_host: bool, s: Shape) -> TestPool {
+        let part = s.part_bytes();
+        let mem = Mem::new(on_host, s.bytes());
+        let table = kind.has_table().then(|| {
+            let views: Vec<DeviceBytes> = (0..2 * s.layers)
+                .map(|i| mem.bytes().slice(i * part, part).unwrap())
+                .collect();
+            LayerTable::new(&views, 2).expect("layer table")
+        });
+        TestPool {
+            mem,
+            table,
+            kind,
+            s,
+        }
+    }
+
+    /// [`TestPool::new`], filled with [`random_bytes`] of `seed` (returned, for the model).
+    pub fn random(kind: Kind, on_host: bool, s: Shape, seed: u64) -> (TestPool, Vec<u8>) {
+        let mut pool = TestPool::new(kind, on_host, s);
+        let init = random_bytes(s.bytes(), seed);
+        pool.mem.fill(&init);
+        (pool, init)
+    }
+
+    /// The pool as kvio sees it.
+    pub fn pool(&self) -> BlockPool<'_> {
+        self.view(self.kind)
+    }
+
+    /// The pool's memory described as `kind` (a table kind needs a pool made with a table).
+    pub fn view(&self, kind: Kind) -> BlockPool<'_> {
+        if kind.has_table() {
+            self.s
+                .table_pool(kind, self.table.as_ref().expect("table pool"))
+        } else {
+            self.s.pool(kind, self.mem.bytes())
+        }
+    }
+
+    /// The same pool as a host image for `kvio::reference`.
+    pub fn image(&self) -> PoolImage {
+        PoolImage::of(&self.pool()).expect("test pools are evenly spaced")
     }
 }
