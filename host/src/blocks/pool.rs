@@ -121,16 +121,7 @@ impl<'a> BlockPool<'a> {
         let part = block_size.saturating_mul(heads).saturating_mul(head_dim);
         let mut layout = PagedLayout::nhd(num_blocks, block_size, heads, head_dim, elem_bytes);
         layout.block_stride = sat(&[layers, 2, part]);
-        BlockPool {
-            bases: Bases::Strided {
-                mem,
-                layer_stride: sat(&[2, part, elem_bytes]),
-                part_stride: sat(&[part, elem_bytes]),
-            },
-            layers,
-            parts: 2,
-            layout,
-        }
+        Self::cross_layer(mem, layers, part, layout)
     }
 
     /// Cross-layer blocks in the HND order `(NB, H, L, 2, bs, D)`.
@@ -161,11 +152,17 @@ impl<'a> BlockPool<'a> {
             token_stride: head_dim,
             head_stride: sat(&[layers, 2, part]),
         };
+        Self::cross_layer(mem, layers, part, layout)
+    }
+
+    /// A cross-layer pool: in each block, layer `l`'s K then V, `part` elements each.
+    fn cross_layer(mem: DeviceBytes, layers: usize, part: usize, layout: PagedLayout) -> Self {
+        let e = layout.elem_bytes;
         BlockPool {
             bases: Bases::Strided {
                 mem,
-                layer_stride: sat(&[2, part, elem_bytes]),
-                part_stride: sat(&[part, elem_bytes]),
+                layer_stride: sat(&[2, part, e]),
+                part_stride: sat(&[part, e]),
             },
             layers,
             parts: 2,

@@ -37,15 +37,8 @@ pub(crate) fn nhd(
     d: usize,
     e: usize,
 ) -> BlockPool<'static> {
-    BlockPool::cross_layer_nhd(
-        bytes(at, pool_bytes(nb, l, bs, h, d, e)),
-        nb,
-        l,
-        bs,
-        h,
-        d,
-        e,
-    )
+    let mem = bytes(at, pool_bytes(nb, l, bs, h, d, e));
+    BlockPool::cross_layer_nhd(mem, nb, l, bs, h, d, e)
 }
 
 pub(crate) fn hnd(
@@ -57,15 +50,8 @@ pub(crate) fn hnd(
     d: usize,
     e: usize,
 ) -> BlockPool<'static> {
-    BlockPool::cross_layer_hnd(
-        bytes(at, pool_bytes(nb, l, bs, h, d, e)),
-        nb,
-        l,
-        bs,
-        h,
-        d,
-        e,
-    )
+    let mem = bytes(at, pool_bytes(nb, l, bs, h, d, e));
+    BlockPool::cross_layer_hnd(mem, nb, l, bs, h, d, e)
 }
 
 /// SGLang-style layer-first pool in one allocation: `[2, L, NB, bs, H, D]` (parts outer).
