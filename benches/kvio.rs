@@ -625,7 +625,8 @@ fn block_spans(src: &Pool, dst: &Pool, pairs: &[[i64; 2]]) -> (Vec<(u64, u64)>, 
     (v, src.chunk)
 }
 
-/// One block-copy benchmark set: kvio kernel, kvio DMA, per-chunk memcpy, naive kernel.
+/// One block-copy benchmark set: kvio kernel (device map), kvio DMA, kvio's default (Auto,
+/// host map, no staging), per-chunk memcpy, naive kernel.
 #[allow(clippy::too_many_arguments)]
 fn block_case(
     grp: &mut BenchmarkGroup<'_, WallTime>,
@@ -684,6 +685,26 @@ fn block_case(
         || {
             g.kv.copy_blocks(&dma, StreamRef::from_cust(stream))
                 .expect("copy_blocks dma");
+        },
+    );
+    // The default a caller gets with a host map and nothing else: Auto, no staging buffer
+    // (the map goes through kvio's scratch; DMA only for spans of DMA_MIN_SPAN or more).
+    let auto = BlockCopy {
+        map: BlockMap::Host(pairs),
+        backend: Backend::Auto,
+        ..base
+    };
+    measure(
+        grp,
+        rec,
+        group,
+        bs,
+        "kvio-auto-host-map",
+        moved * bytes_factor,
+        stream,
+        || {
+            g.kv.copy_blocks(&auto, StreamRef::from_cust(stream))
+                .expect("copy_blocks auto");
         },
     );
     let (spans, span_bytes) = block_spans(src, dst, pairs);

@@ -22,12 +22,18 @@ enum Mode {
     KernelStaged,
     /// Auto with a host map (and staging available).
     Auto,
+    /// Kernel with a host map and no staging (kvio's own scratch).
+    KernelScratch,
+    /// Auto with a host map and no staging.
+    AutoScratch,
 }
-const MODES: [Mode; 4] = [
+const MODES: [Mode; 6] = [
     Mode::Dma,
     Mode::KernelDevice,
     Mode::KernelStaged,
     Mode::Auto,
+    Mode::KernelScratch,
+    Mode::AutoScratch,
 ];
 
 /// Random pairs: distinct destinations, random sources, one in 10 padding.
@@ -73,11 +79,14 @@ fn run_copy(
         },
         backend: match mode {
             Mode::Dma => Backend::Dma,
-            Mode::Auto => Backend::Auto,
+            Mode::Auto | Mode::AutoScratch => Backend::Auto,
             _ => Backend::Kernel,
         },
         max_ctas: None,
-        staging: Some(DeviceBytes::of(&staging)),
+        staging: match mode {
+            Mode::KernelScratch | Mode::AutoScratch => None,
+            _ => Some(DeviceBytes::of(&staging)),
+        },
         errors: Some(&errors),
     };
     let used =
@@ -123,9 +132,9 @@ fn every_layout_direction_backend() {
                     let name =
                         format!("{sk:?}(host={src_host}) -> {dk:?}(host={dst_host}) {mode:?}");
                     let used = run_copy(g, &stream, &mut src, &mut dst, &pairs, mode, n, &name);
-                    if mode == Mode::Auto {
-                        // Spans here are at most one 3-layer block (192 KiB) < DMA_MIN_SPAN
-                        // and staging is given: Auto must pick the kernel.
+                    if matches!(mode, Mode::Auto | Mode::AutoScratch) {
+                        // Spans here are at most one 3-layer block (192 KiB) < DMA_MIN_SPAN:
+                        // Auto must pick the kernel, with or without a staging buffer.
                         assert_eq!(used, Backend::Kernel, "{name}");
                     }
                     n += 1;
@@ -133,7 +142,7 @@ fn every_layout_direction_backend() {
             }
         }
     }
-    assert_eq!(n, 3 * 4 * 4 * 4);
+    assert_eq!(n, 3 * 4 * 4 * MODES.len() as u64);
 }
 
 /// Page sizes 1..256 and head shapes from 1×64 to 8×128 and MLA's 1×576, each with a
@@ -163,7 +172,7 @@ fn page_sizes_and_head_shapes() {
             let sk = KINDS[combo % 4];
             let dk = KINDS[(combo / 4) % 4];
             let (sh, dh) = [(false, false), (false, true), (true, false)][combo % 3];
-            let mode = MODES[(combo / 3) % 4];
+            let mode = MODES[(combo / 3) % MODES.len()];
             let mut src = TestPool::new(sk, sh, s);
             let mut dst = TestPool::new(dk, dh, s);
             let pairs = make_pairs(5, s.blocks, s.blocks, &mut rng);
@@ -468,10 +477,12 @@ fn rejects_bad_host_arguments() {
             other => panic!("{name}: {other:?}"),
         }
     }
+    // Staging that is too short or misaligned is refused (none at all means kvio's scratch).
+    let short = upload(&[0u64; 1]);
     let e = g.kv.copy_blocks(
         &BlockCopy {
             backend: Backend::Kernel,
-            staging: None,
+            staging: Some(DeviceBytes::of(&short)),
             ..ok
         },
         StreamRef::from_cust(&stream),
@@ -479,7 +490,7 @@ fn rejects_bad_host_arguments() {
     assert!(
         matches!(
             e,
-            Err(Error::InvalidArgument {
+            Err(Error::BufferTooSmall {
                 name: "staging",
                 ..
             })

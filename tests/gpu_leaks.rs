@@ -454,6 +454,30 @@ fn copy_blocks_kernel_staged_host_map_calls() {
     to_dev.check("pinned -> GPU (staged)", &host, &pairs);
 }
 
+/// 10,000 copies with a host map and no staging (Auto: kvio's own stream-ordered scratch),
+/// GPU → pinned host and back: after the first call, no device memory grows.
+#[test]
+fn copy_blocks_scratch_host_map_calls() {
+    let Some(g) = gpu("leaks") else { return };
+    let _serial = serial();
+    let stream = g.stream();
+    let sref = StreamRef::from_cust(&stream);
+    let (dev, host) = (Filled::new(false, 25), Filled::new(true, 26));
+    let (to_host, to_dev) = (Filled::new(true, 27), Filled::new(false, 28));
+    let pairs: Vec<[i64; 2]> = vec![[2, 5], [7, 1], [-1, -1], [30, 31]];
+    let hmap = BlockMap::Host(&pairs);
+    let (d2h, h2d) = (
+        copy_op(&dev, &to_host, hmap, Backend::Auto, None, None),
+        copy_op(&host, &to_dev, hmap, Backend::Auto, None, None),
+    );
+    no_growth("copy_blocks, host map in kvio's scratch", calls(), |i| {
+        let op = if i % 2 == 0 { &d2h } else { &h2d };
+        assert_eq!(g.kv.copy_blocks(op, sref).unwrap(), Backend::Kernel);
+    });
+    to_host.check("GPU -> pinned (scratch)", &dev, &pairs);
+    to_dev.check("pinned -> GPU (scratch)", &host, &pairs);
+}
+
 /// 10,000 DMA copies (GPU → pinned host, pinned host → GPU, GPU → GPU; runs merged).
 #[test]
 fn copy_blocks_dma_calls() {

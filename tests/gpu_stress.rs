@@ -184,6 +184,8 @@ enum Mode {
     KernelStaged,
     /// `Backend::Auto`, host map, staging available.
     Auto,
+    /// `Backend::Auto`, host map, no staging (kvio's scratch, shared by every stream).
+    AutoScratch,
 }
 
 /// One planned operation; device-resident indices live in the stream's arena at `*_at`.
@@ -227,6 +229,7 @@ impl Op {
                 Mode::Dma => "copy DMA/host map",
                 Mode::KernelStaged => "copy kernel/staged host map",
                 Mode::Auto => "copy auto/host map",
+                Mode::AutoScratch => "copy auto/host map, kvio scratch",
             },
         }
     }
@@ -451,7 +454,8 @@ fn plan_ops(plan: &mut Plan, s: usize, n_ops: usize, owners: &[Owners], model: &
                 0..=34 => Mode::KernelDevice,
                 35..=69 => Mode::Dma,
                 70..=89 => Mode::KernelStaged,
-                _ => Mode::Auto,
+                90..=94 => Mode::Auto,
+                _ => Mode::AutoScratch,
             };
             let (src, dst) = (rng.below(4) as usize, rng.below(4) as usize);
             // Pinned -> pinned DMA is synchronous with respect to the host (CUDA's API
@@ -634,7 +638,7 @@ fn enqueue(
             let backend = match mode {
                 Mode::KernelDevice | Mode::KernelStaged => Backend::Kernel,
                 Mode::Dma => Backend::Dma,
-                Mode::Auto => Backend::Auto,
+                Mode::Auto | Mode::AutoScratch => Backend::Auto,
             };
             let copy = BlockCopy {
                 src: sh.pools[src].pool(),

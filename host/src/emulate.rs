@@ -13,14 +13,15 @@ use crate::alloc::MemoryKind;
 use crate::blocks::{self, Backend, BlockCopy};
 use crate::error::Result;
 use crate::launch::GridCap;
-use crate::plan::{Kernel, Plan, Target};
+use crate::plan::{Kernel, Plan, Staging, Target};
 use crate::write::{plan as write_plan, SliceUpdate, SlotUpdate};
 
 /// The pretend device: two multiprocessors' worth of CTAs for every kernel (it only sizes the
-/// grid), all memory device memory.
+/// grid), all memory device memory, scratch for host maps (a host vector here).
 const EMULATED: Target<'static> = Target {
     caps: GridCap::uniform(2),
     kind_of: &|_| MemoryKind::Device,
+    scratch: true,
 };
 
 /// [`Kvio::update_slots`](crate::Kvio::update_slots) on host memory.
@@ -75,13 +76,21 @@ unsafe fn run(plan: &Plan<'_>) {
             }
         }
         Plan::Kernel { upload, launch } => {
+            let mut scratch: Vec<u64> = Vec::new();
+            let mut kernel = launch.kernel;
             if let Some(u) = upload {
-                // SAFETY: the staging buffer holds `src.len()` bytes of host memory (caller).
-                unsafe {
-                    std::ptr::copy_nonoverlapping(u.src.as_ptr(), u.dst as *mut u8, u.src.len())
+                let to = match u.dst {
+                    Staging::Given(ptr) => ptr as *mut u8,
+                    Staging::Scratch => {
+                        scratch = vec![0; u.src.len().div_ceil(8)];
+                        kernel = kernel.with_map(scratch.as_ptr() as u64);
+                        scratch.as_mut_ptr().cast()
+                    }
                 };
+                // SAFETY: `to` holds `src.len()` bytes of host memory (the caller's staging,
+                // or the scratch vector above).
+                unsafe { std::ptr::copy_nonoverlapping(u.src.as_ptr(), to, u.src.len()) };
             }
-            let kernel = launch.kernel;
             // SAFETY: arguments validated like a launch; the memory is host memory (caller).
             ops::emulate(launch.grid, launch.threads, kernel.shift(), |g| unsafe {
                 match &kernel {
@@ -90,6 +99,7 @@ unsafe fn run(plan: &Plan<'_>) {
                     Kernel::Copy(a) | Kernel::Transfer(a) => ops::copy_blocks(a, g),
                 }
             });
+            drop(scratch); // alive until the kernel bodies have run
         }
     }
 }

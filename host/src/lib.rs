@@ -50,6 +50,7 @@ pub mod plan;
 mod ptx;
 pub mod reference;
 mod run;
+mod scratch;
 mod write;
 
 pub use alloc::{memory_kind, DeviceAlloc, LayerTable, MemoryKind, PinnedHost};

@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::launch::{resident_ctas, GridCap, BLOCK_THREADS, TRANSFER_THREADS};
 use crate::plan::{Kernel, Target};
 use crate::ptx::{ptx, Arch};
+use crate::scratch::Scratch;
 
 /// Kvio's kernels, loaded into one CUDA context. Load once, at set-up time; every operation is
 /// a method that plans it (all validation, on the host) and runs the plan on the caller's
@@ -36,6 +37,8 @@ pub struct Kvio {
     sm_count: u32,
     grid_cap: GridCap,
     arch: Arch,
+    /// Where host block maps go without a staging buffer (`None`: no memory pools).
+    scratch: Option<Scratch>,
 }
 
 impl Kvio {
@@ -92,6 +95,7 @@ impl Kvio {
             sm_count: sms.max(1) as u32,
             grid_cap: GridCap::uniform(1),
             arch,
+            scratch: None,
         };
         this.update_slots = this.function("kvio_update_slots")?;
         this.update_slices = this.function("kvio_update_slices")?;
@@ -105,6 +109,7 @@ impl Kvio {
             copy: resident_ctas(this.copy_blocks, BLOCK_THREADS, sms)?,
             transfer: resident_ctas(this.transfer_blocks, TRANSFER_THREADS, sms)?,
         };
+        this.scratch = Scratch::new(ctx, dev)?;
         this.noop = this.function("kvio_noop")?;
         this.naive_spans = this.function("kvio_naive_spans")?;
         Ok(this)
@@ -135,7 +140,13 @@ impl Kvio {
         Target {
             caps: self.grid_cap,
             kind_of: &memory_kind,
+            scratch: self.scratch.is_some(),
         }
+    }
+
+    /// The runner's scratch pool, if the device has memory pools.
+    pub(crate) fn scratch(&self) -> Option<&Scratch> {
+        self.scratch.as_ref()
     }
 
     /// The architecture whose PTX was loaded.

@@ -5,9 +5,9 @@ use cust::sys as cu;
 use kvio_kernels::args::{CopyArgs, SliceArgs, SlotArgs};
 
 use crate::driver::{check, Params, StreamRef};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::module::Kvio;
-use crate::plan::{Kernel, Plan};
+use crate::plan::{Kernel, Launch, Plan, Staging};
 
 impl Kvio {
     /// Enqueues `plan` on `stream`: its DMA spans, or its upload and then its launch.
@@ -25,32 +25,53 @@ impl Kvio {
                 Ok(())
             }
             Plan::Kernel { upload, launch } => {
-                if let Some(u) = upload {
-                    // SAFETY: the planner checked that `dst` holds `src.len()` bytes; the driver
-                    // stages pageable host memory before returning, so `src` may go afterwards.
-                    check("cuMemcpyHtoDAsync", unsafe {
-                        cu::cuMemcpyHtoDAsync_v2(
-                            u.dst,
-                            u.src.as_ptr().cast(),
-                            u.src.len(),
-                            stream.cu_stream(),
-                        )
-                    })?;
-                }
-                let mut params = match &launch.kernel {
-                    Kernel::Slots(a) => Params::new(&a.to_words(), &SlotArgs::SIZES),
-                    Kernel::Slices(a) => Params::new(&a.to_words(), &SliceArgs::SIZES),
-                    Kernel::Copy(a) | Kernel::Transfer(a) => {
-                        Params::new(&a.to_words(), &CopyArgs::SIZES)
+                let Some(u) = upload else {
+                    return self.launch(launch.kernel, launch, stream);
+                };
+                let to = match u.dst {
+                    Staging::Given(ptr) => ptr,
+                    Staging::Scratch => {
+                        let scratch = self.scratch().ok_or(Error::InvalidArgument {
+                            name: "staging",
+                            value: "None".into(),
+                            reason: "this device has no memory pools: pass a staging buffer",
+                        })?;
+                        scratch.take(u.src.len(), stream)?
                     }
                 };
-                params.launch(
-                    self.entry(&launch.kernel),
-                    launch.grid,
-                    launch.threads,
-                    stream,
-                )
+                // SAFETY: `to` holds `src.len()` bytes (checked staging, or scratch of that
+                // size); the driver stages pageable host memory before returning, so `src`
+                // may go afterwards.
+                let copied = check("cuMemcpyHtoDAsync", unsafe {
+                    cu::cuMemcpyHtoDAsync_v2(
+                        to,
+                        u.src.as_ptr().cast(),
+                        u.src.len(),
+                        stream.cu_stream(),
+                    )
+                });
+                let launched = copied.and_then(|()| match u.dst {
+                    Staging::Given(_) => self.launch(launch.kernel, launch, stream),
+                    Staging::Scratch => self.launch(launch.kernel.with_map(to), launch, stream),
+                });
+                if u.dst == Staging::Scratch {
+                    // Given back after the launch (or at once if nothing was enqueued).
+                    let back = self.scratch().map_or(Ok(()), |s| s.give_back(to, stream));
+                    launched?;
+                    return back;
+                }
+                launched
             }
         }
+    }
+
+    /// Launches `kernel` with `launch`'s grid and CTA size.
+    fn launch(&self, kernel: Kernel, launch: &Launch, stream: StreamRef<'_>) -> Result<()> {
+        let mut params = match &kernel {
+            Kernel::Slots(a) => Params::new(&a.to_words(), &SlotArgs::SIZES),
+            Kernel::Slices(a) => Params::new(&a.to_words(), &SliceArgs::SIZES),
+            Kernel::Copy(a) | Kernel::Transfer(a) => Params::new(&a.to_words(), &CopyArgs::SIZES),
+        };
+        params.launch(self.entry(&kernel), launch.grid, launch.threads, stream)
     }
 }

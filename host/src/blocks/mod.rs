@@ -12,8 +12,10 @@
 //!   never synchronises: it can be captured in a CUDA graph.
 //!
 //! [`Backend::Auto`] picks the kernel, except for transfers between host and device whose
-//! contiguous spans are at least [`DMA_MIN_SPAN`], and for a host map without a staging
-//! buffer. The threshold is a measured crossover (`BENCHMARKS.md`).
+//! contiguous span is at least [`DMA_MIN_SPAN`]. The threshold is a measured crossover
+//! (`BENCHMARKS.md`). A host block map reaches the kernel through the caller's `staging`
+//! buffer or, without one, through kvio's own stream-ordered scratch memory; either way the
+//! call returns the backend that ran.
 //!
 //! The modules follow the data: [`BlockPool`] descriptors (`pool`), block maps (`map`), the
 //! planner (`plan`: validation, geometry, backend choice, kernel launch) and the DMA spans
@@ -39,7 +41,9 @@ use crate::module::Kvio;
 
 /// Contiguous span (bytes) from which [`Backend::Auto`] prefers the copy engines for transfers
 /// between host and device (measured crossover on an H200: below it the kernel backend on its
-/// default CTA budget moves more bytes per second).
+/// default CTA budget moves more bytes per second). The span is what one block contributes in
+/// one piece, both pools' layouts considered (a whole cross-layer block, or one layer's K of a
+/// block), whatever runs of consecutive block ids the DMA backend would then merge.
 pub const DMA_MIN_SPAN: usize = 2 << 20;
 
 /// How the bytes move.
@@ -57,7 +61,8 @@ pub const DMA_MIN_SPAN: usize = 2 << 20;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
     /// The kernel, except DMA for host transfers with contiguous spans of at least
-    /// [`DMA_MIN_SPAN`] bytes, or a host map without staging.
+    /// [`DMA_MIN_SPAN`] bytes (and for a host map without staging on a device without
+    /// memory pools).
     Auto,
     /// Copy engines: one async copy per contiguous span.
     Dma,
@@ -84,25 +89,18 @@ pub enum Backend {
 ///         DeviceBytes::from_raw(dst.as_mut_ptr() as u64, bytes),
 ///     )
 /// };
-/// let pairs = [[3i64, 0], [-1, -1], [1, 2]];
-/// let mut staging = [0u64; 6]; // 16 bytes a pair: where the kernel reads a host map from
-/// // SAFETY: host memory, used by the emulation only.
-/// let staging = unsafe { DeviceBytes::from_raw(staging.as_mut_ptr() as u64, 48) };
 /// let op = BlockCopy {
 ///     src: BlockPool::cross_layer_nhd(s, nb, l, bs, h, d, 4),
 ///     dst: BlockPool::cross_layer_hnd(t, nb, l, bs, h, d, 4), // converted on the way
-///     map: BlockMap::Host(&pairs),
-///     backend: Backend::Kernel,
+///     map: BlockMap::Host(&[[3, 0], [-1, -1], [1, 2]]),
+///     backend: Backend::Auto,
 ///     max_ctas: None,
-///     staging: Some(staging),
+///     staging: None, // kvio uploads the map to its own scratch
 ///     errors: None,
 /// };
 /// // SAFETY: every view is live host memory of its length.
-/// unsafe { kvio::emulate::copy_blocks(&op) }.unwrap();
-/// // Without staging the kernel backend cannot read a host map, here as on a GPU:
-/// let unstaged = BlockCopy { staging: None, ..op };
-/// // SAFETY: as above.
-/// assert!(unsafe { kvio::emulate::copy_blocks(&unstaged) }.is_err());
+/// let ran = unsafe { kvio::emulate::copy_blocks(&op) }.unwrap();
+/// assert_eq!(ran, Backend::Kernel); // short spans: SM threads, as on a GPU
 /// // With one head, NHD and HND blocks hold the same bytes: block 3 -> 0, block 1 -> 2.
 /// assert_eq!(dst[..block], src[3 * block..4 * block]);
 /// assert_eq!(dst[2 * block..3 * block], src[block..2 * block]);
@@ -121,8 +119,10 @@ pub struct BlockCopy<'a> {
     /// CTAs the kernel backend may use (`None`: [`DEFAULT_TRANSFER_CTAS`] when either pool is
     /// host memory, the whole GPU otherwise).
     pub max_ctas: Option<u32>,
-    /// Device scratch of `16 × pairs` bytes for a host map on the kernel backend (the map is
-    /// copied there on the stream; not capturable). `None`: a host map uses DMA.
+    /// Device memory of `16 × pairs` bytes, 8-byte aligned, for a host map on the kernel
+    /// backend (the map is copied there on the stream; not capturable). `None`: kvio uploads
+    /// the map to its own scratch, taken and given back on the stream (a stream-ordered memory
+    /// pool kvio keeps: after the first calls, no allocation and no synchronisation).
     pub staging: Option<DeviceBytes>,
     /// Where to count block ids past their pool (device maps).
     pub errors: Option<&'a DeviceErrors>,

@@ -15,7 +15,7 @@ use crate::error_word::DeviceErrors;
 use crate::launch::{
     grid_for, GridCap, BLOCK_THREADS, DEFAULT_TRANSFER_CTAS, PER_LANE, TRANSFER_THREADS,
 };
-use crate::plan::{Kernel, Launch, Plan, Target, Upload};
+use crate::plan::{Kernel, Launch, Plan, Staging, Target, Upload};
 
 /// Largest span one work item of the block copy moves; larger contiguous chunks are split so
 /// whole-block copies still spread over the grid.
@@ -24,7 +24,7 @@ const MAX_PIECE: u64 = 16 * 1024;
 /// Validates a block copy and plans it: the backend that will run and what it does.
 pub(crate) fn plan<'a>(op: &BlockCopy<'a>, target: &Target<'_>) -> Result<(Backend, Plan<'a>)> {
     let geo = geometry(op, target.kind_of)?;
-    let backend = choose(op, &geo)?;
+    let backend = choose(op, &geo, target.scratch)?;
     if let BlockMap::Host(pairs) = op.map {
         check_host_map(&op.src, &op.dst, pairs)?;
     }
@@ -37,10 +37,14 @@ pub(crate) fn plan<'a>(op: &BlockCopy<'a>, target: &Target<'_>) -> Result<(Backe
     Ok((backend, plan))
 }
 
-/// The backend that runs `op` (never `Auto`): DMA needs a host map, a host map on the kernel
-/// needs staging; `Auto` takes the copy engines for host transfers of long spans or when a host
-/// map has no staging, the kernel otherwise.
-fn choose(op: &BlockCopy<'_>, geo: &Geometry) -> Result<Backend> {
+/// The backend that runs `op` (never `Auto`). DMA needs a host map. A host map on the kernel
+/// is uploaded to the caller's staging buffer, or else to the runner's scratch (without
+/// scratch it needs staging). `Auto` takes the copy engines for transfers between host and
+/// device whose contiguous chunk ([`Geometry::chunk`]: one block's span after merging, not a
+/// merged run of blocks) is at least [`DMA_MIN_SPAN`], and when a host map has nowhere to go;
+/// the kernel otherwise.
+fn choose(op: &BlockCopy<'_>, geo: &Geometry, scratch: bool) -> Result<Backend> {
+    let uploadable = op.staging.is_some() || scratch;
     Ok(match (op.backend, op.map) {
         (Backend::Dma, BlockMap::Device { .. }) => {
             return Err(invalid(
@@ -50,18 +54,18 @@ fn choose(op: &BlockCopy<'_>, geo: &Geometry) -> Result<Backend> {
             ))
         }
         (Backend::Dma, _) => Backend::Dma,
-        (Backend::Kernel, BlockMap::Host(_)) if op.staging.is_none() => {
+        (Backend::Kernel, BlockMap::Host(_)) if !uploadable => {
             return Err(invalid(
                 "staging",
                 "None",
-                "the kernel backend with a host map needs staging",
+                "the kernel backend with a host map needs staging on this device",
             ))
         }
         (Backend::Kernel, _) => Backend::Kernel,
         (Backend::Auto, BlockMap::Device { .. }) => Backend::Kernel,
         (Backend::Auto, BlockMap::Host(_)) => {
             let long = geo.host_involved && geo.chunk as usize >= DMA_MIN_SPAN;
-            if long || op.staging.is_none() {
+            if long || !uploadable {
                 Backend::Dma
             } else {
                 Backend::Kernel
@@ -70,8 +74,8 @@ fn choose(op: &BlockCopy<'_>, geo: &Geometry) -> Result<Backend> {
     })
 }
 
-/// The kernel backend: the map in place (device) or uploaded to staging (host), then one
-/// launch.
+/// The kernel backend: the map in place (device) or uploaded to staging or scratch (host),
+/// then one launch.
 fn kernel<'a>(
     op: &BlockCopy<'_>,
     geo: &Geometry,
@@ -84,27 +88,33 @@ fn kernel<'a>(
             (pairs.ptr(), len, None)
         }
         BlockMap::Host(host) => {
-            let staging = op.staging.ok_or(Error::InvalidArgument {
-                name: "staging",
-                value: "None".into(),
-                reason: "the kernel backend with a host map needs staging",
-            })?;
             let bytes: &'a [u8] = bytemuck::cast_slice(host);
-            if !staging.ptr().is_multiple_of(8) {
-                return Err(invalid("staging", staging.ptr(), "must be 8-byte aligned"));
-            }
-            if bytes.len() > staging.len() {
-                return Err(Error::BufferTooSmall {
-                    name: "staging",
-                    needed: bytes.len() as u64,
-                    len: staging.len() as u64,
-                });
-            }
+            let to = match op.staging {
+                Some(staging) => {
+                    if !staging.ptr().is_multiple_of(8) {
+                        return Err(invalid("staging", staging.ptr(), "must be 8-byte aligned"));
+                    }
+                    if bytes.len() > staging.len() {
+                        return Err(Error::BufferTooSmall {
+                            name: "staging",
+                            needed: bytes.len() as u64,
+                            len: staging.len() as u64,
+                        });
+                    }
+                    Staging::Given(staging.ptr())
+                }
+                // `choose` allows this only where the runner has scratch.
+                None => Staging::Scratch,
+            };
+            let at = match to {
+                Staging::Given(ptr) => ptr,
+                Staging::Scratch => 0, // set by the runner
+            };
             let upload = (!bytes.is_empty()).then_some(Upload {
-                dst: staging.ptr(),
+                dst: to,
                 src: bytes,
             });
-            (staging.ptr(), host.len(), upload)
+            (at, host.len(), upload)
         }
     };
     Ok(match launch(op, geo, pairs, n, caps)? {
@@ -640,12 +650,17 @@ mod tests {
     // ---- plans: backend choice, staging, DMA spans -----------------------------------------
 
     fn target(kind: MemoryKind) -> Target<'static> {
+        with_scratch(kind, true)
+    }
+
+    fn with_scratch(kind: MemoryKind, scratch: bool) -> Target<'static> {
         Target {
             caps: GridCap::uniform(8),
             kind_of: match kind {
                 MemoryKind::PinnedHost => &|_| MemoryKind::PinnedHost,
                 _ => &|_| MemoryKind::Device,
             },
+            scratch,
         }
     }
 
@@ -655,8 +670,38 @@ mod tests {
         let pairs = [[0i64, 1], [2, 3]];
         let staging = bytes(0x4000_0000, 32);
         let dev = target(MemoryKind::Device);
-        // Auto without staging: the copy engines.
-        let (b, p) = plan(&op(s, d, &pairs), &dev).unwrap();
+        // Auto without staging: the kernel, the map uploaded to the runner's scratch (the
+        // launch's map pointer is the runner's to fill in).
+        for backend in [Backend::Auto, Backend::Kernel] {
+            let unstaged = BlockCopy {
+                backend,
+                ..op(s, d, &pairs)
+            };
+            let (b, p) = plan(&unstaged, &dev).unwrap();
+            assert_eq!(b, Backend::Kernel);
+            match p {
+                Plan::Kernel {
+                    upload: Some(u),
+                    launch,
+                } => {
+                    assert_eq!(u.dst, Staging::Scratch);
+                    assert_eq!(u.src, bytemuck::cast_slice::<[i64; 2], u8>(&pairs));
+                    let Kernel::Copy(a) = launch.kernel else {
+                        panic!("{launch:?}")
+                    };
+                    assert_eq!((a.pairs as u64, a.num_pairs), (0, 2));
+                    let Kernel::Copy(a) = launch.kernel.with_map(0x6000) else {
+                        panic!("{launch:?}")
+                    };
+                    assert_eq!(a.pairs as u64, 0x6000);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // Without scratch (a device without memory pools): Auto falls back to the copy
+        // engines, the kernel needs staging.
+        let bare = with_scratch(MemoryKind::Device, false);
+        let (b, p) = plan(&op(s, d, &pairs), &bare).unwrap();
         assert_eq!(b, Backend::Dma);
         assert!(
             matches!(p, Plan::Dma(ref spans) if !spans.is_empty()),
@@ -674,7 +719,7 @@ mod tests {
                 upload: Some(u),
                 launch,
             } => {
-                assert_eq!(u.dst, staging.ptr());
+                assert_eq!(u.dst, Staging::Given(staging.ptr()));
                 assert_eq!(u.src, bytemuck::cast_slice::<[i64; 2], u8>(&pairs));
                 let Kernel::Copy(a) = launch.kernel else {
                     panic!("device pools take the device-copy entry: {launch:?}")
@@ -719,12 +764,13 @@ mod tests {
             ..staged
         };
         assert_invalid(plan(&odd, &dev), "staging");
-        // Kernel with a host map and no staging is refused, DMA with a device map too.
+        // Kernel with a host map and neither staging nor scratch is refused, DMA with a device
+        // map too.
         let unstaged = BlockCopy {
             backend: Backend::Kernel,
             ..op(s, d, &pairs)
         };
-        assert_invalid(plan(&unstaged, &dev), "staging");
+        assert_invalid(plan(&unstaged, &bare), "staging");
         let dma_device_map = BlockCopy {
             backend: Backend::Dma,
             map: BlockMap::Device {
@@ -752,7 +798,11 @@ mod tests {
         let block = (L * 2 * BS * H * D * E) as u64;
         // 0->1, 1->2 form a run; padding is dropped; 3->0 stands alone.
         let pairs = [[0i64, 1], [1, 2], [-1, -1], [3, 0]];
-        let (_, p) = plan(&op(s, d, &pairs), &target(MemoryKind::Device)).unwrap();
+        let dma = BlockCopy {
+            backend: Backend::Dma,
+            ..op(s, d, &pairs)
+        };
+        let (_, p) = plan(&dma, &target(MemoryKind::Device)).unwrap();
         let Plan::Dma(spans) = p else { panic!("{p:?}") };
         assert_eq!(
             spans,
@@ -780,7 +830,11 @@ mod tests {
         );
         let part = (BS * H * D * E) as u64;
         let cache = NB as u64 * part; // one layer's K (or V) in the layer-first pool
-        let (_, p) = plan(&op(s, d, &[[2, 1]]), &target(MemoryKind::Device)).unwrap();
+        let dma = BlockCopy {
+            backend: Backend::Dma,
+            ..op(s, d, &[[2, 1]])
+        };
+        let (_, p) = plan(&dma, &target(MemoryKind::Device)).unwrap();
         let Plan::Dma(spans) = p else { panic!("{p:?}") };
         let mut want = Vec::new();
         for l in 0..L as u64 {
@@ -793,5 +847,22 @@ mod tests {
             }
         }
         assert_eq!(spans, want);
+    }
+
+    #[test]
+    fn auto_takes_dma_for_long_host_spans_only() {
+        // Whole cross-layer blocks of 3 layers × 256 tokens: 3 MiB spans, at least DMA_MIN_SPAN.
+        let (s, d) = (nhd(SRC, NB, L, 256, H, D, E), nhd(DST, NB, L, 256, H, D, E));
+        assert!(L * 2 * 256 * H * D * E >= DMA_MIN_SPAN);
+        let pairs = [[0i64, 1]];
+        let (b, _) = plan(&op(s, d, &pairs), &target(MemoryKind::PinnedHost)).unwrap();
+        assert_eq!(b, Backend::Dma);
+        // The same spans inside the device: the kernel.
+        let (b, _) = plan(&op(s, d, &pairs), &target(MemoryKind::Device)).unwrap();
+        assert_eq!(b, Backend::Kernel);
+        // Layer-first on one side: one layer's K or V of a block (256 KiB) is the span.
+        let lf = layer_first(DST, NB, L, 256, H, D, E);
+        let (b, _) = plan(&op(s, lf, &pairs), &target(MemoryKind::PinnedHost)).unwrap();
+        assert_eq!(b, Backend::Kernel);
     }
 }

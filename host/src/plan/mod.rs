@@ -48,13 +48,24 @@ pub(crate) struct Span {
     pub(crate) bytes: u64,
 }
 
-/// Host bytes the launch needs on the device (a host block map into its staging buffer).
+/// Host bytes the launch needs on the device (a host block map).
 #[derive(Debug)]
 pub(crate) struct Upload<'a> {
-    /// Device address written.
-    pub(crate) dst: u64,
+    /// Where they go.
+    pub(crate) dst: Staging,
     /// The bytes.
     pub(crate) src: &'a [u8],
+}
+
+/// Device memory an upload lands in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Staging {
+    /// The caller's staging buffer at this address (the launch's arguments already point
+    /// there).
+    Given(u64),
+    /// Runner-owned scratch, stream-ordered: the runner takes it for the launch, points the
+    /// launch's map at it ([`Kernel::with_map`]) and gives it back after the launch.
+    Scratch,
 }
 
 /// A kernel with its arguments, grid and CTA size.
@@ -82,6 +93,22 @@ pub(crate) enum Kernel {
 }
 
 impl Kernel {
+    /// The same launch reading its block map at `pairs` (block copies; other kernels have no
+    /// map and are returned unchanged).
+    pub(crate) fn with_map(self, pairs: u64) -> Kernel {
+        match self {
+            Kernel::Copy(a) => Kernel::Copy(CopyArgs {
+                pairs: pairs as *const i64,
+                ..a
+            }),
+            Kernel::Transfer(a) => Kernel::Transfer(CopyArgs {
+                pairs: pairs as *const i64,
+                ..a
+            }),
+            k => k,
+        }
+    }
+
     /// log2 of the lanes per work item (the group size every entry point is launched with).
     pub(crate) fn shift(&self) -> u32 {
         match self {
@@ -99,4 +126,6 @@ pub(crate) struct Target<'f> {
     pub(crate) caps: GridCap,
     /// Classifies an address (pinned host memory selects the transfer entry point).
     pub(crate) kind_of: &'f dyn Fn(u64) -> MemoryKind,
+    /// Whether the runner has scratch memory for uploads ([`Staging::Scratch`]).
+    pub(crate) scratch: bool,
 }

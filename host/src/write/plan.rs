@@ -270,6 +270,7 @@ mod tests {
         Target {
             caps: GridCap::uniform(cap),
             kind_of: &|_| MemoryKind::Device,
+            scratch: false,
         }
     }
 
