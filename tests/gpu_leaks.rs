@@ -464,7 +464,7 @@ fn copy_blocks_scratch_host_map_calls() {
     let sref = StreamRef::from_cust(&stream);
     let (dev, host) = (Filled::new(false, 25), Filled::new(true, 26));
     let (to_host, to_dev) = (Filled::new(true, 27), Filled::new(false, 28));
-    let pairs: Vec<[i64; 2]> = vec![[2, 5], [7, 1], [-1, -1], [30, 31]];
+    let pairs: Vec<[i64; 2]> = vec![[2, 5], [7, 1], [-1, -1], [20, 23]];
     let hmap = BlockMap::Host(&pairs);
     let (d2h, h2d) = (
         copy_op(&dev, &to_host, hmap, Backend::Auto, None, None),
