@@ -384,6 +384,8 @@ fn adversarial_device_maps() {
             [7, -9],
             [8, 9],
             [1 << 40, 1 << 40],
+            [-1, 1 << 40],
+            [1 << 40, -1],
         ];
         let name = format!("adversarial {sk:?}->{dk:?}");
         run_copy(
@@ -396,8 +398,10 @@ fn adversarial_device_maps() {
             99,
             &name,
         );
-        // The reference agrees that 5 pairs were out of range (checked inside run_copy against
-        // the error word); make sure that is what it counted.
+        // The stated rules: a pair with a negative id is padding, skipped silently, whatever
+        // the other id (the last two pairs); a pair with an id past its pool counts once, even
+        // with both ids bad ([1 << 40, 1 << 40]). So 5 here: the reference agrees with the
+        // error word (checked inside run_copy); make sure that is what it counted.
         let mut scratch = vec![0u8; dst.mem.bytes().len()];
         let c = reference::copy_blocks(
             &src.image(),

@@ -23,7 +23,8 @@ pub struct ErrorCounts {
     pub bad_slices: u32,
     /// Device-side counts outside their capacity (whole launches skipped).
     pub bad_counts: u32,
-    /// Block ids outside their pool (blocks skipped).
+    /// Block pairs with an id outside its pool (pairs skipped; one count per pair, even with
+    /// both ids bad; pairs with a negative id are padding and not counted).
     pub bad_blocks: u32,
 }
 

@@ -7,7 +7,15 @@ use super::pool::{Bases, BlockPool};
 use crate::error::{invalid, Error, Result};
 use crate::mem::DeviceBytes;
 
-/// The `(src_block, dst_block)` pairs of a block copy. Negative ids mark padding (skipped).
+/// The `(src_block, dst_block)` pairs of a block copy.
+///
+/// The rules, the same for host and device maps (`kvio_kernels::index::check_pair`):
+/// - a pair with a negative id on either side is padding: skipped, never an error, whatever the
+///   other id is;
+/// - otherwise a pair with an id past its pool is refused: a host map fails the call
+///   ([`Error::IndexOutOfRange`] naming `map.src`, checked first, or `map.dst`); a device map's
+///   pair is skipped and counted **once** in [`ErrorCounts::bad_blocks`](crate::ErrorCounts),
+///   even when both ids are bad.
 ///
 /// ```
 /// use kvio::BlockMap;
