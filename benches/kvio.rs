@@ -16,15 +16,14 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use criterion::{measurement::WallTime, BenchmarkGroup, Criterion, Throughput};
-use cust::event::{Event, EventFlags};
 use cust::memory::DeviceBuffer;
-use cust::stream::Stream;
 use cust::sys as cu;
 use kvio::plan::{slices_to_table, slots_to_slices};
 use kvio::{
     Backend, BlockCopy, BlockMap, BlockPool, DeviceBytes, LayerTable, PagedLayout, SliceUpdate,
     SlotMapping, SlotUpdate, StreamRef, TokenLayout,
 };
+use kvio::{Event, Stream};
 use kvio_suite::{random_bytes, upload, Gpu, Graph, Mem, Rng};
 
 /// Model shape and sweep, from the environment.
@@ -111,16 +110,16 @@ struct Rec {
 
 /// GPU time of `iters` calls of `f` on `stream`, from events recorded on that stream.
 fn time_on(stream: &Stream, iters: u64, f: &mut dyn FnMut()) -> Duration {
-    let start = Event::new(EventFlags::DEFAULT).expect("event");
-    let stop = Event::new(EventFlags::DEFAULT).expect("event");
-    start.record(stream).expect("record");
+    let start = Event::new().expect("event");
+    let stop = Event::new().expect("event");
+    start.record(stream.sref()).expect("record");
     for _ in 0..iters {
         f();
     }
-    stop.record(stream).expect("record");
+    stop.record(stream.sref()).expect("record");
     stop.synchronize()
         .expect("event sync (a kernel fault shows here)");
-    let ms = stop.elapsed_time_f32(&start).expect("elapsed");
+    let ms = stop.elapsed_ms(&start).expect("elapsed");
     Duration::from_secs_f64(ms as f64 / 1e3)
 }
 
@@ -164,7 +163,7 @@ fn check(call: &str, r: cu::CUresult) {
 fn memcpy(dst: u64, src: u64, bytes: usize, stream: &Stream) {
     // SAFETY: callers pass ranges inside live allocations.
     check("cuMemcpyAsync", unsafe {
-        cu::cuMemcpyAsync(dst, src, bytes, stream.as_inner())
+        cu::cuMemcpyAsync(dst, src, bytes, stream.cu_stream())
     });
 }
 
@@ -195,7 +194,7 @@ fn naive(
             n as u64,
             (span_bytes / elem) as u64,
             elem as u32,
-            StreamRef::from_cust(stream),
+            StreamRef::from(stream),
         )
     }
     .expect("naive kernel");
@@ -273,7 +272,7 @@ fn ceilings(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
         "empty-launch",
         0,
         stream,
-        || g.kv.bench_noop(StreamRef::from_cust(stream)).expect("noop"),
+        || g.kv.bench_noop(StreamRef::from(stream)).expect("noop"),
     );
     let graph = Graph::capture(stream, |s| {
         for _ in 0..100 {
@@ -394,7 +393,7 @@ fn slot_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, 
             w.bytes(),
             stream,
             || {
-                g.kv.update_slots(&op, StreamRef::from_cust(stream))
+                g.kv.update_slots(&op, StreamRef::from(stream))
                     .expect("update_slots")
             },
         );
@@ -486,7 +485,7 @@ fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream,
         };
         let bytes = 2 * (t * row) as u64;
         measure(&mut grp, rec, name, param, "kvio", bytes, stream, || {
-            g.kv.update_slices(&op, StreamRef::from_cust(stream))
+            g.kv.update_slices(&op, StreamRef::from(stream))
                 .expect("update_slices")
         });
         let spans: Vec<(u64, u64)> = slots
@@ -665,7 +664,7 @@ fn block_case(
         moved * bytes_factor,
         stream,
         || {
-            g.kv.copy_blocks(&base, StreamRef::from_cust(stream))
+            g.kv.copy_blocks(&base, StreamRef::from(stream))
                 .expect("copy_blocks kernel");
         },
     );
@@ -683,7 +682,7 @@ fn block_case(
         moved * bytes_factor,
         stream,
         || {
-            g.kv.copy_blocks(&dma, StreamRef::from_cust(stream))
+            g.kv.copy_blocks(&dma, StreamRef::from(stream))
                 .expect("copy_blocks dma");
         },
     );
@@ -703,7 +702,7 @@ fn block_case(
         moved * bytes_factor,
         stream,
         || {
-            g.kv.copy_blocks(&auto, StreamRef::from_cust(stream))
+            g.kv.copy_blocks(&auto, StreamRef::from(stream))
                 .expect("copy_blocks auto");
         },
     );

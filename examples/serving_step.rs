@@ -20,14 +20,13 @@
 use std::collections::VecDeque;
 use std::error::Error;
 
-use cust::event::{Event, EventFlags};
 use cust::memory::{CopyDestination, DeviceBuffer};
-use cust::stream::{Stream, StreamFlags};
 use cust::sys as cu;
 use kvio::{
     Backend, BlockCopy, BlockMap, BlockPool, DeviceAlloc, DeviceBytes, DeviceErrors, Kvio,
     PinnedHost, PrimaryContext, SlotMapping, SlotUpdate, StreamRef, TokenLayout,
 };
+use kvio::{Event, Stream};
 use kvio_suite::{random_bytes, Rng};
 
 const LAYERS: usize = 32;
@@ -81,7 +80,7 @@ struct Stage {
 impl Stage {
     fn add(&mut self, bytes: usize, start: &Event, stop: &Event) -> Result<(), Box<dyn Error>> {
         stop.synchronize()?;
-        self.ms += stop.elapsed_time_f32(start)? as f64;
+        self.ms += stop.elapsed_ms(start)? as f64;
         self.bytes += bytes as u64;
         self.calls += 1;
         Ok(())
@@ -157,8 +156,8 @@ fn run() -> Result<(), Box<dyn Error>> {
         }
     };
     let kv = Kvio::load()?;
-    let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
-    let sref = StreamRef::from_cust(&stream);
+    let stream = Stream::new()?;
+    let sref = StreamRef::from(&stream);
     println!(
         "serving_step: {LAYERS} layers x {HEADS} heads x {DIM} (bf16), pages of {BS}; \
          {GPU_BLOCKS} GPU blocks, {HOST_BLOCKS} pinned host blocks of {} MiB; PTX {:?}",
@@ -195,10 +194,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     let mut seqs: Vec<Option<Seq>> = (0..SEQS).map(|_| None).collect();
     let (mut write, mut offload, mut onload) =
         (Stage::default(), Stage::default(), Stage::default());
-    let (start, stop) = (
-        Event::new(EventFlags::DEFAULT)?,
-        Event::new(EventFlags::DEFAULT)?,
-    );
+    let (start, stop) = (Event::new()?, Event::new()?);
     let mut snapshot = Vec::new();
     let mut finished = 0;
     let mut hits = 0;
@@ -224,7 +220,7 @@ fn run() -> Result<(), Box<dyn Error>> {
             *slot = Some(seq);
         }
         if !pairs.is_empty() {
-            start.record(&stream)?;
+            start.record(stream.sref())?;
             let used = kv.copy_blocks(
                 &BlockCopy {
                     src: host,
@@ -237,7 +233,7 @@ fn run() -> Result<(), Box<dyn Error>> {
                 },
                 sref,
             )?;
-            stop.record(&stream)?;
+            stop.record(stream.sref())?;
             onload.add(pairs.len() * BLOCK, &start, &stop)?;
             onload.backend = Some(used);
             download(gpu_mem.bytes(), &mut snapshot)?;
@@ -271,7 +267,7 @@ fn run() -> Result<(), Box<dyn Error>> {
         values.copy_from(&v_host[..])?;
         slots_d.copy_from(&slots[..])?;
         let (kd, vd) = (DeviceBytes::of(&keys), DeviceBytes::of(&values));
-        start.record(&stream)?;
+        start.record(stream.sref())?;
         for (l, (k_cache, v_cache, layout)) in views.iter().enumerate() {
             kv.update_slots(
                 &SlotUpdate {
@@ -287,7 +283,7 @@ fn run() -> Result<(), Box<dyn Error>> {
                 sref,
             )?;
         }
-        stop.record(&stream)?;
+        stop.record(stream.sref())?;
         write.add(t * LAYERS * 2 * ROW, &start, &stop)?;
         download(gpu_mem.bytes(), &mut snapshot)?;
         for (j, &s) in slots[..t].iter().enumerate() {
@@ -316,7 +312,7 @@ fn run() -> Result<(), Box<dyn Error>> {
             let mut flat: Vec<i64> = pairs.iter().flatten().copied().collect();
             flat.resize(2 * MAP_CAP, -1);
             map_d.copy_from(&flat[..])?;
-            start.record(&stream)?;
+            start.record(stream.sref())?;
             let used = kv.copy_blocks(
                 &BlockCopy {
                     src: gpu,
@@ -332,7 +328,7 @@ fn run() -> Result<(), Box<dyn Error>> {
                 },
                 sref,
             )?;
-            stop.record(&stream)?;
+            stop.record(stream.sref())?;
             offload.add(pairs.len() * BLOCK, &start, &stop)?;
             offload.backend = Some(used);
             for &[gb, hb] in &pairs {
@@ -357,7 +353,7 @@ fn run() -> Result<(), Box<dyn Error>> {
                             gpu_mem.bytes().ptr() + (gb * BLOCK) as u64,
                             0xA5,
                             BLOCK,
-                            stream.as_inner(),
+                            stream.cu_stream(),
                         )
                     };
                     if r != cu::CUresult::CUDA_SUCCESS {

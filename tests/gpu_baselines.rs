@@ -38,7 +38,7 @@ fn naive_spans_kernel_copies_listed_spans() {
                 n as u64,
                 (span_bytes / elem) as u64,
                 elem as u32,
-                StreamRef::from_cust(&stream),
+                StreamRef::from(&stream),
             )
         }
         .unwrap();
@@ -60,7 +60,7 @@ fn empty_kernel_launches() {
     let Some(g) = gpu("noop") else { return };
     let stream = g.stream();
     for _ in 0..1000 {
-        g.kv.bench_noop(StreamRef::from_cust(&stream)).unwrap();
+        g.kv.bench_noop(StreamRef::from(&stream)).unwrap();
     }
     stream.synchronize().unwrap();
 }
@@ -102,11 +102,8 @@ fn many_queued_launches() {
     for round in 0..rounds {
         for _ in 0..(n << round) {
             match which.as_str() {
-                "noop" => g.kv.bench_noop(StreamRef::from_cust(&stream)).unwrap(),
-                "slots" => {
-                    g.kv.update_slots(&op, StreamRef::from_cust(&stream))
-                        .unwrap()
-                }
+                "noop" => g.kv.bench_noop(StreamRef::from(&stream)).unwrap(),
+                "slots" => g.kv.update_slots(&op, StreamRef::from(&stream)).unwrap(),
                 // SAFETY: spans inside src/dst.
                 _ => unsafe {
                     g.kv.bench_naive_spans(
@@ -114,7 +111,7 @@ fn many_queued_launches() {
                         2,
                         1024,
                         2,
-                        StreamRef::from_cust(&stream),
+                        StreamRef::from(&stream),
                     )
                 }
                 .unwrap(),

@@ -2,8 +2,8 @@
 //! layout × direction × backend combination, against the CPU reference, bit for bit, on
 //! random data with poisoned destinations. Skips without a GPU unless `KVIO_REQUIRE_GPU=1`.
 
-use cust::stream::Stream;
 use kvio::reference;
+use kvio::Stream;
 use kvio::{
     Backend, BlockCopy, BlockMap, DeviceBytes, DeviceErrors, Error, ErrorCounts, StreamRef,
 };
@@ -90,7 +90,7 @@ fn run_copy(
         errors: Some(&errors),
     };
     let used =
-        g.kv.copy_blocks(&op, StreamRef::from_cust(stream))
+        g.kv.copy_blocks(&op, StreamRef::from(stream))
             .unwrap_or_else(|e| panic!("{name}: {e}"));
     stream
         .synchronize()
@@ -100,7 +100,7 @@ fn run_copy(
     let counts = reference::copy_blocks(&src.image(), &src_data, &dst.image(), &mut want, pairs);
     assert_same(name, &got, &want);
     assert_eq!(
-        errors.read(StreamRef::from_cust(stream)).unwrap(),
+        errors.read(StreamRef::from(stream)).unwrap(),
         counts,
         "{name}: error word"
     );
@@ -266,8 +266,7 @@ fn copy_within_one_pool() {
             staging: None,
             errors: None,
         };
-        g.kv.copy_blocks(&op, StreamRef::from_cust(&stream))
-            .unwrap();
+        g.kv.copy_blocks(&op, StreamRef::from(&stream)).unwrap();
         stream.synchronize().unwrap();
         let mut want = data.clone();
         reference::copy_blocks(&pool.image(), &data, &pool.image(), &mut want, &pairs);
@@ -278,15 +277,14 @@ fn copy_within_one_pool() {
             backend: Backend::Dma,
             ..op
         };
-        g.kv.copy_blocks(&op, StreamRef::from_cust(&stream))
-            .unwrap();
+        g.kv.copy_blocks(&op, StreamRef::from(&stream)).unwrap();
         let bad = [[1i64, 2], [2, 3]];
         let err = g.kv.copy_blocks(
             &BlockCopy {
                 map: BlockMap::Host(&bad),
                 ..op
             },
-            StreamRef::from_cust(&stream),
+            StreamRef::from(&stream),
         );
         assert!(
             matches!(err, Err(Error::Overlap { name: "map", .. })),
@@ -344,7 +342,7 @@ fn concurrent_streams_disjoint_blocks() {
             staging: None,
             errors: None,
         };
-        g.kv.copy_blocks(&op, StreamRef::from_cust(stream)).unwrap();
+        g.kv.copy_blocks(&op, StreamRef::from(stream)).unwrap();
     }
     for s in &streams {
         s.synchronize().unwrap();
@@ -447,9 +445,7 @@ fn rejects_bad_host_arguments() {
         staging: None,
         errors: None,
     };
-    let e =
-        g.kv.copy_blocks(&op, StreamRef::from_cust(&stream))
-            .unwrap_err();
+    let e = g.kv.copy_blocks(&op, StreamRef::from(&stream)).unwrap_err();
     assert!(
         matches!(e, Error::NotDeviceAccessible { name: "dst", .. }),
         "{e}"
@@ -472,7 +468,7 @@ fn rejects_bad_host_arguments() {
                 backend: Backend::Dma,
                 ..ok
             },
-            StreamRef::from_cust(&stream),
+            StreamRef::from(&stream),
         );
         match e {
             Err(Error::IndexOutOfRange { name: n, .. }) | Err(Error::Overlap { name: n, .. }) => {
@@ -489,7 +485,7 @@ fn rejects_bad_host_arguments() {
             staging: Some(DeviceBytes::of(&short)),
             ..ok
         },
-        StreamRef::from_cust(&stream),
+        StreamRef::from(&stream),
     );
     assert!(
         matches!(
@@ -508,7 +504,7 @@ fn rejects_bad_host_arguments() {
             backend: Backend::Dma,
             ..ok
         },
-        StreamRef::from_cust(&stream),
+        StreamRef::from(&stream),
     );
     assert!(
         matches!(e, Err(Error::InvalidArgument { name: "dst", .. })),
@@ -552,7 +548,7 @@ fn cross_layer_views_feed_the_write_path() {
                 slots: kvio::SlotMapping::I64(DeviceBytes::of(&sd)),
                 errors: None,
             },
-            StreamRef::from_cust(&stream),
+            StreamRef::from(&stream),
         )
         .unwrap();
         let img = pool.image();

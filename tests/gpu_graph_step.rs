@@ -7,9 +7,9 @@
 //! pinned pool, error word). Skips without a GPU unless `KVIO_REQUIRE_GPU=1`.
 
 use cust::memory::DeviceBuffer;
-use cust::stream::Stream;
 use cust::sys as cu;
 use kvio::reference::{self, PoolImage};
+use kvio::Stream;
 use kvio::{
     Backend, BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceErrors, ErrorCounts, PinnedHost,
     SlotMapping, SlotUpdate, StreamRef, TokenLayout,
@@ -85,7 +85,7 @@ fn copy_async(dst: u64, staging: &PinnedHost, off: usize, len: usize, stream: &S
     let src = staging.as_slice()[off..off + len].as_ptr();
     // SAFETY: `dst` holds `len` bytes; the pinned source stays untouched until the stream is
     // synchronised (the test waits for every replay before writing staging again).
-    let r = unsafe { cu::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, stream.as_inner()) };
+    let r = unsafe { cu::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, stream.cu_stream()) };
     assert_eq!(r, cu::CUresult::CUDA_SUCCESS, "cuMemcpyHtoDAsync");
 }
 
@@ -236,7 +236,7 @@ fn graph_serving_step_replays() {
             &host_mirror,
         );
         assert_eq!(
-            errors.read(StreamRef::from_cust(&stream)).unwrap(),
+            errors.read(StreamRef::from(&stream)).unwrap(),
             want,
             "replay {replay}: error word"
         );

@@ -240,7 +240,7 @@ fn update_slots_calls() {
     let Some(g) = gpu("leaks") else { return };
     let _serial = serial();
     let stream = g.stream();
-    let sref = StreamRef::from_cust(&stream);
+    let sref = StreamRef::from(&stream);
     let input = TokenLayout::contiguous(T, H, D, E);
     let in_bytes = input.extent("input").unwrap() as usize;
     let (key_h, val_h) = (random_bytes(in_bytes, 1), random_bytes(in_bytes, 2));
@@ -284,7 +284,7 @@ fn update_slices_calls() {
     let Some(g) = gpu("leaks") else { return };
     let _serial = serial();
     let stream = g.stream();
-    let sref = StreamRef::from_cust(&stream);
+    let sref = StreamRef::from(&stream);
     let input = TokenLayout::contiguous(T, H, D, E);
     let src_h = random_bytes(input.extent("input").unwrap() as usize, 5);
     let src = upload(&src_h);
@@ -403,7 +403,7 @@ fn copy_blocks_kernel_device_map_calls() {
     let Some(g) = gpu("leaks") else { return };
     let _serial = serial();
     let stream = g.stream();
-    let sref = StreamRef::from_cust(&stream);
+    let sref = StreamRef::from(&stream);
     let src = Filled::new(false, 10);
     let (to_dev, to_host) = (Filled::new(false, 11), Filled::new(true, 12));
     let pairs: Vec<[i64; 2]> = vec![[0, 5], [7, 6], [2, 17], [PNB as i64 + 1, 8], [-1, 3]];
@@ -435,7 +435,7 @@ fn copy_blocks_kernel_staged_host_map_calls() {
     let Some(g) = gpu("leaks") else { return };
     let _serial = serial();
     let stream = g.stream();
-    let sref = StreamRef::from_cust(&stream);
+    let sref = StreamRef::from(&stream);
     let (dev, host) = (Filled::new(false, 20), Filled::new(true, 21));
     let (to_host, to_dev) = (Filled::new(true, 22), Filled::new(false, 23));
     let pairs: Vec<[i64; 2]> = vec![[1, 4], [3, 9], [-1, -1], [20, 0]];
@@ -461,7 +461,7 @@ fn copy_blocks_scratch_host_map_calls() {
     let Some(g) = gpu("leaks") else { return };
     let _serial = serial();
     let stream = g.stream();
-    let sref = StreamRef::from_cust(&stream);
+    let sref = StreamRef::from(&stream);
     let (dev, host) = (Filled::new(false, 25), Filled::new(true, 26));
     let (to_host, to_dev) = (Filled::new(true, 27), Filled::new(false, 28));
     let pairs: Vec<[i64; 2]> = vec![[2, 5], [7, 1], [-1, -1], [20, 23]];
@@ -484,7 +484,7 @@ fn copy_blocks_dma_calls() {
     let Some(g) = gpu("leaks") else { return };
     let _serial = serial();
     let stream = g.stream();
-    let sref = StreamRef::from_cust(&stream);
+    let sref = StreamRef::from(&stream);
     let (dev, host) = (Filled::new(false, 30), Filled::new(true, 31));
     let (to_host, to_dev, to_dev2) = (
         Filled::new(true, 32),
@@ -512,7 +512,7 @@ fn device_errors_reset_read_calls() {
     let Some(g) = gpu("leaks") else { return };
     let _serial = serial();
     let stream = g.stream();
-    let sref = StreamRef::from_cust(&stream);
+    let sref = StreamRef::from(&stream);
     let input = TokenLayout::contiguous(2, 1, 64, 2);
     let key = upload(&random_bytes(input.extent("input").unwrap() as usize, 40));
     let c = cache(PagedLayout::nhd(4, 16, 1, 64, 2), 41);
@@ -542,7 +542,7 @@ fn rejected_calls() {
     let Some(g) = gpu("leaks") else { return };
     let _serial = serial();
     let stream = g.stream();
-    let sref = StreamRef::from_cust(&stream);
+    let sref = StreamRef::from(&stream);
     let (dev, host) = (Filled::new(false, 50), Filled::new(true, 51));
     let dup = [[0i64, 1], [2, 1]];
     let staging = upload(&[0u8; 64]);
@@ -597,7 +597,7 @@ fn kvio_load_and_drop() {
     let stream = g.stream();
     no_growth("Kvio::load + drop", loads(), |_| {
         let kv = Kvio::load().unwrap();
-        kv.bench_noop(StreamRef::from_cust(&stream)).unwrap();
+        kv.bench_noop(StreamRef::from(&stream)).unwrap();
         stream.synchronize().expect("cuStreamSynchronize");
         drop(kv);
     });
@@ -738,7 +738,7 @@ fn device_errors_create_drop() {
     let Some(g) = gpu("leaks") else { return };
     let _serial = serial();
     let stream = g.stream();
-    let sref = StreamRef::from_cust(&stream);
+    let sref = StreamRef::from(&stream);
     no_growth("DeviceErrors::new + drop", calls(), |_| {
         let e = DeviceErrors::new().unwrap();
         assert!(e.read(sref).unwrap().is_clean());

@@ -29,9 +29,9 @@
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use cust::stream::Stream;
 use kvio::plan::{slices_to_table, slots_to_slices, validate_slices, validate_slots, Slice};
 use kvio::reference::{self, PoolImage};
+use kvio::Stream;
 use kvio::{
     Backend, BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceErrors, Error, ErrorCounts,
     SliceUpdate, SlotMapping, SlotUpdate, StreamRef, TokenLayout,
@@ -566,7 +566,7 @@ fn enqueue(
     stream: &Stream,
     what: &str,
 ) {
-    let sref = StreamRef::from_cust(stream);
+    let sref = StreamRef::from(stream);
     let rows = |src: DeviceBytes, tok0: usize, n: usize| src.slice(tok0 * ROW, n * ROW).unwrap();
     match *op {
         Op::Slots {
@@ -764,7 +764,7 @@ fn many_streams_random_ops_nothing_lost() {
         ran += t1.elapsed();
         let t2 = Instant::now();
         let (failures, sum_got, sum_want) = compare_pools(&pools, &cp.imgs);
-        let counts = errors.read(StreamRef::from_cust(&streams[0])).unwrap();
+        let counts = errors.read(StreamRef::from(&streams[0])).unwrap();
         checked += t2.elapsed();
         eprintln!(
             "stress: checkpoint {}/{}: {} ops per stream, checksum got {sum_got:016x} want \
@@ -830,7 +830,7 @@ fn submit_slots<S: kvio::plan::SlotIndex + cust::memory::DeviceCopy>(
             slots: wrap(DeviceBytes::of(&dev)),
             errors: None,
         },
-        StreamRef::from_cust(stream),
+        StreamRef::from(stream),
     )?;
     stream.synchronize().expect("cuStreamSynchronize");
     Ok(())
@@ -842,7 +842,7 @@ fn submit_slots<S: kvio::plan::SlotIndex + cust::memory::DeviceCopy>(
 fn conflicting_targets_rejected_nothing_launched() {
     let Some(g) = gpu("conflicts") else { return };
     let stream = g.stream();
-    let sref = StreamRef::from_cust(&stream);
+    let sref = StreamRef::from(&stream);
     let (pools, _) = make_pools();
     let mut staging = Mem::new(false, 64 * 16);
     staging.fill(&random_bytes(64 * 16, 99));
@@ -1100,7 +1100,7 @@ fn pinned_to_pinned_dma_is_stream_ordered() {
         return;
     };
     let stream = g.stream();
-    let sref = StreamRef::from_cust(&stream);
+    let sref = StreamRef::from(&stream);
     let (mut pools, init) = make_pools();
     let all: Vec<[i64; 2]> = (0..NB as i64).map(|b| [b, b]).collect();
     let map = upload(&all.iter().flatten().copied().collect::<Vec<i64>>());

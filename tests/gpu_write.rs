@@ -173,7 +173,7 @@ fn run_slot_case(c: SlotCase) {
         let poison_v = random_bytes(alloc, c.seed ^ 0x5A5A ^ run);
         let kc = upload(&poison_k);
         let vc = upload(&poison_v);
-        errors.reset(StreamRef::from_cust(&stream)).unwrap();
+        errors.reset(StreamRef::from(&stream)).unwrap();
         let kview = DeviceBytes::of(&kc).slice(key_at, alloc - key_at).unwrap();
         let vview = match (c.caches, value_at) {
             (_, None) => None,
@@ -190,11 +190,11 @@ fn run_slot_case(c: SlotCase) {
             slots: slot_map,
             errors: Some(&errors),
         };
-        g.kv.update_slots(&op, StreamRef::from_cust(&stream))
+        g.kv.update_slots(&op, StreamRef::from(&stream))
             .unwrap_or_else(|err| panic!("{name}: {err}"));
         let got_k = download(&kc, &stream);
         let got_v = download(&vc, &stream);
-        let counts = errors.read(StreamRef::from_cust(&stream)).unwrap();
+        let counts = errors.read(StreamRef::from(&stream)).unwrap();
 
         // Reference: K and V in their own host images (or both in the one image).
         let mut want_k = poison_k.clone();
@@ -455,12 +455,12 @@ fn run_slice_case(
     for run in 0..2u64 {
         let poison = random_bytes(cache_bytes, seed ^ 0xBEEF ^ run);
         let cache = upload(&poison);
-        errors.reset(StreamRef::from_cust(&stream)).unwrap();
+        errors.reset(StreamRef::from(&stream)).unwrap();
         let op = slice_op(&cache, &count_d);
-        g.kv.update_slices(&op, StreamRef::from_cust(&stream))
+        g.kv.update_slices(&op, StreamRef::from(&stream))
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let got = download(&cache, &stream);
-        let counts = errors.read(StreamRef::from_cust(&stream)).unwrap();
+        let counts = errors.read(StreamRef::from(&stream)).unwrap();
         let mut want = poison.clone();
         let mut padded_slices = slices.clone();
         padded_slices.resize(padded, Slice::default());
@@ -490,16 +490,15 @@ fn run_slice_case(
         let poison = random_bytes(cache_bytes, seed ^ 0xC0DE);
         let cache = upload(&poison);
         overwrite(&mut count_d, &[bad_count], &stream);
-        errors.reset(StreamRef::from_cust(&stream)).unwrap();
+        errors.reset(StreamRef::from(&stream)).unwrap();
         let op = slice_op(&cache, &count_d);
-        g.kv.update_slices(&op, StreamRef::from_cust(&stream))
-            .unwrap();
+        g.kv.update_slices(&op, StreamRef::from(&stream)).unwrap();
         assert_same(
             &format!("{name} count={bad_count}"),
             &download(&cache, &stream),
             &poison,
         );
-        let counts = errors.read(StreamRef::from_cust(&stream)).unwrap();
+        let counts = errors.read(StreamRef::from(&stream)).unwrap();
         assert_eq!(
             counts,
             ErrorCounts {
@@ -645,10 +644,7 @@ fn graph_capture_replays_with_new_device_indices() {
         assert_same(&format!("replay {replay} V"), &gv, &wv);
         assert_same(&format!("replay {replay} slices"), &gs, &ws);
     }
-    assert!(errors
-        .read(StreamRef::from_cust(&stream))
-        .unwrap()
-        .is_clean());
+    assert!(errors.read(StreamRef::from(&stream)).unwrap().is_clean());
 }
 
 /// Host-side validation rejects bad arguments before any launch (needs a loaded module).
@@ -674,7 +670,7 @@ fn launchers_reject_bad_host_arguments() {
         errors: None,
     };
     let err =
-        g.kv.update_slots(&op, StreamRef::from_cust(&stream))
+        g.kv.update_slots(&op, StreamRef::from(&stream))
             .unwrap_err();
     assert!(
         matches!(
@@ -730,7 +726,7 @@ fn slot_update_typed_elements() {
                 slots: SlotMapping::I64(DeviceBytes::of(&slots_d)),
                 errors: None,
             },
-            StreamRef::from_cust(&stream),
+            StreamRef::from(&stream),
         )
         .unwrap();
         let got: Vec<T> = bytemuck::pod_collect_to_vec(&download(&cache_d, &stream));

@@ -20,9 +20,9 @@
 //! reference only.
 
 use cust::memory::{CopyDestination, DeviceBuffer};
-use cust::stream::Stream;
 use kvio::plan::{slices_to_table, slots_to_slices, validate_slices, validate_slots, Slice};
 use kvio::reference::{self, PoolImage};
+use kvio::Stream;
 use kvio::{
     Backend, Bases, BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceErrors, Error, ErrorCounts,
     PagedLayout, PinnedHost, SliceUpdate, SlotMapping, SlotUpdate, StreamRef, TokenLayout,
@@ -190,7 +190,7 @@ impl Exec {
     fn stream(&self) -> Option<StreamRef<'_>> {
         match self {
             Exec::Cpu => None,
-            Exec::Gpu { stream, .. } => Some(StreamRef::from_cust(stream)),
+            Exec::Gpu { stream, .. } => Some(StreamRef::from(stream)),
         }
     }
 
@@ -214,7 +214,7 @@ impl Exec {
         match self {
             // SAFETY: every view in `op` is host memory of its length (`Buf::Host`).
             Exec::Cpu => unsafe { kvio::emulate::update_slots(op) },
-            Exec::Gpu { g, stream, .. } => g.kv.update_slots(op, StreamRef::from_cust(stream)),
+            Exec::Gpu { g, stream, .. } => g.kv.update_slots(op, StreamRef::from(stream)),
         }
     }
 
@@ -222,7 +222,7 @@ impl Exec {
         match self {
             // SAFETY: as above.
             Exec::Cpu => unsafe { kvio::emulate::update_slices(op) },
-            Exec::Gpu { g, stream, .. } => g.kv.update_slices(op, StreamRef::from_cust(stream)),
+            Exec::Gpu { g, stream, .. } => g.kv.update_slices(op, StreamRef::from(stream)),
         }
     }
 
@@ -231,8 +231,7 @@ impl Exec {
             // SAFETY: as above; a device map's pairs are host memory too.
             Exec::Cpu => unsafe { kvio::emulate::copy_blocks(op) }.map(|_| ()),
             Exec::Gpu { g, stream, .. } => {
-                g.kv.copy_blocks(op, StreamRef::from_cust(stream))
-                    .map(|_| ())
+                g.kv.copy_blocks(op, StreamRef::from(stream)).map(|_| ())
             }
         }
     }

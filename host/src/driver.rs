@@ -38,17 +38,20 @@ pub(crate) fn with_ctx(ctx: cu::CUcontext, f: impl FnOnce()) {
 
 /// A borrowed CUDA stream: kvio enqueues work on it and never synchronises it.
 ///
-/// Make one from any framework's raw `CUstream` with [`StreamRef::from_raw`], or from a cust
-/// stream with [`StreamRef::from_cust`].
+/// Make one from a kvio [`Stream`] ([`Stream::sref`]), from any framework's raw `CUstream`
+/// with [`StreamRef::from_raw`], or from a cust stream with [`StreamRef::from_cust`] (cust
+/// 0.3.2 creates blocking streams only, whatever flags it is given: prefer [`Stream`]).
 ///
 /// ```no_run
-/// let _ctx = kvio::PrimaryContext::retain(0).unwrap();
-/// let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None).unwrap();
-/// let s = kvio::StreamRef::from_cust(&stream);
+/// # fn main() -> kvio::Result<()> {
+/// let _ctx = kvio::PrimaryContext::retain(0)?;
+/// let stream = kvio::Stream::new()?; // non-blocking
+/// let s = stream.sref();
 /// // Any framework's raw handle works too (cudarc: `cu_stream()`, torch: `cuda_stream`):
 /// // SAFETY: the stream outlives every use of `raw`.
 /// let raw = unsafe { kvio::StreamRef::from_raw(s.cu_stream()) };
-/// assert_eq!(raw.cu_stream(), stream.as_inner());
+/// assert_eq!(raw.cu_stream(), stream.cu_stream());
+/// # Ok(()) }
 /// ```
 #[derive(Clone, Copy, Debug)]
 pub struct StreamRef<'a> {
@@ -82,6 +85,184 @@ impl<'a> StreamRef<'a> {
         self.raw
     }
 }
+
+impl<'a> From<&'a cust::stream::Stream> for StreamRef<'a> {
+    fn from(stream: &'a cust::stream::Stream) -> Self {
+        StreamRef::from_cust(stream)
+    }
+}
+
+impl<'a> From<&'a Stream> for StreamRef<'a> {
+    fn from(stream: &'a Stream) -> Self {
+        stream.sref()
+    }
+}
+
+/// A stream kvio creates through the driver with `CU_STREAM_NON_BLOCKING`: it does not
+/// synchronise with the legacy default stream, so work on it is ordered only by stream order
+/// and events (cust 0.3.2's `Stream::new` drops that flag). Destroyed on drop.
+///
+/// ```no_run
+/// # fn main() -> kvio::Result<()> {
+/// let _ctx = kvio::PrimaryContext::retain(0)?;
+/// let stream = kvio::Stream::new()?; // in the current context
+/// assert!(stream.is_non_blocking()?);
+/// // ... kvio calls with `stream.sref()` ...
+/// stream.synchronize()?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Stream {
+    raw: cu::CUstream,
+    ctx: cu::CUcontext,
+}
+
+impl Stream {
+    /// A new non-blocking stream in the current context.
+    pub fn new() -> Result<Self> {
+        let ctx = current_context()?;
+        let mut raw = ptr::null_mut();
+        // SAFETY: out-pointer to a local; a context is current.
+        check("cuStreamCreate", unsafe {
+            cu::cuStreamCreate(&mut raw, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+        })?;
+        Ok(Stream { raw, ctx })
+    }
+
+    /// The stream for kvio's calls.
+    pub fn sref(&self) -> StreamRef<'_> {
+        StreamRef {
+            raw: self.raw,
+            _life: PhantomData,
+        }
+    }
+
+    /// The raw `CUstream`.
+    pub fn cu_stream(&self) -> cu::CUstream {
+        self.raw
+    }
+
+    /// Waits for everything enqueued so far.
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: a live stream.
+        check("cuStreamSynchronize", unsafe {
+            cu::cuStreamSynchronize(self.raw)
+        })
+    }
+
+    /// Whether the driver reports the stream as non-blocking.
+    pub fn is_non_blocking(&self) -> Result<bool> {
+        let mut flags = 0u32;
+        // SAFETY: a live stream; out-pointer to a local.
+        check("cuStreamGetFlags", unsafe {
+            cu::cuStreamGetFlags(self.raw, &mut flags)
+        })?;
+        Ok(flags & cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32 != 0)
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let raw = self.raw;
+        // SAFETY: created in ctx; the driver finishes queued work before releasing it.
+        with_ctx(self.ctx, || unsafe {
+            cu::cuStreamDestroy_v2(raw);
+        });
+    }
+}
+
+// SAFETY: a stream handle may be used from any thread with its context current.
+unsafe impl Send for Stream {}
+// SAFETY: enqueueing on one stream from several threads is thread-safe in the driver.
+unsafe impl Sync for Stream {}
+
+/// A CUDA event (timing enabled), for ordering work across streams and timing it on the GPU.
+/// Destroyed on drop.
+///
+/// ```no_run
+/// # fn main() -> kvio::Result<()> {
+/// let _ctx = kvio::PrimaryContext::retain(0)?;
+/// let (a, b) = (kvio::Stream::new()?, kvio::Stream::new()?);
+/// let (start, done) = (kvio::Event::new()?, kvio::Event::new()?);
+/// start.record(a.sref())?;
+/// // ... kvio calls on `a` ...
+/// done.record(a.sref())?;
+/// done.wait_on(b.sref())?; // work enqueued on `b` from here on runs after it
+/// done.synchronize()?;
+/// println!("{} ms on the GPU", done.elapsed_ms(&start)?);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Event {
+    raw: cu::CUevent,
+    ctx: cu::CUcontext,
+}
+
+impl Event {
+    /// A new event in the current context.
+    pub fn new() -> Result<Self> {
+        let ctx = current_context()?;
+        let mut raw = ptr::null_mut();
+        // SAFETY: out-pointer to a local; a context is current.
+        check("cuEventCreate", unsafe { cu::cuEventCreate(&mut raw, 0) })?;
+        Ok(Event { raw, ctx })
+    }
+
+    /// Records the event after the work enqueued on `stream` so far.
+    pub fn record(&self, stream: StreamRef<'_>) -> Result<()> {
+        // SAFETY: a live event and stream.
+        check("cuEventRecord", unsafe {
+            cu::cuEventRecord(self.raw, stream.cu_stream())
+        })
+    }
+
+    /// Makes work enqueued on `stream` after this call wait for the event's last record
+    /// (on the device; the host does not block).
+    pub fn wait_on(&self, stream: StreamRef<'_>) -> Result<()> {
+        // SAFETY: a live event and stream.
+        check("cuStreamWaitEvent", unsafe {
+            cu::cuStreamWaitEvent(stream.cu_stream(), self.raw, 0)
+        })
+    }
+
+    /// Waits on the host for the event's last record.
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: a live event.
+        check("cuEventSynchronize", unsafe {
+            cu::cuEventSynchronize(self.raw)
+        })
+    }
+
+    /// Milliseconds between `start`'s record and this event's (both completed).
+    pub fn elapsed_ms(&self, start: &Event) -> Result<f32> {
+        let mut ms = 0f32;
+        // SAFETY: live events; out-pointer to a local.
+        check("cuEventElapsedTime", unsafe {
+            cu::cuEventElapsedTime(&mut ms, start.raw, self.raw)
+        })?;
+        Ok(ms)
+    }
+
+    /// The raw `CUevent`.
+    pub fn cu_event(&self) -> cu::CUevent {
+        self.raw
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        let raw = self.raw;
+        // SAFETY: created in ctx.
+        with_ctx(self.ctx, || unsafe {
+            cu::cuEventDestroy_v2(raw);
+        });
+    }
+}
+
+// SAFETY: an event handle may be used from any thread with its context current.
+unsafe impl Send for Event {}
+// SAFETY: the driver's event calls are thread-safe.
+unsafe impl Sync for Event {}
 
 /// The context current on this thread, or [`Error::NoContext`].
 ///

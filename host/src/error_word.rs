@@ -41,8 +41,8 @@ impl ErrorCounts {
 /// ```no_run
 /// # fn main() -> kvio::Result<()> {
 /// let _ctx = kvio::PrimaryContext::retain(0)?;
-/// let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None).unwrap();
-/// let s = kvio::StreamRef::from_cust(&stream);
+/// let stream = kvio::Stream::new()?; // non-blocking
+/// let s = stream.sref();
 /// let errors = kvio::DeviceErrors::new()?; // set-up time
 /// errors.reset(s)?;                         // before a step (capturable)
 /// // ... launches with `errors: Some(&errors)` ...

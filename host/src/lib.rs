@@ -56,7 +56,9 @@ mod write;
 pub use alloc::{memory_kind, DeviceAlloc, LayerTable, MemoryKind, PinnedHost};
 pub use blocks::{Backend, Bases, BlockCopy, BlockMap, BlockPool};
 pub use cust;
-pub use driver::{current_context, current_device, device_attribute, PrimaryContext, StreamRef};
+pub use driver::{
+    current_context, current_device, device_attribute, Event, PrimaryContext, Stream, StreamRef,
+};
 pub use error::{Error, Result};
 pub use error_word::{DeviceErrors, ErrorCounts};
 pub use layout::{PagedLayout, TokenLayout};

@@ -8,9 +8,9 @@
 use std::sync::OnceLock;
 
 use cust::memory::{CopyDestination, DeviceBuffer, DeviceCopy};
-use cust::stream::{Stream, StreamFlags};
 use cust::sys as cu;
 use kvio::reference::PoolImage;
+use kvio::Stream;
 use kvio::{
     Bases, BlockPool, DeviceBytes, Kvio, LayerTable, PagedLayout, PrimaryContext, StreamRef,
 };
@@ -29,7 +29,7 @@ impl Gpu {
     /// A new non-blocking stream (kvio must not rely on legacy-stream synchronisation).
     pub fn stream(&self) -> Stream {
         self.ctx.make_current().expect("cuCtxSetCurrent");
-        Stream::new(StreamFlags::NON_BLOCKING, None).expect("cuStreamCreate")
+        Stream::new().expect("cuStreamCreate")
     }
 }
 
@@ -195,7 +195,7 @@ fn ok(call: &str, r: cu::CUresult) {
 impl Graph {
     /// Captures what `body` enqueues on `stream` into a graph.
     pub fn capture(stream: &Stream, body: impl FnOnce(StreamRef<'_>)) -> Graph {
-        let raw = stream.as_inner();
+        let raw = stream.cu_stream();
         // SAFETY: valid stream; capture mode relaxed so other threads' tests are unaffected.
         unsafe {
             ok(
@@ -206,7 +206,7 @@ impl Graph {
                 ),
             )
         };
-        body(StreamRef::from_cust(stream));
+        body(StreamRef::from(stream));
         let mut graph = std::ptr::null_mut();
         let mut exec = std::ptr::null_mut();
         // SAFETY: ends the capture begun above; out-pointers to locals.
@@ -229,7 +229,7 @@ impl Graph {
         unsafe {
             ok(
                 "cuGraphLaunch",
-                cu::cuGraphLaunch(self.exec, stream.as_inner()),
+                cu::cuGraphLaunch(self.exec, stream.cu_stream()),
             )
         };
     }

@@ -134,10 +134,10 @@ impl Kvio {
     ///
     /// ```no_run
     /// # fn main() -> kvio::Result<()> {
-    /// use kvio::{Backend, BlockCopy, BlockMap, BlockPool, DeviceAlloc, PinnedHost, StreamRef};
+    /// use kvio::{Backend, BlockCopy, BlockMap, BlockPool, DeviceAlloc, PinnedHost};
     /// let _ctx = kvio::PrimaryContext::retain(0)?;
     /// let kv = kvio::Kvio::load()?;
-    /// let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None).unwrap();
+    /// let stream = kvio::Stream::new()?; // non-blocking
     /// let (blocks, layers, bs, h, d) = (64, 32, 16, 8, 128);
     /// let bytes = blocks * layers * 2 * bs * h * d * 2;
     /// let gpu = DeviceAlloc::new(bytes)?;          // cross-layer cache on the GPU
@@ -150,7 +150,7 @@ impl Kvio {
     ///     max_ctas: None,
     ///     staging: None,
     ///     errors: None,
-    /// }, StreamRef::from_cust(&stream))?;
+    /// }, stream.sref())?;
     /// assert_eq!(backend, Backend::Dma); // whole 2 MiB blocks to the host: the copy engines
     /// # Ok(()) }
     /// ```

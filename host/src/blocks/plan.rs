@@ -853,7 +853,7 @@ mod tests {
     fn auto_takes_dma_for_long_host_spans_only() {
         // Whole cross-layer blocks of 3 layers × 256 tokens: 3 MiB spans, at least DMA_MIN_SPAN.
         let (s, d) = (nhd(SRC, NB, L, 256, H, D, E), nhd(DST, NB, L, 256, H, D, E));
-        assert!(L * 2 * 256 * H * D * E >= DMA_MIN_SPAN);
+        const { assert!(L * 2 * 256 * H * D * E >= DMA_MIN_SPAN) };
         let pairs = [[0i64, 1]];
         let (b, _) = plan(&op(s, d, &pairs), &target(MemoryKind::PinnedHost)).unwrap();
         assert_eq!(b, Backend::Dma);

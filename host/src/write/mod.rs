@@ -170,10 +170,10 @@ impl Kvio {
     /// ```no_run
     /// # fn main() -> kvio::Result<()> {
     /// use cust::memory::DeviceBuffer;
-    /// use kvio::{DeviceBytes, PagedLayout, SlotMapping, SlotUpdate, StreamRef, TokenLayout};
+    /// use kvio::{DeviceBytes, PagedLayout, SlotMapping, SlotUpdate, TokenLayout};
     /// let _ctx = kvio::PrimaryContext::retain(0)?;
     /// let kv = kvio::Kvio::load()?;
-    /// let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None).unwrap();
+    /// let stream = kvio::Stream::new()?; // non-blocking
     /// let (t, h, d) = (4, 8, 128);
     /// let cache = PagedLayout::nhd(64, 16, h, d, 2); // bf16
     /// let key = DeviceBuffer::from_slice(&vec![1u16; t * h * d]).unwrap();
@@ -190,7 +190,7 @@ impl Kvio {
     ///     cache,
     ///     slots: SlotMapping::I64(DeviceBytes::of(&slots)),
     ///     errors: None,
-    /// }, StreamRef::from_cust(&stream))?;
+    /// }, stream.sref())?;
     /// # Ok(()) }
     /// ```
     pub fn update_slots(&self, op: &SlotUpdate<'_>, stream: StreamRef<'_>) -> Result<()> {
@@ -203,10 +203,10 @@ impl Kvio {
     /// # fn main() -> kvio::Result<()> {
     /// use cust::memory::DeviceBuffer;
     /// use kvio::plan::{slices_to_table, slots_to_slices};
-    /// use kvio::{DeviceBytes, PagedLayout, SliceUpdate, StreamRef, TokenLayout};
+    /// use kvio::{DeviceBytes, PagedLayout, SliceUpdate, TokenLayout};
     /// let _ctx = kvio::PrimaryContext::retain(0)?;
     /// let kv = kvio::Kvio::load()?;
-    /// let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None).unwrap();
+    /// let stream = kvio::Stream::new()?; // non-blocking
     /// let (t, h2, d, page) = (5, 16, 128, 16); // K and V heads together: H' = 2H
     /// let layout = PagedLayout::nhd(64, page, h2, d, 2); // flat [64*16, H', D] bf16
     /// let new_kv = DeviceBuffer::from_slice(&vec![1u16; t * h2 * d]).unwrap();
@@ -224,7 +224,7 @@ impl Kvio {
     ///     padded,
     ///     num_slices: DeviceBytes::of(&count),
     ///     errors: None,
-    /// }, StreamRef::from_cust(&stream))?;
+    /// }, stream.sref())?;
     /// # Ok(()) }
     /// ```
     pub fn update_slices(&self, op: &SliceUpdate<'_>, stream: StreamRef<'_>) -> Result<()> {

@@ -1,0 +1,77 @@
+//! kvio on truly non-blocking streams: the streams the tests use are non-blocking, and work on
+//! two of them is ordered by an event alone. Skips without a GPU unless `KVIO_REQUIRE_GPU=1`.
+
+use kvio::cust::memory::DeviceBuffer;
+use kvio::reference;
+use kvio::{Backend, BlockCopy, BlockMap, DeviceBytes, Event};
+use kvio_suite::{assert_same, gpu, upload, Kind, Shape, TestPool};
+
+#[test]
+fn test_streams_are_non_blocking() {
+    let Some(g) = gpu("streams") else { return };
+    let stream = g.stream();
+    assert!(stream.is_non_blocking().unwrap());
+}
+
+/// Stream A copies every block of a large pool P0 into P1; stream B, after waiting for an
+/// event recorded on A, copies P1 into P2. Only B is synchronised: P2 must hold P0's blocks.
+#[test]
+fn block_copies_on_two_streams_ordered_by_an_event() {
+    let Some(g) = gpu("streams") else { return };
+    let (a, b) = (g.stream(), g.stream());
+    // 128 blocks × 32 layers × K/V × 16 tokens × 8 × 128 bf16: 256 MiB per pool, so that
+    // B would overtake A without the event.
+    let s = Shape {
+        blocks: 128,
+        layers: 32,
+        bs: 16,
+        heads: 8,
+        dim: 128,
+        elem: 2,
+    };
+    let (p0, data) = TestPool::random(Kind::CrossNhd, false, s, 7);
+    let (p1, _) = TestPool::random(Kind::CrossHnd, false, s, 8);
+    let (p2, poison) = TestPool::random(Kind::CrossNhd, false, s, 9);
+    let n = s.blocks as i64;
+    // Reversed on the way in, reversed back on the way out: P2 = P0 block for block.
+    let there: Vec<i64> = (0..n).flat_map(|i| [i, n - 1 - i]).collect();
+    let back: Vec<i64> = (0..n).flat_map(|i| [n - 1 - i, i]).collect();
+    let (there_d, back_d) = (upload(&there), upload(&back));
+    let (first, second) = (
+        copy(&p0, &p1, &there_d, s.blocks),
+        copy(&p1, &p2, &back_d, s.blocks),
+    );
+    let done = Event::new().unwrap();
+    g.kv.copy_blocks(&first, a.sref()).unwrap();
+    done.record(a.sref()).unwrap();
+    done.wait_on(b.sref()).unwrap();
+    g.kv.copy_blocks(&second, b.sref()).unwrap();
+    b.synchronize().unwrap();
+    let got = p2.mem.read();
+    assert_ne!(got, poison, "the second copy changed nothing");
+    let mut want = poison;
+    let identity: Vec<[i64; 2]> = (0..n).map(|i| [i, i]).collect();
+    reference::copy_blocks(&p0.image(), &data, &p2.image(), &mut want, &identity);
+    assert_same("P2 after A then B", &got, &want);
+}
+
+/// A kernel-backend copy of `len` pairs held on the device.
+fn copy<'a>(
+    src: &'a TestPool,
+    dst: &'a TestPool,
+    map: &DeviceBuffer<i64>,
+    len: usize,
+) -> BlockCopy<'a> {
+    BlockCopy {
+        src: src.pool(),
+        dst: dst.pool(),
+        map: BlockMap::Device {
+            pairs: DeviceBytes::of(map),
+            len,
+        },
+        backend: Backend::Kernel,
+        max_ctas: None,
+        staging: None,
+        errors: None,
+    }
+}
