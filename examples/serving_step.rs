@@ -20,7 +20,7 @@
 use std::collections::VecDeque;
 use std::error::Error;
 
-use cust::memory::{CopyDestination, DeviceBuffer};
+use cust::memory::{DeviceBuffer, DeviceCopy};
 use cust::sys as cu;
 use kvio::{
     Backend, BlockCopy, BlockMap, BlockPool, DeviceAlloc, DeviceBytes, DeviceErrors, Kvio,
@@ -140,6 +140,29 @@ fn download(mem: DeviceBytes, out: &mut Vec<u8>) -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
+/// Copies `src` into `dst` on `stream`, ordered with the kvio calls around it (a pageable
+/// `src` is staged before this returns, so it may be reused at once).
+fn upload_on<T: DeviceCopy>(
+    dst: &mut DeviceBuffer<T>,
+    src: &[T],
+    stream: &Stream,
+) -> Result<(), Box<dyn Error>> {
+    assert_eq!(dst.len(), src.len(), "upload size");
+    // SAFETY: `dst` holds `src.len()` elements; the copy is enqueued on a live stream.
+    let r = unsafe {
+        cu::cuMemcpyHtoDAsync_v2(
+            dst.as_device_ptr().as_raw(),
+            src.as_ptr().cast(),
+            std::mem::size_of_val(src),
+            stream.cu_stream(),
+        )
+    };
+    if r != cu::CUresult::CUDA_SUCCESS {
+        return Err(format!("cuMemcpyHtoDAsync: {r:?}").into());
+    }
+    Ok(())
+}
+
 fn main() {
     if let Err(e) = run() {
         eprintln!("serving_step: {e}");
@@ -183,6 +206,13 @@ fn run() -> Result<(), Box<dyn Error>> {
     let mut map_d = DeviceBuffer::from_slice(&[-1i64; 2 * MAP_CAP])?;
     let staging = DeviceBuffer::from_slice(&[0u8; 16 * MAP_CAP])?;
     let errors = DeviceErrors::new()?;
+    // The set-up copies above ran on the legacy default stream, which a non-blocking stream
+    // does not wait for: let them land before the first step.
+    // SAFETY: a context is current.
+    let r = unsafe { cu::cuCtxSynchronize() };
+    if r != cu::CUresult::CUDA_SUCCESS {
+        return Err(format!("cuCtxSynchronize: {r:?}").into());
+    }
 
     let mut rng = Rng::new(7);
     let mut free_gpu: Vec<usize> = (0..GPU_BLOCKS).rev().collect();
@@ -263,9 +293,9 @@ fn run() -> Result<(), Box<dyn Error>> {
         }
         let k_host = random_bytes(LAYERS * T_MAX * ROW, 2 * step as u64);
         let v_host = random_bytes(LAYERS * T_MAX * ROW, 2 * step as u64 + 1);
-        keys.copy_from(&k_host[..])?;
-        values.copy_from(&v_host[..])?;
-        slots_d.copy_from(&slots[..])?;
+        upload_on(&mut keys, &k_host, &stream)?;
+        upload_on(&mut values, &v_host, &stream)?;
+        upload_on(&mut slots_d, &slots, &stream)?;
         let (kd, vd) = (DeviceBytes::of(&keys), DeviceBytes::of(&values));
         start.record(stream.sref())?;
         for (l, (k_cache, v_cache, layout)) in views.iter().enumerate() {
@@ -311,7 +341,7 @@ fn run() -> Result<(), Box<dyn Error>> {
         if !pairs.is_empty() {
             let mut flat: Vec<i64> = pairs.iter().flatten().copied().collect();
             flat.resize(2 * MAP_CAP, -1);
-            map_d.copy_from(&flat[..])?;
+            upload_on(&mut map_d, &flat, &stream)?;
             start.record(stream.sref())?;
             let used = kv.copy_blocks(
                 &BlockCopy {

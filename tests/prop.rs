@@ -176,7 +176,7 @@ impl Exec {
                 p.as_mut_slice().copy_from_slice(data);
                 Buf::Pinned(p)
             }
-            Exec::Gpu { .. } => Buf::Dev(DeviceBuffer::from_slice(data).expect("upload")),
+            Exec::Gpu { .. } => Buf::Dev(kvio_suite::upload(data)),
         }
     }
 

@@ -6,7 +6,7 @@ use std::ptr;
 
 use cust::sys as cu;
 
-use crate::driver::{check, current_context, with_ctx};
+use crate::driver::{check, current_context, settle_legacy, with_ctx};
 use crate::error::{invalid, Result};
 use crate::mem::DeviceBytes;
 
@@ -290,6 +290,7 @@ impl LayerTable {
         check("cuMemcpyHtoD", unsafe {
             cu::cuMemcpyHtoD_v2(table.ptr, ptrs.as_ptr().cast(), ptrs.len() * 8)
         })?;
+        settle_legacy()?;
         let mut access = TableAccess::Device;
         for e in caches {
             match memory_kind(e.ptr()) {

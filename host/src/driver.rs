@@ -23,6 +23,16 @@ pub(crate) fn check(call: &'static str, r: cu::CUresult) -> Result<()> {
     }
 }
 
+/// Waits for the legacy default stream of the current context: the synchronous copies and
+/// memsets kvio issues at set-up time run there, and may still be in flight when they return
+/// (a pageable upload returns once staged); a non-blocking stream would not wait for them.
+pub(crate) fn settle_legacy() -> Result<()> {
+    // SAFETY: the null stream is the current context's legacy default stream.
+    check("cuStreamSynchronize", unsafe {
+        cu::cuStreamSynchronize(ptr::null_mut())
+    })
+}
+
 /// Runs `f` with `ctx` pushed as the current context (releases in `Drop` impls, which may run
 /// on any thread); does nothing if the context cannot be pushed.
 pub(crate) fn with_ctx(ctx: cu::CUcontext, f: impl FnOnce()) {

@@ -5,7 +5,7 @@ use cust::sys as cu;
 use kvio_kernels::index::err;
 
 use crate::alloc::DeviceAlloc;
-use crate::driver::{check, StreamRef};
+use crate::driver::{check, settle_legacy, StreamRef};
 use crate::error::Result;
 
 /// Counters read back from a [`DeviceErrors`] word: device-resident indices a kernel refused.
@@ -68,6 +68,7 @@ impl DeviceErrors {
         check("cuMemsetD32", unsafe {
             cu::cuMemsetD32_v2(mem.ptr, 0, WORDS)
         })?;
+        settle_legacy()?;
         Ok(DeviceErrors { mem })
     }
 

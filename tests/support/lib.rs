@@ -136,15 +136,30 @@ pub fn random_pairs(
         .collect()
 }
 
-/// Uploads `data` (synchronously; done before the work under test is queued).
+/// Waits until the synchronous host-to-device copies issued so far (`DeviceBuffer::from_slice`,
+/// `copy_from`, `cuMemcpyHtoD`) have landed. From pageable memory they return once the data is
+/// staged, and the DMA itself runs on the legacy default stream, which the tests'
+/// non-blocking streams do not wait for.
+pub fn settle() {
+    // SAFETY: the null stream is the legacy default stream of the current context.
+    ok("cuStreamSynchronize(legacy)", unsafe {
+        cu::cuStreamSynchronize(std::ptr::null_mut())
+    });
+}
+
+/// Uploads `data` (synchronously, landed before this returns; done before the work under test
+/// is queued).
 pub fn upload<T: DeviceCopy>(data: &[T]) -> DeviceBuffer<T> {
-    DeviceBuffer::from_slice(data).expect("upload")
+    let buf = DeviceBuffer::from_slice(data).expect("upload");
+    settle();
+    buf
 }
 
 /// Overwrites a device buffer with `data` after synchronising `stream`.
 pub fn overwrite<T: DeviceCopy>(buf: &mut DeviceBuffer<T>, data: &[T], stream: &Stream) {
     stream.synchronize().expect("sync");
     buf.copy_from(data).expect("overwrite");
+    settle();
 }
 
 /// Waits for `stream`, then downloads `buf`.
@@ -282,6 +297,7 @@ impl Mem {
                 ok("cuMemcpyHtoD", unsafe {
                     cu::cuMemcpyHtoD_v2(d.bytes().ptr(), data.as_ptr().cast(), data.len())
                 });
+                settle();
             }
             Mem::Host(h) => h.as_mut_slice().copy_from_slice(data),
         }
