@@ -75,3 +75,61 @@ fn copy<'a>(
         errors: None,
     }
 }
+
+/// `DeviceAlloc::write` and `read` on a stream: ordered with each other and with a kvio call
+/// between them, ranges checked.
+#[test]
+fn device_alloc_copies_are_stream_ordered() {
+    let Some(g) = gpu("streams") else { return };
+    let stream = g.stream();
+    let s = Shape {
+        blocks: 8,
+        layers: 2,
+        bs: 16,
+        heads: 2,
+        dim: 64,
+        elem: 2,
+    };
+    let (src, dst) = (
+        kvio::DeviceAlloc::new(s.bytes()).unwrap(),
+        kvio::DeviceAlloc::new(s.bytes()).unwrap(),
+    );
+    let data = kvio_suite::random_bytes(s.bytes(), 31);
+    let poison = kvio_suite::random_bytes(s.bytes(), 32);
+    src.write(0, &data, stream.sref()).unwrap();
+    dst.write(0, &poison, stream.sref()).unwrap();
+    // A kvio call between the uploads and the read-back, on the same stream.
+    let pairs = [[3i64, 0], [-1, -1], [5, 6]];
+    let op = BlockCopy {
+        src: s.pool(Kind::CrossNhd, src.bytes()),
+        dst: s.pool(Kind::CrossNhd, dst.bytes()),
+        map: BlockMap::Host(&pairs),
+        backend: Backend::Auto,
+        max_ctas: None,
+        staging: None,
+        errors: None,
+    };
+    g.kv.copy_blocks(&op, stream.sref()).unwrap();
+    let mut got = vec![0u8; s.bytes()];
+    dst.read(0, &mut got, stream.sref()).unwrap();
+    let mut want = poison.clone();
+    let img = s.image(Kind::CrossNhd);
+    reference::copy_blocks(&img, &data, &img, &mut want, &pairs);
+    assert_same("dst after write, copy_blocks, read", &got, &want);
+    // An offset write and read inside the allocation; past its end, a typed error.
+    src.write(100, &[0xAB; 28], stream.sref()).unwrap();
+    let mut part = [0u8; 30];
+    src.read(99, &mut part, stream.sref()).unwrap();
+    assert_eq!(part[0], data[99]);
+    assert!(part[1..29].iter().all(|&b| b == 0xAB));
+    assert_eq!(part[29], data[128]);
+    let end = s.bytes();
+    assert!(matches!(
+        src.write(end - 1, &[0, 0], stream.sref()),
+        Err(kvio::Error::BufferTooSmall { .. })
+    ));
+    assert!(matches!(
+        src.read(end, &mut [0u8; 1], stream.sref()),
+        Err(kvio::Error::BufferTooSmall { .. })
+    ));
+}

@@ -6,7 +6,9 @@ use std::ptr;
 
 use cust::sys as cu;
 
-use crate::driver::{check, current_context, settle_legacy, with_ctx};
+use crate::driver::{check, current_context, settle_legacy, with_ctx, StreamRef};
+#[cfg(doc)]
+use crate::error::Error;
 use crate::error::{invalid, Result};
 use crate::mem::DeviceBytes;
 
@@ -45,6 +47,64 @@ impl DeviceAlloc {
     pub fn bytes(&self) -> DeviceBytes {
         // SAFETY: the allocation is device memory of `len` bytes, alive while self is.
         unsafe { DeviceBytes::from_raw(self.ptr, self.len) }
+    }
+
+    /// Bytes `offset..offset + len` of the allocation, or [`Error::BufferTooSmall`].
+    fn range(&self, offset: usize, len: usize) -> Result<u64> {
+        self.bytes().slice(offset, len).map(|v| v.ptr())
+    }
+
+    /// Copies `data` to byte `offset` of the allocation, ordered on `stream` after the work
+    /// enqueued there so far. `data` is staged by the driver before this returns, so it may be
+    /// reused at once; the host does not wait for the copy itself.
+    ///
+    /// ```no_run
+    /// # fn main() -> kvio::Result<()> {
+    /// let _ctx = kvio::PrimaryContext::retain(0)?;
+    /// let stream = kvio::Stream::new()?;
+    /// let mem = kvio::DeviceAlloc::new(4096)?;
+    /// mem.write(0, &[7u8; 4096], stream.sref())?;
+    /// let mut back = vec![0u8; 16];
+    /// mem.read(100, &mut back, stream.sref())?; // waits for the stream, then copies
+    /// assert_eq!(back, [7u8; 16]);
+    /// # Ok(()) }
+    /// ```
+    pub fn write(&self, offset: usize, data: &[u8], stream: StreamRef<'_>) -> Result<()> {
+        let at = self.range(offset, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `at..at + data.len()` lies in this live allocation; the driver copies the
+        // pageable source before returning.
+        check("cuMemcpyHtoDAsync", unsafe {
+            cu::cuMemcpyHtoDAsync_v2(at, data.as_ptr().cast(), data.len(), stream.cu_stream())
+        })
+    }
+
+    /// Copies `out.len()` bytes from byte `offset` of the allocation into `out` once the work
+    /// enqueued on `stream` so far is done; returns when `out` holds them (this waits).
+    pub fn read(&self, offset: usize, out: &mut [u8], stream: StreamRef<'_>) -> Result<()> {
+        let at = self.range(offset, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the range lies in this live allocation and `out` is exclusively borrowed;
+        // the stream synchronisation returns after the copy has landed.
+        unsafe {
+            check(
+                "cuMemcpyDtoHAsync",
+                cu::cuMemcpyDtoHAsync_v2(
+                    out.as_mut_ptr().cast(),
+                    at,
+                    out.len(),
+                    stream.cu_stream(),
+                ),
+            )?;
+            check(
+                "cuStreamSynchronize",
+                cu::cuStreamSynchronize(stream.cu_stream()),
+            )
+        }
     }
 }
 

@@ -128,6 +128,68 @@ pub struct BlockCopy<'a> {
     pub errors: Option<&'a DeviceErrors>,
 }
 
+impl<'a> BlockCopy<'a> {
+    /// Copies the blocks `map` names from `src` to `dst` with [`Backend::Auto`], no CTA cap,
+    /// no staging buffer (kvio's scratch takes a host map) and no error word; the other methods
+    /// change one of those.
+    ///
+    /// ```
+    /// use kvio::{Backend, BlockCopy, BlockMap, BlockPool, DeviceBytes};
+    /// // SAFETY: descriptions only.
+    /// let (a, b) = unsafe { (DeviceBytes::from_raw(0x1000, 1 << 20), DeviceBytes::from_raw(0x20_0000, 1 << 20)) };
+    /// let pairs = [[0i64, 1]];
+    /// let op = BlockCopy::new(
+    ///     BlockPool::cross_layer_nhd(a, 4, 2, 16, 2, 64, 2),
+    ///     BlockPool::cross_layer_nhd(b, 4, 2, 16, 2, 64, 2),
+    ///     BlockMap::Host(&pairs),
+    /// )
+    /// .backend(Backend::Kernel)
+    /// .max_ctas(2);
+    /// assert_eq!((op.backend, op.max_ctas, op.staging), (Backend::Kernel, Some(2), None));
+    /// ```
+    pub fn new(src: BlockPool<'a>, dst: BlockPool<'a>, map: BlockMap<'a>) -> Self {
+        BlockCopy {
+            src,
+            dst,
+            map,
+            backend: Backend::Auto,
+            max_ctas: None,
+            staging: None,
+            errors: None,
+        }
+    }
+
+    /// Moves the bytes with `backend`.
+    pub fn backend(self, backend: Backend) -> Self {
+        BlockCopy { backend, ..self }
+    }
+
+    /// Lets the kernel backend use at most `ctas` CTAs.
+    pub fn max_ctas(self, ctas: u32) -> Self {
+        BlockCopy {
+            max_ctas: Some(ctas),
+            ..self
+        }
+    }
+
+    /// Uploads a host map to `staging` (16 bytes a pair, 8-byte aligned) instead of kvio's
+    /// scratch.
+    pub fn staging(self, staging: DeviceBytes) -> Self {
+        BlockCopy {
+            staging: Some(staging),
+            ..self
+        }
+    }
+
+    /// Counts device-map pairs with an id past its pool in `errors`.
+    pub fn errors(self, errors: &'a DeviceErrors) -> Self {
+        BlockCopy {
+            errors: Some(errors),
+            ..self
+        }
+    }
+}
+
 impl Kvio {
     /// Copies whole blocks between two pools (inside the GPU, GPU → pinned host, pinned host →
     /// GPU), converting layouts if the pools differ; returns the backend that ran.

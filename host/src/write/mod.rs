@@ -106,6 +106,62 @@ pub struct SlotUpdate<'a> {
     pub errors: Option<&'a DeviceErrors>,
 }
 
+impl<'a> SlotUpdate<'a> {
+    /// An update of the key cache only, with no error word: add V with [`SlotUpdate::value`]
+    /// (values and their cache always together) and a counter with [`SlotUpdate::errors`].
+    ///
+    /// ```
+    /// use kvio::{DeviceBytes, PagedLayout, SlotMapping, SlotUpdate, TokenLayout};
+    /// // SAFETY: descriptions only.
+    /// let [k, v, kc, vc, s] = [0x1000u64, 0x2000, 0x10_0000, 0x20_0000, 0x3000]
+    ///     .map(|p| unsafe { DeviceBytes::from_raw(p, 4096) });
+    /// let op = SlotUpdate::new(
+    ///     k,
+    ///     TokenLayout::contiguous(2, 1, 4, 4),
+    ///     kc,
+    ///     PagedLayout::nhd(2, 2, 1, 4, 4),
+    ///     SlotMapping::I64(s),
+    /// )
+    /// .value(v, vc);
+    /// assert_eq!((op.value, op.value_cache), (Some(v), Some(vc)));
+    /// ```
+    pub fn new(
+        key: DeviceBytes,
+        input: TokenLayout,
+        key_cache: DeviceBytes,
+        cache: PagedLayout,
+        slots: SlotMapping,
+    ) -> Self {
+        SlotUpdate {
+            key,
+            value: None,
+            input,
+            key_cache,
+            value_cache: None,
+            cache,
+            slots,
+            errors: None,
+        }
+    }
+
+    /// Also writes `value` (laid out as the keys) into `value_cache` (laid out as the key cache).
+    pub fn value(self, value: DeviceBytes, value_cache: DeviceBytes) -> Self {
+        SlotUpdate {
+            value: Some(value),
+            value_cache: Some(value_cache),
+            ..self
+        }
+    }
+
+    /// Counts slots past the end of the cache in `errors`.
+    pub fn errors(self, errors: &'a DeviceErrors) -> Self {
+        SlotUpdate {
+            errors: Some(errors),
+            ..self
+        }
+    }
+}
+
 /// Arguments of [`Kvio::update_slices`] (vLLM TPU `kv_cache_update` semantics).
 ///
 /// `slices` is `[3, padded]` `i32` in struct-of-arrays form: row 0 the first cache slot, row 1
@@ -162,6 +218,39 @@ pub struct SliceUpdate<'a> {
     pub num_slices: DeviceBytes,
     /// Where to count refused slices and counts (`None`: skipped, not counted).
     pub errors: Option<&'a DeviceErrors>,
+}
+
+impl<'a> SliceUpdate<'a> {
+    /// A slice update with no error word (add one with [`SliceUpdate::errors`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        new_kv: DeviceBytes,
+        input: TokenLayout,
+        cache: DeviceBytes,
+        layout: PagedLayout,
+        slices: DeviceBytes,
+        padded: usize,
+        num_slices: DeviceBytes,
+    ) -> Self {
+        SliceUpdate {
+            new_kv,
+            input,
+            cache,
+            layout,
+            slices,
+            padded,
+            num_slices,
+            errors: None,
+        }
+    }
+
+    /// Counts refused slices and counts in `errors`.
+    pub fn errors(self, errors: &'a DeviceErrors) -> Self {
+        SliceUpdate {
+            errors: Some(errors),
+            ..self
+        }
+    }
 }
 
 impl Kvio {
