@@ -33,7 +33,7 @@ fn skip<T>(test: &str, why: &str) -> Option<T> {
     if gpu_required() {
         panic!("{test}: KVIO_REQUIRE_GPU=1 but {why}");
     }
-    eprintln!("{test}: skipped: {why}");
+    kvio_suite::skipped(test, why);
     None
 }
 

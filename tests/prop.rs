@@ -62,7 +62,10 @@ fn cpu_config() -> ProptestConfig {
 /// The GPU runner when `KVIO_PROPTEST_GPU=1` and a GPU is usable; says why otherwise.
 fn gpu_mode(test: &str) -> Option<(&'static Gpu, TestRunner)> {
     if std::env::var("KVIO_PROPTEST_GPU").map_or(true, |v| v != "1") {
-        eprintln!("{test}: skipped: set KVIO_PROPTEST_GPU=1 to run the property tests on the GPU");
+        kvio_suite::skipped(
+            test,
+            "set KVIO_PROPTEST_GPU=1 to run the property tests on the GPU",
+        );
         return None;
     }
     let g = gpu(test)?;

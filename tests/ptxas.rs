@@ -21,7 +21,10 @@ fn ptx_assembles_with_ptxas() {
             !std::env::var("KVIO_REQUIRE_PTXAS").is_ok_and(|v| v == "1"),
             "KVIO_REQUIRE_PTXAS=1 but no ptxas on PATH or in KVIO_PTXAS"
         );
-        eprintln!("ptx_assembles_with_ptxas: skipped: no ptxas on PATH (set KVIO_PTXAS)");
+        kvio_suite::skipped(
+            "ptx_assembles_with_ptxas",
+            "no ptxas on PATH (set KVIO_PTXAS)",
+        );
         return;
     };
     let dir = std::env::temp_dir().join(format!("kvio-ptxas-{}", std::process::id()));

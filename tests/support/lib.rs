@@ -55,7 +55,7 @@ pub fn gpu(test: &str) -> Option<&'static Gpu> {
         }
         Err(why) if gpu_required() => panic!("{test}: KVIO_REQUIRE_GPU=1 but {why}"),
         Err(why) => {
-            eprintln!("{test}: skipped: {why}");
+            skipped(test, why);
             None
         }
     }
@@ -69,6 +69,37 @@ pub fn env_usize(name: &str, default: usize) -> usize {
             .parse()
             .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
         Err(_) => default,
+    }
+}
+
+/// Folder where skipped tests are noted: beside the test executables (`target/<profile>/`),
+/// read and emptied by `tests/zz_skipped.rs`, which `cargo test` runs after the other test
+/// executables.
+pub fn skip_dir() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let deps = exe.parent().expect("the executable's folder");
+    deps.parent().unwrap_or(deps).join("kvio-skipped")
+}
+
+/// Prints that `test` is skipped and why, and notes it for the summary at the end of
+/// `cargo test` (`tests/zz_skipped.rs`).
+pub fn skipped(test: &str, why: &str) {
+    use std::io::Write;
+    eprintln!("{test}: skipped: {why}");
+    let dir = skip_dir();
+    let note = std::fs::create_dir_all(&dir).and_then(|()| {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("{}.txt", std::process::id())))?;
+        // libtest names each test's thread after the test: one note per test, however many
+        // times it asks. One short write per line: appends from parallel tests do not
+        // interleave.
+        let name = std::thread::current().name().unwrap_or(test).to_string();
+        f.write_all(format!("{name}\t{why}\n").as_bytes())
+    });
+    if let Err(e) = note {
+        eprintln!("{test}: could not note the skip in {}: {e}", dir.display());
     }
 }
 
