@@ -28,8 +28,9 @@ fn paged(u: &mut Unstructured) -> Result<PagedLayout> {
     );
     let nhd_template: bool = u.arbitrary()?;
     let mut l = paged_shape(!nhd_template, nb, bs, h, d, e);
-    let nhd = l.token_stride == 1 && l.head_stride == 1;
-    let (ts, hs) = if nhd {
+    // The natural strides of the template asked for (both 1-sized templates have strides of
+    // 1, so they cannot tell which one they are).
+    let (ts, hs) = if nhd_template {
         (h.wrapping_mul(d), d)
     } else {
         (d, bs.wrapping_mul(d))
