@@ -358,7 +358,6 @@ fn launch(
 mod tests {
     use super::*;
     use crate::blocks::test_pools::*;
-    use crate::layout::PagedLayout;
     use crate::plan::Span;
 
     // ---- merging -------------------------------------------------------------------------
@@ -562,17 +561,7 @@ mod tests {
         assert_invalid(geo(s, nhd(DST, NB, L, BS, H, D, 4)), "dst");
         assert_invalid(geo(s, nhd(DST, NB, L, BS, H, D, 1)), "dst");
         // One part (a combined or MLA cache) against two.
-        let cache = NB * BS * H * D * E;
-        let one_part = BlockPool {
-            bases: Bases::Strided {
-                mem: bytes(DST, L * cache),
-                layer_stride: cache,
-                part_stride: 0,
-            },
-            layers: L,
-            parts: 1,
-            layout: PagedLayout::nhd(NB, BS, H, D, E),
-        };
+        let one_part = one_part(DST);
         assert!(geo(one_part, one_part).is_ok());
         assert_invalid(geo(s, one_part), "dst");
         assert_invalid(geo(one_part, s), "dst");

@@ -393,16 +393,7 @@ mod tests {
     #[test]
     fn layer_view_of_one_part_pool_has_no_value() {
         let cache = NB * BS * H * D * E;
-        let pool = BlockPool {
-            bases: Bases::Strided {
-                mem: bytes(SRC, L * cache),
-                layer_stride: cache,
-                part_stride: 0,
-            },
-            layers: L,
-            parts: 1,
-            layout: PagedLayout::nhd(NB, BS, H, D, E),
-        };
+        let pool = one_part(SRC);
         let (k, v, _) = pool.layer_view(2).unwrap();
         assert_eq!((k, v), (bytes(SRC + 2 * cache as u64, cache), None));
     }
@@ -428,7 +419,7 @@ mod tests {
             Ok(10 * 4 * 2 * 16 * 8 * 128 * 2)
         );
         let b = BlockPool::cross_layer_bytes(3, 2, 4, 2, 8, 2).unwrap();
-        let mem = unsafe_bytes(0x1000, b);
+        let mem = bytes(0x1000, b);
         assert!(BlockPool::cross_layer_nhd(mem, 3, 2, 4, 2, 8, 2)
             .extent("p")
             .is_ok());
@@ -436,7 +427,7 @@ mod tests {
             .extent("p")
             .is_ok());
         assert!(
-            BlockPool::cross_layer_nhd(unsafe_bytes(0x1000, b - 1), 3, 2, 4, 2, 8, 2)
+            BlockPool::cross_layer_nhd(bytes(0x1000, b - 1), 3, 2, 4, 2, 8, 2)
                 .extent("p")
                 .is_err()
         );
@@ -446,10 +437,5 @@ mod tests {
                 name: "cross_layer_bytes"
             })
         );
-    }
-
-    fn unsafe_bytes(ptr: u64, len: usize) -> DeviceBytes {
-        // SAFETY: only validated, never used.
-        unsafe { DeviceBytes::from_raw(ptr, len) }
     }
 }

@@ -54,6 +54,21 @@ pub(crate) fn hnd(
     BlockPool::cross_layer_hnd(mem, nb, l, bs, h, d, e)
 }
 
+/// A one-part pool (a combined K|V or MLA cache per layer) of `NB` blocks, `L` layers.
+pub(crate) fn one_part(at: u64) -> BlockPool<'static> {
+    let cache = NB * BS * H * D * E;
+    BlockPool {
+        bases: Bases::Strided {
+            mem: bytes(at, L * cache),
+            layer_stride: cache,
+            part_stride: 0,
+        },
+        layers: L,
+        parts: 1,
+        layout: PagedLayout::nhd(NB, BS, H, D, E),
+    }
+}
+
 /// SGLang-style layer-first pool in one allocation: `[2, L, NB, bs, H, D]` (parts outer).
 pub(crate) fn layer_first(
     at: u64,
