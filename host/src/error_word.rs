@@ -89,23 +89,7 @@ impl DeviceErrors {
     /// for `stream` (it is the one kvio call that synchronises, and only when asked).
     pub fn read(&self, stream: StreamRef<'_>) -> Result<ErrorCounts> {
         let mut w = [0u32; WORDS];
-        // SAFETY: w is WORDS u32 on the host, the device side is WORDS u32; the copy has
-        // finished when the stream synchronisation returns.
-        unsafe {
-            check(
-                "cuMemcpyDtoHAsync",
-                cu::cuMemcpyDtoHAsync_v2(
-                    w.as_mut_ptr().cast(),
-                    self.ptr(),
-                    WORDS * 4,
-                    stream.cu_stream(),
-                ),
-            )?;
-            check(
-                "cuStreamSynchronize",
-                cu::cuStreamSynchronize(stream.cu_stream()),
-            )?;
-        }
+        self.mem.read(0, bytemuck::cast_slice_mut(&mut w), stream)?;
         Ok(ErrorCounts {
             bad_slots: w[err::BAD_SLOT],
             bad_slices: w[err::BAD_SLICE],
