@@ -20,7 +20,6 @@
 use std::collections::VecDeque;
 use std::error::Error;
 
-use cust::memory::{DeviceBuffer, DeviceCopy};
 use cust::sys as cu;
 use kvio::{
     Backend, BlockCopy, BlockMap, BlockPool, DeviceAlloc, DeviceBytes, DeviceErrors, Kvio,
@@ -140,29 +139,6 @@ fn download(mem: DeviceBytes, out: &mut Vec<u8>) -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
-/// Copies `src` into `dst` on `stream`, ordered with the kvio calls around it (a pageable
-/// `src` is staged before this returns, so it may be reused at once).
-fn upload_on<T: DeviceCopy>(
-    dst: &mut DeviceBuffer<T>,
-    src: &[T],
-    stream: &Stream,
-) -> Result<(), Box<dyn Error>> {
-    assert_eq!(dst.len(), src.len(), "upload size");
-    // SAFETY: `dst` holds `src.len()` elements; the copy is enqueued on a live stream.
-    let r = unsafe {
-        cu::cuMemcpyHtoDAsync_v2(
-            dst.as_device_ptr().as_raw(),
-            src.as_ptr().cast(),
-            std::mem::size_of_val(src),
-            stream.cu_stream(),
-        )
-    };
-    if r != cu::CUresult::CUDA_SUCCESS {
-        return Err(format!("cuMemcpyHtoDAsync: {r:?}").into());
-    }
-    Ok(())
-}
-
 fn main() {
     if let Err(e) = run() {
         eprintln!("serving_step: {e}");
@@ -200,19 +176,13 @@ fn run() -> Result<(), Box<dyn Error>> {
 
     // Step inputs `[L, T_MAX, H, D]` for K and V, slots padded with -1, block maps, staging.
     let input = TokenLayout::contiguous(T_MAX, HEADS, DIM, ELEM);
-    let mut keys = DeviceBuffer::from_slice(&vec![0u8; LAYERS * T_MAX * ROW])?;
-    let mut values = DeviceBuffer::from_slice(&vec![0u8; LAYERS * T_MAX * ROW])?;
-    let mut slots_d = DeviceBuffer::from_slice(&[-1i64; T_MAX])?;
-    let mut map_d = DeviceBuffer::from_slice(&[-1i64; 2 * MAP_CAP])?;
-    let staging = DeviceBuffer::from_slice(&[0u8; 16 * MAP_CAP])?;
+    // Uninitialised: each step writes them (on the stream) before a kvio call reads them.
+    let keys = DeviceAlloc::new(LAYERS * T_MAX * ROW)?;
+    let values = DeviceAlloc::new(LAYERS * T_MAX * ROW)?;
+    let slots_d = DeviceAlloc::new(8 * T_MAX)?;
+    let map_d = DeviceAlloc::new(16 * MAP_CAP)?;
+    let staging = DeviceAlloc::new(16 * MAP_CAP)?;
     let errors = DeviceErrors::new()?;
-    // The set-up copies above ran on the legacy default stream, which a non-blocking stream
-    // does not wait for: let them land before the first step.
-    // SAFETY: a context is current.
-    let r = unsafe { cu::cuCtxSynchronize() };
-    if r != cu::CUresult::CUDA_SUCCESS {
-        return Err(format!("cuCtxSynchronize: {r:?}").into());
-    }
 
     let mut rng = Rng::new(7);
     let mut free_gpu: Vec<usize> = (0..GPU_BLOCKS).rev().collect();
@@ -258,7 +228,7 @@ fn run() -> Result<(), Box<dyn Error>> {
                     map: BlockMap::Host(&pairs),
                     backend: Backend::Auto, // whole 2 MiB blocks: the copy engines
                     max_ctas: None,
-                    staging: Some(DeviceBytes::of(&staging)),
+                    staging: Some(staging.bytes()),
                     errors: Some(&errors),
                 },
                 sref,
@@ -293,10 +263,10 @@ fn run() -> Result<(), Box<dyn Error>> {
         }
         let k_host = random_bytes(LAYERS * T_MAX * ROW, 2 * step as u64);
         let v_host = random_bytes(LAYERS * T_MAX * ROW, 2 * step as u64 + 1);
-        upload_on(&mut keys, &k_host, &stream)?;
-        upload_on(&mut values, &v_host, &stream)?;
-        upload_on(&mut slots_d, &slots, &stream)?;
-        let (kd, vd) = (DeviceBytes::of(&keys), DeviceBytes::of(&values));
+        keys.write(0, &k_host, stream.sref())?;
+        values.write(0, &v_host, stream.sref())?;
+        slots_d.write(0, bytemuck::cast_slice(&slots), stream.sref())?;
+        let (kd, vd) = (keys.bytes(), values.bytes());
         start.record(stream.sref())?;
         for (l, (k_cache, v_cache, layout)) in views.iter().enumerate() {
             kv.update_slots(
@@ -307,7 +277,7 @@ fn run() -> Result<(), Box<dyn Error>> {
                     key_cache: *k_cache,
                     value_cache: *v_cache,
                     cache: *layout,
-                    slots: SlotMapping::I64(DeviceBytes::of(&slots_d)),
+                    slots: SlotMapping::I64(slots_d.bytes()),
                     errors: Some(&errors),
                 },
                 sref,
@@ -341,14 +311,14 @@ fn run() -> Result<(), Box<dyn Error>> {
         if !pairs.is_empty() {
             let mut flat: Vec<i64> = pairs.iter().flatten().copied().collect();
             flat.resize(2 * MAP_CAP, -1);
-            upload_on(&mut map_d, &flat, &stream)?;
+            map_d.write(0, bytemuck::cast_slice(&flat), stream.sref())?;
             start.record(stream.sref())?;
             let used = kv.copy_blocks(
                 &BlockCopy {
                     src: gpu,
                     dst: host,
                     map: BlockMap::Device {
-                        pairs: DeviceBytes::of(&map_d),
+                        pairs: map_d.bytes(),
                         len: MAP_CAP,
                     },
                     backend: Backend::Kernel,
