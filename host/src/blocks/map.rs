@@ -188,11 +188,7 @@ fn same_block_addressing(a: &BlockPool<'_>, b: &BlockPool<'_>) -> bool {
                 part_stride: p2,
             },
         ) => m1.ptr() == m2.ptr() && l1 == l2 && p1 == p2,
-        (Bases::Table(t1), Bases::Table(t2)) => t1
-            .entries()
-            .iter()
-            .map(DeviceBytes::ptr)
-            .eq(t2.entries().iter().map(DeviceBytes::ptr)),
+        (Bases::Table(t1), Bases::Table(t2)) => t1.bases() == t2.bases(),
         _ => false,
     };
     bases
