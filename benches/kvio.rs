@@ -331,11 +331,15 @@ impl WriteSetup {
     }
     fn op(&self) -> SlotUpdate<'_> {
         SlotUpdate {
-            key: DeviceBytes::of(&self.key),
-            value: Some(DeviceBytes::of(&self.value)),
+            key: kvio::CacheWrite {
+                src: DeviceBytes::of(&self.key),
+                dst: self.kc.bytes_mut(),
+            },
+            value: Some(kvio::CacheWrite {
+                src: DeviceBytes::of(&self.value),
+                dst: self.vc.bytes_mut(),
+            }),
             input: self.input,
-            key_cache: self.kc.bytes(),
-            value_cache: Some(self.vc.bytes()),
             cache: self.cache,
             slots: SlotMapping::I64(DeviceBytes::of(&self.slots)),
             errors: None,
@@ -476,7 +480,7 @@ fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream,
         let op = SliceUpdate {
             new_kv: DeviceBytes::of(&src),
             input,
-            cache: cache.bytes(),
+            cache: cache.bytes_mut(),
             layout,
             slices: DeviceBytes::of(&table),
             padded,
@@ -525,8 +529,9 @@ enum PoolKind {
 }
 
 struct Pool {
+    /// Views of `mem` (declared first: dropped before it).
+    table: Option<LayerTable<'static>>,
     mem: Mem,
-    table: Option<LayerTable>,
     kind: PoolKind,
     blocks: usize,
     layers: usize,
@@ -540,8 +545,14 @@ impl Pool {
         mem.fill(&random_bytes(mem.bytes().len(), blocks as u64 ^ bs as u64));
         let table = (kind == PoolKind::LayerSeparate).then(|| {
             let part = blocks * chunk;
-            let views: Vec<DeviceBytes> = (0..2 * cfg.layers)
-                .map(|i| mem.bytes().slice(i * part, part).unwrap())
+            let whole = mem.bytes();
+            let views: Vec<kvio::DeviceBytesMut<'static>> = (0..2 * cfg.layers)
+                .map(|i| {
+                    let v = whole.slice(i * part, part).unwrap();
+                    // SAFETY: `mem` moves into the same Pool, which drops the table first; the
+                    // bench reads pools from the host only after synchronising.
+                    unsafe { kvio::DeviceBytesMut::from_raw(v.ptr(), v.len()) }
+                })
                 .collect();
             LayerTable::new(&views, 2).unwrap()
         });
@@ -554,24 +565,22 @@ impl Pool {
             chunk,
         }
     }
-    fn pool(&self, cfg: &Cfg, bs: usize) -> BlockPool<'_> {
+    fn pool(&self, cfg: &Cfg, bs: usize) -> BlockPool<'_, kvio::Writable> {
         let layout = PagedLayout::nhd(self.blocks, bs, cfg.heads, cfg.dim, cfg.elem);
         match self.kind {
             PoolKind::LayerSeparate => {
                 BlockPool::layer_separate(self.table.as_ref().unwrap(), layout)
             }
-            PoolKind::LayerFirst => BlockPool {
-                bases: kvio::Bases::Strided {
-                    mem: self.mem.bytes(),
-                    layer_stride: self.blocks * self.chunk,
-                    part_stride: self.layers * self.blocks * self.chunk,
-                },
-                layers: self.layers,
-                parts: 2,
+            PoolKind::LayerFirst => BlockPool::strided(
+                self.mem.bytes_mut(),
+                self.blocks * self.chunk,
+                self.layers * self.blocks * self.chunk,
+                self.layers,
+                2,
                 layout,
-            },
+            ),
             PoolKind::CrossLayer => BlockPool::cross_layer_nhd(
-                self.mem.bytes(),
+                self.mem.bytes_mut(),
                 self.blocks,
                 cfg.layers,
                 bs,
@@ -644,7 +653,7 @@ fn block_case(
     let moved = (pairs.len() * cfg.layers * 2 * cfg.chunk(bs)) as u64;
     let map_d = upload(&pairs.iter().flatten().copied().collect::<Vec<i64>>());
     let base = BlockCopy {
-        src: src.pool(cfg, bs),
+        src: src.pool(cfg, bs).into(),
         dst: dst.pool(cfg, bs),
         map: BlockMap::Device {
             pairs: DeviceBytes::of(&map_d),

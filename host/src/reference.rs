@@ -169,7 +169,7 @@ impl PoolImage {
     /// let img = PoolImage::of(&BlockPool::cross_layer_nhd(mem, 4, 2, 2, 1, 8, 2)).unwrap();
     /// assert_eq!((img.layer_stride, img.part_stride), (2 * 2 * 8 * 2, 2 * 8 * 2));
     /// ```
-    pub fn of(pool: &BlockPool<'_>) -> Option<PoolImage> {
+    pub fn of<A: Copy>(pool: &BlockPool<'_, A>) -> Option<PoolImage> {
         let (layer_stride, part_stride) = match pool.bases {
             Bases::Strided {
                 layer_stride,

@@ -8,15 +8,14 @@ use crate::error::{invalid, Error, Result};
 use crate::error_word::DeviceErrors;
 use crate::launch::{grid_for, BLOCK_THREADS, PER_LANE};
 use crate::layout::{chunks_disjoint, PagedLayout, TokenLayout};
-use crate::mem::DeviceBytes;
 use crate::plan::{Kernel, Launch, Plan, Target};
 
-fn fits(name: &'static str, needed: u64, buf: &DeviceBytes) -> Result<()> {
-    if needed > buf.len() as u64 {
+fn fits(name: &'static str, needed: u64, len: usize) -> Result<()> {
+    if needed > len as u64 {
         Err(Error::BufferTooSmall {
             name,
             needed,
-            len: buf.len() as u64,
+            len: len as u64,
         })
     } else {
         Ok(())
@@ -47,13 +46,13 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
     let src_ext = op.input.extent("input")?;
     let dst_ext = op.cache.extent("cache")?;
     same_shape(&op.input, &op.cache)?;
-    fits("key", src_ext, &op.key)?;
-    fits("key_cache", dst_ext, &op.key_cache)?;
-    match (op.value, op.value_cache) {
-        (Some(v), Some(vc)) => {
-            fits("value", src_ext, &v)?;
-            fits("value_cache", dst_ext, &vc)?;
-            let (k, vp) = (op.key_cache.ptr(), vc.ptr());
+    fits("key", src_ext, op.key.src.len())?;
+    fits("key_cache", dst_ext, op.key.dst.len())?;
+    if let Some(v) = op.value {
+        fits("value", src_ext, v.src.len())?;
+        fits("value_cache", dst_ext, v.dst.len())?;
+        {
+            let (k, vp) = (op.key.dst.ptr(), v.dst.ptr());
             let (lo, hi) = if k <= vp { (k, vp) } else { (vp, k) };
             if hi < lo + dst_ext {
                 // The views share an allocation: K and V chunks must still be disjoint.
@@ -67,14 +66,6 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
                     ));
                 }
             }
-        }
-        (None, None) => {}
-        _ => {
-            return Err(invalid(
-                "value",
-                op.value.is_some(),
-                "value and value_cache must be given together",
-            ))
         }
     }
     let (slots, w) = op.slots.parts();
@@ -111,12 +102,12 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
     };
     let (slots, w) = op.slots.parts();
     let mut args = SlotArgs {
-        src_k: op.key.ptr() as *const u8,
-        src_v: op.value.map_or(0, |b| b.ptr()) as *const u8,
+        src_k: op.key.src.ptr() as *const u8,
+        src_v: op.value.map_or(0, |v| v.src.ptr()) as *const u8,
         src_token_stride: i.token_stride as u64 * e,
         src_head_stride: if merged { 0 } else { i.head_stride as u64 * e },
-        dst_k: op.key_cache.ptr() as *mut u8,
-        dst_v: op.value_cache.map_or(0, |b| b.ptr()) as *mut u8,
+        dst_k: op.key.dst.ptr() as *mut u8,
+        dst_v: op.value.map_or(0, |v| v.dst.ptr()) as *mut u8,
         dst_block_stride: c.block_stride as u64 * e,
         dst_token_stride: c.token_stride as u64 * e,
         dst_head_stride: if merged { 0 } else { c.head_stride as u64 * e },
@@ -169,8 +160,8 @@ pub(crate) fn slices<'a>(op: &SliceUpdate<'_>, target: &Target<'_>) -> Result<Pl
     let src_ext = op.input.extent("input")?;
     let dst_ext = op.layout.extent("layout")?;
     same_shape(&op.input, &op.layout)?;
-    fits("new_kv", src_ext, &op.new_kv)?;
-    fits("cache", dst_ext, &op.cache)?;
+    fits("new_kv", src_ext, op.new_kv.len())?;
+    fits("cache", dst_ext, op.cache.len())?;
     let (l, i) = (&op.layout, &op.input);
     if !(l.num_heads == 1 || l.head_stride == l.head_dim)
         || !(i.num_heads == 1 || i.head_stride == i.head_dim)
@@ -194,8 +185,8 @@ pub(crate) fn slices<'a>(op: &SliceUpdate<'_>, target: &Target<'_>) -> Result<Pl
     let table = (op.padded as u64)
         .checked_mul(12)
         .ok_or(Error::Overflow { name: "slices" })?;
-    fits("slices", table, &op.slices)?;
-    fits("num_slices", 4, &op.num_slices)?;
+    fits("slices", table, op.slices.len())?;
+    fits("num_slices", 4, op.num_slices.len())?;
     if !op.slices.ptr().is_multiple_of(4) {
         return Err(invalid("slices", op.slices.ptr(), "must be 4-byte aligned"));
     }
@@ -264,6 +255,7 @@ mod tests {
     use super::*;
     use crate::alloc::MemoryKind;
     use crate::launch::GridCap;
+    use crate::mem::{DeviceBytes, DeviceBytesMut};
     use crate::write::SlotMapping;
 
     fn target(cap: u32) -> Target<'static> {
@@ -307,25 +299,28 @@ mod tests {
         }
     }
 
-    fn bytes(ptr: u64, len: usize) -> DeviceBytes {
+    fn bytes(ptr: u64, len: usize) -> DeviceBytes<'static> {
         // SAFETY: these views are only validated, never used.
         unsafe { DeviceBytes::from_raw(ptr, len) }
+    }
+
+    fn bytes_mut(ptr: u64, len: usize) -> DeviceBytesMut<'static> {
+        // SAFETY: as above.
+        unsafe { DeviceBytesMut::from_raw(ptr, len) }
     }
 
     fn slot_op<'a>(cache: PagedLayout, n: usize) -> SlotUpdate<'a> {
         let input = TokenLayout::contiguous(n, cache.num_heads, cache.head_dim, cache.elem_bytes);
         let ext = cache.extent("c").unwrap() as usize;
         let src = input.extent("i").unwrap() as usize;
-        SlotUpdate {
-            key: bytes(0x1000_0000, src),
-            value: Some(bytes(0x2000_0000, src)),
+        SlotUpdate::new(
+            bytes(0x1000_0000, src),
             input,
-            key_cache: bytes(0x4000_0000, ext),
-            value_cache: Some(bytes(0x8000_0000, ext)),
+            bytes_mut(0x4000_0000, ext),
             cache,
-            slots: SlotMapping::I64(bytes(0x3000_0000, n * 8)),
-            errors: None,
-        }
+            SlotMapping::I64(bytes(0x3000_0000, n * 8)),
+        )
+        .value(bytes(0x2000_0000, src), bytes_mut(0x8000_0000, ext))
     }
 
     #[test]
@@ -350,7 +345,7 @@ mod tests {
     fn slot_update_rejections() {
         let base = slot_op(PagedLayout::nhd(8, 16, 8, 128, 2), 10);
         let mut op = base;
-        op.key_cache = bytes(0x4000_0000, 100);
+        op.key.dst = bytes_mut(0x4000_0000, 100);
         assert!(matches!(
             plan_slots(&op, 1),
             Err(Error::BufferTooSmall {
@@ -359,10 +354,10 @@ mod tests {
             })
         ));
         let mut op = base;
-        op.value = None;
+        op.value.as_mut().unwrap().src = bytes(0x2000_0000, 100);
         assert!(matches!(
             plan_slots(&op, 1),
-            Err(Error::InvalidArgument { name: "value", .. })
+            Err(Error::BufferTooSmall { name: "value", .. })
         ));
         let mut op = base;
         op.slots = SlotMapping::I64(bytes(0x3000_0000, 11 * 8));
@@ -377,7 +372,7 @@ mod tests {
             Err(Error::InvalidArgument { name: "slots", .. })
         ));
         let mut op = base;
-        op.value_cache = Some(op.key_cache);
+        op.value.as_mut().unwrap().dst = op.key.dst;
         assert!(matches!(
             plan_slots(&op, 1),
             Err(Error::InvalidArgument {
@@ -405,11 +400,12 @@ mod tests {
         cache.block_stride = bs * 2 * h * d;
         let mut op = slot_op(cache, 5);
         let total = nb * bs * 2 * h * d * 2;
-        op.key_cache = bytes(0x4000_0000, total);
-        op.value_cache = Some(bytes(0x4000_0000 + (h * d * 2) as u64, total - h * d * 2));
+        let kv = bytes_mut(0x4000_0000, total);
+        op.key.dst = kv;
+        op.value.as_mut().unwrap().dst = kv.slice(h * d * 2, total - h * d * 2).unwrap();
         assert!(plan_slots(&op, 1).is_ok());
         // V shifted by one element only: overlaps K.
-        op.value_cache = Some(bytes(0x4000_0000 + 2, total - 2));
+        op.value.as_mut().unwrap().dst = kv.slice(2, total - 2).unwrap();
         assert!(plan_slots(&op, 1).is_err());
     }
 
@@ -419,7 +415,7 @@ mod tests {
         SliceUpdate {
             new_kv: bytes(0x1000_0000, input.extent("i").unwrap() as usize),
             input,
-            cache: bytes(0x4000_0000, layout.extent("l").unwrap() as usize),
+            cache: bytes_mut(0x4000_0000, layout.extent("l").unwrap() as usize),
             layout,
             slices: bytes(0x2000_0000, padded * 12),
             padded,
@@ -468,16 +464,17 @@ mod tests {
         input.token_stride = 0;
         let src = input.extent("i").unwrap() as usize;
         let ext = cache.extent("c").unwrap() as usize;
-        let op = SlotUpdate {
-            key: bytes(0x1000_0000, src),
-            value: Some(bytes(0x2000_0000_0000, src)),
+        let op = SlotUpdate::new(
+            bytes(0x1000_0000, src),
             input,
-            key_cache: bytes(0x4000_0000_0000, ext),
-            value_cache: Some(bytes(0x8000_0000_0000, ext)),
+            bytes_mut(0x4000_0000_0000, ext),
             cache,
-            slots: SlotMapping::I32(bytes(0x3000_0000, n * 4)),
-            errors: None,
-        };
+            SlotMapping::I32(bytes(0x3000_0000, n * 4)),
+        )
+        .value(
+            bytes(0x2000_0000_0000, src),
+            bytes_mut(0x8000_0000_0000, ext),
+        );
         assert!(matches!(
             plan_slots(&op, 132),
             Err(Error::Overflow { name: "slots" })
