@@ -37,7 +37,7 @@
 //!
 //! A kernel quantizing a span calls [`quantize_e4m3x2`] (or the e5m2 one) on consecutive pairs
 //! of widened inputs ([`bf16_to_f32`], [`f16_to_f32`], or f32 as is) and stores the `u16`s;
-//! [`kvio_fp8_probe`] keeps both paths in the PTX until such a kernel exists.
+//! `kvio_fp8_probe` (nvptx only) keeps both paths in the PTX until such a kernel exists.
 
 /// The NaN code both conversions produce (positive sign, all exponent and mantissa bits set).
 pub const NAN: u8 = 0x7f;
