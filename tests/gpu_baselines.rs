@@ -95,6 +95,7 @@ fn many_queued_launches() {
         cache: kvio::PagedLayout::nhd(64, 16, 8, 128, 2),
         slots: kvio::SlotMapping::I64(DeviceBytes::of(&slots)),
         errors: None,
+        quantize: None,
     };
     let rounds: u32 = std::env::var("KVIO_MANY_ROUNDS")
         .ok()

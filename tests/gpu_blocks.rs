@@ -550,6 +550,7 @@ fn cross_layer_views_feed_the_write_path() {
                 cache: layout,
                 slots: kvio::SlotMapping::I64(DeviceBytes::of(&sd)),
                 errors: None,
+                quantize: None,
             },
             StreamRef::from(&stream),
         )

@@ -166,6 +166,7 @@ fn cudarc_slot_update() {
                                 SlotMapping::I32(sl.bytes())
                             },
                             errors: Some(&errors),
+                            quantize: None,
                         },
                         kc::stream(s),
                     )
@@ -249,6 +250,7 @@ fn cudarc_cross_layer_views() {
                     cache: layout,
                     slots: SlotMapping::I64(sl.bytes()),
                     errors: None,
+                    quantize: None,
                 },
                 kc::stream(s),
             )
@@ -742,6 +744,7 @@ fn cudarc_event_tracking_across_streams_and_threads() {
                 cache: layout,
                 slots: SlotMapping::I64(s_.bytes()),
                 errors: None,
+                quantize: None,
             },
             kc::stream(a),
         )
@@ -784,6 +787,7 @@ fn cudarc_event_tracking_across_streams_and_threads() {
                         cache: small,
                         slots: SlotMapping::I64(s_.bytes()),
                         errors: None,
+                        quantize: None,
                     },
                     kc::stream(&stream),
                 )

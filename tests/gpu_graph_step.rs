@@ -150,6 +150,7 @@ fn graph_serving_step_replays() {
                 cache: layout,
                 slots: SlotMapping::I64(DeviceBytes::of(&slots_d)),
                 errors: Some(&errors),
+                quantize: None,
             }
         })
         .collect();

@@ -268,6 +268,7 @@ fn update_slots_calls() {
         cache: kc.layout,
         slots: SlotMapping::I64(DeviceBytes::of(&slots_d)),
         errors: Some(&errors),
+        quantize: None,
     };
     let n = calls();
     no_growth("update_slots", n, |_| {
@@ -532,6 +533,7 @@ fn device_errors_reset_read_calls() {
         cache: c.layout,
         slots: SlotMapping::I32(DeviceBytes::of(&slots)),
         errors: Some(&errors),
+        quantize: None,
     };
     no_growth("DeviceErrors reset + read", calls(), |i| {
         errors.reset(sref).unwrap();
@@ -577,6 +579,7 @@ fn rejected_calls() {
         cache: c.layout,
         slots: SlotMapping::I64(DeviceBytes::of(&slots)),
         errors: None,
+        quantize: None,
     };
     no_growth("rejected calls", calls(), |_| {
         for op in [&dma, &kernel] {

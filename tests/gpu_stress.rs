@@ -597,6 +597,7 @@ fn enqueue(
                 cache: layout,
                 slots,
                 errors: Some(sh.errors),
+                quantize: None,
             };
             g.kv.update_slots(&up, sref)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -842,6 +843,7 @@ fn submit_slots<S: kvio::plan::SlotIndex + cust::memory::DeviceCopy>(
                 SlotMapping::I32(DeviceBytes::of(&dev))
             },
             errors: None,
+            quantize: None,
         },
         StreamRef::from(stream),
     )?;
@@ -964,6 +966,7 @@ fn conflicting_targets_rejected_nothing_launched() {
             cache: layout,
             slots: SlotMapping::I64(DeviceBytes::of(&slots_d)),
             errors: Some(&errors),
+            quantize: None,
         },
         sref,
     );

@@ -193,6 +193,7 @@ fn run_slot_case(c: SlotCase) {
             cache: layout,
             slots: slot_map,
             errors: Some(&errors),
+            quantize: None,
         };
         g.kv.update_slots(&op, StreamRef::from(&stream))
             .unwrap_or_else(|err| panic!("{name}: {err}"));
@@ -585,6 +586,7 @@ fn graph_capture_replays_with_new_device_indices() {
         cache: layout,
         slots: SlotMapping::I64(DeviceBytes::of(&slots_d)),
         errors: Some(&errors),
+        quantize: None,
     };
     let slice_op = SliceUpdate {
         new_kv: DeviceBytes::of(&key),
@@ -678,6 +680,7 @@ fn launchers_reject_bad_host_arguments() {
         cache: layout,
         slots: SlotMapping::I64(DeviceBytes::of(&slots)),
         errors: None,
+        quantize: None,
     };
     let err =
         g.kv.update_slots(&op, StreamRef::from(&stream))
@@ -736,6 +739,7 @@ fn slot_update_typed_elements() {
                 cache: layout,
                 slots: SlotMapping::I64(DeviceBytes::of(&slots_d)),
                 errors: None,
+                quantize: None,
             },
             StreamRef::from(&stream),
         )

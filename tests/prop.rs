@@ -929,6 +929,7 @@ fn run_slot_case(c: &SlotCase, x: &Exec) {
         cache: layout,
         slots: mapping(slot_view),
         errors: x.errors(),
+        quantize: None,
     };
 
     let reject = c.mutation.and_then(|m| {

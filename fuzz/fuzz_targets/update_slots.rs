@@ -130,6 +130,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
             SlotMapping::I32(slot_view)
         },
         errors: None,
+        quantize: None,
     };
 
     let before = (

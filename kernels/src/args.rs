@@ -129,7 +129,16 @@ kernel! {
         slot_is_i64: u32,
         /// Tokens (slots) to process.
         num_tokens: u64,
-        /// Access width in bytes.
+        /// Conversion on the way (`convert::NONE`: copy bytes; else a `convert::code`, and
+        /// `chunk_bytes` counts fp8 bytes, one per element).
+        convert: u32,
+        /// K's scale(s), f32 (converting updates only).
+        k_scale: *const f32,
+        /// V's scale(s), f32 (converting updates with V only).
+        v_scale: *const f32,
+        /// Non-zero: one scale per head (`scale[head]`), else one per tensor.
+        scale_per_head: u32,
+        /// Access width in bytes (converting: `convert::VEC` for 8-element units, else 1).
         width: u32,
         /// log2 of lanes per work item.
         shift: u32,

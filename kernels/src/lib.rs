@@ -15,6 +15,7 @@
 
 #[macro_use]
 pub mod args;
+pub mod convert;
 pub mod fp8;
 pub mod index;
 pub mod ops;

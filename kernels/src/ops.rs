@@ -6,6 +6,7 @@
 use core::sync::atomic::{AtomicU32, Ordering};
 
 use crate::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs};
+use crate::convert::{self, convert_span};
 use crate::index::{self, chunk_at, err, PairCheck, PoolSide, SliceCheck, SlotTarget, TablePtr};
 use crate::span::{copy_span, load_staged, store_staged, STAGE_UNITS, V16};
 
@@ -85,9 +86,13 @@ unsafe fn count_error(errors: *mut u32, which: usize) {
 /// `src_v` is non-null) goes to slot `slots[t]`; negative slots are skipped, slots past the
 /// cache are skipped and counted. One item = one (token, K/V, head chunk) span.
 ///
+/// With a conversion (`a.convert`), each span's source elements are quantized to fp8 with the
+/// part's scale (per tensor, or per head) instead of copied.
+///
 /// # Safety
 /// Host-validated arguments: every in-range target lies inside the destination caches, every
-/// token row inside the sources, `slots` holds `num_tokens` entries.
+/// token row inside the sources, `slots` holds `num_tokens` entries, and a converting update's
+/// scales hold one f32 (or one per head) for each part written.
 #[inline(always)]
 pub unsafe fn update_slots(a: &SlotArgs, g: Group) {
     let parts = if a.src_v.is_null() { 1 } else { 2 };
@@ -96,8 +101,11 @@ pub unsafe fn update_slots(a: &SlotArgs, g: Group) {
     // memory latencies overlap (decode-size updates are latency-bound).
     let units = a.chunk_bytes / 16;
     // Only in the latency regime (at most one item per group); large updates keep the
-    // streaming path.
-    let staged = a.width == 16 && units <= STAGE_UNITS * g.lanes && items <= g.step;
+    // streaming path. Converting updates never stage (their source span is wider).
+    let staged = a.convert == convert::NONE
+        && a.width == 16
+        && units <= STAGE_UNITS * g.lanes
+        && items <= g.step;
     let mut item = g.first;
     while item < items {
         let (tok, part, head) = index::split3(item, parts, a.heads);
@@ -141,6 +149,15 @@ pub unsafe fn update_slots(a: &SlotArgs, g: Group) {
                     );
                     if staged {
                         store_staged(d, &held, units, g.lane, g.lanes);
+                    } else if a.convert != convert::NONE {
+                        let scales = if part == 0 { a.k_scale } else { a.v_scale };
+                        let scale = *scales.add(if a.scale_per_head != 0 {
+                            head as usize
+                        } else {
+                            0
+                        });
+                        let vec = a.width as u64 == convert::VEC;
+                        convert_span(s, d, a.chunk_bytes, g.lane, g.lanes, a.convert, scale, vec);
                     } else {
                         copy_span(s, d, a.chunk_bytes, g.lane, g.lanes, a.width);
                     }

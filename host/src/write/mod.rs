@@ -63,6 +63,90 @@ pub struct CacheWrite<'a> {
     pub dst: DeviceBytesMut<'a>,
 }
 
+/// Element type of new rows that are quantized on write ([`Quantize`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SrcType {
+    /// bfloat16 (2 bytes).
+    Bf16,
+    /// IEEE half (2 bytes).
+    F16,
+    /// IEEE single (4 bytes).
+    F32,
+}
+
+impl SrcType {
+    /// Bytes per element.
+    pub fn bytes(self) -> usize {
+        match self {
+            SrcType::Bf16 | SrcType::F16 => 2,
+            SrcType::F32 => 4,
+        }
+    }
+}
+
+/// fp8 format of a quantized cache (one byte per element).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fp8 {
+    /// `float8_e4m3fn` (vLLM `fp8`, `fp8_e4m3`): max 448, no infinities.
+    E4m3,
+    /// `float8_e5m2` (vLLM `fp8_e5m2`): max 57344.
+    E5m2,
+}
+
+/// Where a quantization scale lives: f32 on the device (read by the kernel at each launch, so
+/// a captured CUDA graph replays with whatever scale is there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scale<'a> {
+    /// One f32 for the whole tensor.
+    PerTensor(DeviceBytes<'a>),
+    /// One f32 per KV head (`[H]`).
+    PerHead(DeviceBytes<'a>),
+}
+
+/// fp8 quantize-on-write (vLLM's `kv_cache_dtype = "fp8"` with `k_scale`/`v_scale`): every
+/// element is stored as `fp8(x / scale)`, rounded to nearest even, finite values past the
+/// format's range and ±inf saturated to ±max, NaN stored as NaN (`0x7f`). The update's input
+/// layout has the source type's element size, its cache layout one byte per element.
+///
+/// ```
+/// use kvio::{DeviceBytes, Fp8, Quantize, Scale, SrcType};
+/// // SAFETY: descriptions only.
+/// let (k, v) = unsafe { (DeviceBytes::from_raw(0x1000, 4), DeviceBytes::from_raw(0x1004, 4)) };
+/// let q = Quantize::new(SrcType::Bf16, Fp8::E4m3, Scale::PerTensor(k)).value_scale(Scale::PerTensor(v));
+/// assert_eq!(q.v_scale, Some(Scale::PerTensor(v)));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quantize<'a> {
+    /// Type of the new rows.
+    pub src: SrcType,
+    /// Format of the caches.
+    pub fp8: Fp8,
+    /// K's scale.
+    pub k_scale: Scale<'a>,
+    /// V's scale, of the same kind as K's: given exactly when the update writes V.
+    pub v_scale: Option<Scale<'a>>,
+}
+
+impl<'a> Quantize<'a> {
+    /// Quantization of K only (add V's scale with [`Quantize::value_scale`]).
+    pub fn new(src: SrcType, fp8: Fp8, k_scale: Scale<'a>) -> Self {
+        Quantize {
+            src,
+            fp8,
+            k_scale,
+            v_scale: None,
+        }
+    }
+
+    /// V's scale.
+    pub fn value_scale(self, v_scale: Scale<'a>) -> Self {
+        Quantize {
+            v_scale: Some(v_scale),
+            ..self
+        }
+    }
+}
+
 /// Arguments of [`Kvio::update_slots`] (vLLM `reshape_and_cache_flash` semantics).
 ///
 /// Token `t < slots.len()` of `key.src` (and `value.src`) is written to slot `slots[t]` of
@@ -91,6 +175,7 @@ pub struct CacheWrite<'a> {
 ///         cache: PagedLayout::nhd(2, 2, 1, 4, 4),
 ///         slots: SlotMapping::I64(DeviceBytes::from_raw(slots.as_ptr() as u64, 16)),
 ///         errors: None,
+///         quantize: None,
 ///     }
 /// };
 /// // SAFETY: every view is live host memory of its length.
@@ -112,6 +197,8 @@ pub struct SlotUpdate<'a> {
     pub slots: SlotMapping<'a>,
     /// Where to count slots past the end of the cache (`None`: skipped, not counted).
     pub errors: Option<&'a DeviceErrors>,
+    /// fp8 quantize-on-write (`None`: the bytes are copied as they are).
+    pub quantize: Option<Quantize<'a>>,
 }
 
 impl<'a> SlotUpdate<'a> {
@@ -150,6 +237,15 @@ impl<'a> SlotUpdate<'a> {
             cache,
             slots,
             errors: None,
+            quantize: None,
+        }
+    }
+
+    /// Quantizes K (and V) to fp8 on the way into the caches (see [`Quantize`]).
+    pub fn quantize(self, quantize: Quantize<'a>) -> Self {
+        SlotUpdate {
+            quantize: Some(quantize),
+            ..self
         }
     }
 

@@ -3,7 +3,9 @@
 use kvio_kernels::args::{SliceArgs, SlotArgs};
 use kvio_kernels::index::{access_width, group_shift};
 
-use super::{SliceUpdate, SlotUpdate};
+use kvio_kernels::convert;
+
+use super::{Fp8, Quantize, Scale, SliceUpdate, SlotUpdate, SrcType};
 use crate::error::{invalid, Error, Result};
 use crate::error_word::DeviceErrors;
 use crate::launch::{grid_for, BLOCK_THREADS, PER_LANE};
@@ -36,6 +38,82 @@ fn same_shape(input: &TokenLayout, cache: &PagedLayout) -> Result<()> {
     Ok(())
 }
 
+/// A quantizing update's element sizes and scales: the kernel's conversion code and whether
+/// the scales are per head.
+fn check_quantize(
+    q: &Quantize<'_>,
+    input: &TokenLayout,
+    cache: &PagedLayout,
+    with_value: bool,
+) -> Result<(u32, bool)> {
+    if input.num_heads != cache.num_heads || input.head_dim != cache.head_dim {
+        return Err(invalid(
+            "input",
+            (input.num_heads, input.head_dim),
+            "(num_heads, head_dim) differ from the cache's",
+        ));
+    }
+    if input.elem_bytes != q.src.bytes() {
+        return Err(invalid(
+            "input",
+            input.elem_bytes,
+            "elem_bytes differs from the quantized source type's size",
+        ));
+    }
+    if cache.elem_bytes != 1 {
+        return Err(invalid(
+            "cache",
+            cache.elem_bytes,
+            "an fp8 cache has one byte per element",
+        ));
+    }
+    if with_value != q.v_scale.is_some() {
+        return Err(invalid(
+            "v_scale",
+            q.v_scale.is_some(),
+            "a V scale is needed exactly when the update writes V",
+        ));
+    }
+    let per_head = matches!(q.k_scale, Scale::PerHead(_));
+    for (name, s) in [("k_scale", Some(q.k_scale)), ("v_scale", q.v_scale)] {
+        let Some(s) = s else { continue };
+        let (bytes, head) = match s {
+            Scale::PerTensor(b) => (b, false),
+            Scale::PerHead(b) => (b, true),
+        };
+        if head != per_head {
+            return Err(invalid(
+                name,
+                head,
+                "K and V scales must both be per tensor or per head",
+            ));
+        }
+        let need = if head { 4 * input.num_heads as u64 } else { 4 };
+        fits(name, need, bytes.len())?;
+        if !bytes.ptr().is_multiple_of(4) {
+            return Err(invalid(name, bytes.ptr(), "must be 4-byte aligned (f32)"));
+        }
+    }
+    let src = match q.src {
+        SrcType::Bf16 => convert::SRC_BF16,
+        SrcType::F16 => convert::SRC_F16,
+        SrcType::F32 => convert::SRC_F32,
+    };
+    let to = match q.fp8 {
+        Fp8::E4m3 => convert::TO_E4M3,
+        Fp8::E5m2 => convert::TO_E5M2,
+    };
+    Ok((convert::code(src, to), per_head))
+}
+
+/// Scale pointers of a quantizing update (0 when absent).
+fn scale_ptr(s: Option<Scale<'_>>) -> u64 {
+    match s {
+        Some(Scale::PerTensor(b) | Scale::PerHead(b)) => b.ptr(),
+        None => 0,
+    }
+}
+
 fn err_ptr(e: Option<&DeviceErrors>) -> u64 {
     e.map_or(0, DeviceErrors::ptr)
 }
@@ -45,7 +123,13 @@ fn err_ptr(e: Option<&DeviceErrors>) -> u64 {
 pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     let src_ext = op.input.extent("input")?;
     let dst_ext = op.cache.extent("cache")?;
-    same_shape(&op.input, &op.cache)?;
+    let quant = match &op.quantize {
+        Some(q) => Some(check_quantize(q, &op.input, &op.cache, op.value.is_some())?),
+        None => {
+            same_shape(&op.input, &op.cache)?;
+            None
+        }
+    };
     fits("key", src_ext, op.key.src.len())?;
     fits("key_cache", dst_ext, op.key.dst.len())?;
     if let Some(v) = op.value {
@@ -91,10 +175,13 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
         return Ok(Plan::Nothing);
     }
     let e = op.cache.elem_bytes as u64;
+    let ie = op.input.elem_bytes as u64;
     let (c, i) = (&op.cache, &op.input);
-    // Merge all heads of a token into one span when both sides hold them contiguously.
+    // Merge all heads of a token into one span when both sides hold them contiguously (and no
+    // scale differs between heads).
     let merged = (c.num_heads == 1 || c.head_stride == c.head_dim)
-        && (i.num_heads == 1 || i.head_stride == i.head_dim);
+        && (i.num_heads == 1 || i.head_stride == i.head_dim)
+        && !matches!(quant, Some((_, true)));
     let (heads, chunk) = if merged {
         (1, (c.num_heads * c.chunk_bytes()) as u64)
     } else {
@@ -104,8 +191,8 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
     let mut args = SlotArgs {
         src_k: op.key.src.ptr() as *const u8,
         src_v: op.value.map_or(0, |v| v.src.ptr()) as *const u8,
-        src_token_stride: i.token_stride as u64 * e,
-        src_head_stride: if merged { 0 } else { i.head_stride as u64 * e },
+        src_token_stride: i.token_stride as u64 * ie,
+        src_head_stride: if merged { 0 } else { i.head_stride as u64 * ie },
         dst_k: op.key.dst.ptr() as *mut u8,
         dst_v: op.value.map_or(0, |v| v.dst.ptr()) as *mut u8,
         dst_block_stride: c.block_stride as u64 * e,
@@ -118,23 +205,54 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
         slots: slots.ptr() as *const u8,
         slot_is_i64: (w == 8) as u32,
         num_tokens: n as u64,
+        convert: quant.map_or(convert::NONE, |(code, _)| code),
+        k_scale: scale_ptr(op.quantize.map(|q| q.k_scale)) as *const f32,
+        v_scale: scale_ptr(op.quantize.and_then(|q| q.v_scale)) as *const f32,
+        scale_per_head: quant.is_some_and(|(_, per_head)| per_head) as u32,
         width: 0,
         shift: 0,
         errors: err_ptr(op.errors) as *mut u32,
     };
-    args.width = access_width(&[
-        args.src_k as u64,
-        args.src_v as u64,
-        args.dst_k as u64,
-        args.dst_v as u64,
-        args.src_token_stride,
-        args.src_head_stride,
-        args.dst_block_stride,
-        args.dst_token_stride,
-        args.dst_head_stride,
-        chunk,
-    ]);
-    args.shift = group_shift(chunk / args.width as u64, PER_LANE);
+    if quant.is_some() {
+        // Elements per span = fp8 bytes; 8-element units where both sides allow them.
+        let src_ok = [args.src_k as u64, args.src_v as u64]
+            .iter()
+            .chain(&[args.src_token_stride, args.src_head_stride])
+            .all(|v| v.is_multiple_of(16));
+        let dst_ok = [args.dst_k as u64, args.dst_v as u64]
+            .iter()
+            .chain(&[
+                args.dst_block_stride,
+                args.dst_token_stride,
+                args.dst_head_stride,
+            ])
+            .all(|v| v.is_multiple_of(8));
+        let vec = chunk.is_multiple_of(convert::VEC) && src_ok && dst_ok;
+        if !vec {
+            for (name, p) in [("key", args.src_k as u64), ("value", args.src_v as u64)] {
+                if !p.is_multiple_of(ie) {
+                    return Err(invalid(name, p, "misaligned for its element type"));
+                }
+            }
+        }
+        args.width = if vec { convert::VEC as u32 } else { 1 };
+        let units = if vec { chunk / convert::VEC } else { chunk };
+        args.shift = group_shift(units, PER_LANE);
+    } else {
+        args.width = access_width(&[
+            args.src_k as u64,
+            args.src_v as u64,
+            args.dst_k as u64,
+            args.dst_v as u64,
+            args.src_token_stride,
+            args.src_head_stride,
+            args.dst_block_stride,
+            args.dst_token_stride,
+            args.dst_head_stride,
+            chunk,
+        ]);
+        args.shift = group_shift(chunk / args.width as u64, PER_LANE);
+    }
     let parts = if op.value.is_some() { 2 } else { 1 };
     // The kernel iterates over this many items: refuse a count that would wrap.
     let items = (n as u64)
