@@ -67,44 +67,168 @@ unsafe fn load(src: *const u8, i: u64, code: u32) -> f32 {
     }
 }
 
-/// Eight source elements starting at element `8 * u`, widened to f32.
+/// The raw bytes of one vector unit: one 16-byte access of bf16/f16, two of f32.
+type Raw = [V16; 2];
+
+/// The raw bytes of unit `u` (elements `8u..8u + 8`). Volatile, so a caller can issue it
+/// before an index lookup and the compiler cannot sink it past that lookup.
 ///
 /// # Safety
 /// `src` holds elements `8u..8u + 8`, 16-byte aligned.
 #[inline(always)]
-unsafe fn load8(src: *const u8, u: u64, code: u32) -> [f32; 8] {
-    let mut x = [0f32; 8];
+unsafe fn load_raw(src: *const u8, u: u64, code: u32) -> Raw {
     // SAFETY: forwarded from the caller (one or two whole 16-byte units).
     unsafe {
         if code & 0xf == SRC_F32 {
             let p = (src as *const V16).add(2 * u as usize);
-            let (a, b) = (read(p).to_array(), read(p.add(1)).to_array());
-            let mut k = 0;
-            while k < 4 {
-                x[k] = f32::from_bits(a[k]);
-                x[k + 4] = f32::from_bits(b[k]);
-                k += 1;
-            }
+            [
+                core::ptr::read_volatile(p),
+                core::ptr::read_volatile(p.add(1)),
+            ]
         } else {
-            let w = read((src as *const V16).add(u as usize)).to_array();
-            let mut k = 0;
-            while k < 4 {
-                let (lo, hi) = (w[k] as u16, (w[k] >> 16) as u16);
-                x[2 * k] = if code & 0xf == SRC_BF16 {
-                    bf16_to_f32(lo)
-                } else {
-                    f16_to_f32(lo)
-                };
-                x[2 * k + 1] = if code & 0xf == SRC_BF16 {
-                    bf16_to_f32(hi)
-                } else {
-                    f16_to_f32(hi)
-                };
-                k += 1;
-            }
+            let p = (src as *const V16).add(u as usize);
+            [core::ptr::read_volatile(p), V16::splat(0)]
         }
     }
+}
+
+/// A unit's eight elements widened to f32.
+#[inline(always)]
+fn widen(raw: &Raw, code: u32) -> [f32; 8] {
+    let mut x = [0f32; 8];
+    let (a, b) = (raw[0].to_array(), raw[1].to_array());
+    let mut k = 0;
+    while k < 4 {
+        if code & 0xf == SRC_F32 {
+            x[k] = f32::from_bits(a[k]);
+            x[k + 4] = f32::from_bits(b[k]);
+        } else {
+            let (lo, hi) = (a[k] as u16, (a[k] >> 16) as u16);
+            if code & 0xf == SRC_BF16 {
+                x[2 * k] = bf16_to_f32(lo);
+                x[2 * k + 1] = bf16_to_f32(hi);
+            } else {
+                x[2 * k] = f16_to_f32(lo);
+                x[2 * k + 1] = f16_to_f32(hi);
+            }
+        }
+        k += 1;
+    }
     x
+}
+
+/// Units one lane holds from [`preload`] (the first two of its share).
+pub struct Held([Raw; 2]);
+
+/// Loads lane `lane`'s first two vector units of a span of `n` elements (those that exist), so
+/// the loads are in flight while the caller reads the slot; [`convert_held`] converts them and
+/// the rest of the lane's share.
+///
+/// # Safety
+/// As [`convert_span`] with `vec`.
+#[inline(always)]
+pub unsafe fn preload(src: *const u8, n: u64, lane: u64, lanes: u64, code: u32) -> Held {
+    let units = n / VEC;
+    let zero = [V16::splat(0); 2];
+    let mut held = Held([zero, zero]);
+    // SAFETY: each unit loaded is < units (the caller's span).
+    unsafe {
+        if lane < units {
+            held.0[0] = load_raw(src, lane, code);
+        }
+        if lane + lanes < units {
+            held.0[1] = load_raw(src, lane + lanes, code);
+        }
+    }
+    held
+}
+
+/// [`convert_span`] (vector units) for a lane that [`preload`]ed its first two units.
+///
+/// # Safety
+/// As [`convert_span`] with `vec`; `held` came from [`preload`] with the same span and lane.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn convert_held(
+    src: *const u8,
+    dst: *mut u8,
+    n: u64,
+    lane: u64,
+    lanes: u64,
+    code: u32,
+    scale: f32,
+    held: &Held,
+) {
+    let (fmt, units) = (format(code), n / VEC);
+    let d = dst as *mut u64;
+    // SAFETY: the held units are < units; the rest as in convert_span.
+    unsafe {
+        if lane < units {
+            write(
+                d.add(lane as usize),
+                pack8(&widen(&held.0[0], code), fmt, scale),
+            );
+        }
+        if lane + lanes < units {
+            let u = lane + lanes;
+            write(
+                d.add(u as usize),
+                pack8(&widen(&held.0[1], code), fmt, scale),
+            );
+        }
+        convert_units(src, dst, lane + 2 * lanes, units, lanes, code, scale);
+    }
+}
+
+/// Vector units `first, first + lanes, ...` below `units`, two a step (both loaded before
+/// either is converted).
+///
+/// # Safety
+/// As [`convert_span`] with `vec`.
+#[inline(always)]
+unsafe fn convert_units(
+    src: *const u8,
+    dst: *mut u8,
+    first: u64,
+    units: u64,
+    lanes: u64,
+    code: u32,
+    scale: f32,
+) {
+    let fmt = format(code);
+    let d = dst as *mut u64;
+    let mut u = first;
+    // SAFETY: units u and u + lanes are < units (the caller's span).
+    unsafe {
+        while u + lanes < units {
+            let (x, y) = (load_raw(src, u, code), load_raw(src, u + lanes, code));
+            write(d.add(u as usize), pack8(&widen(&x, code), fmt, scale));
+            write(
+                d.add((u + lanes) as usize),
+                pack8(&widen(&y, code), fmt, scale),
+            );
+            u += 2 * lanes;
+        }
+        if u < units {
+            write(
+                d.add(u as usize),
+                pack8(&widen(&load_raw(src, u, code), code), fmt, scale),
+            );
+        }
+    }
+}
+
+/// Eight elements quantized, as the little-endian bytes of one u64 (element 0 first).
+#[inline(always)]
+fn pack8(x: &[f32; 8], fmt: Fp8, scale: f32) -> u64 {
+    let mut packed = 0u64;
+    let mut k = 0;
+    while k < 4 {
+        let pair = fmt.quantize_x2(x[2 * k], x[2 * k + 1], scale);
+        packed |= (pair as u64) << (16 * k);
+        k += 1;
+    }
+    packed.to_le()
 }
 
 /// Converts the `n` source elements at `src` into `n` fp8 bytes at `dst`, `fp8(x / scale)`,
@@ -128,25 +252,11 @@ pub unsafe fn convert_span(
     scale: f32,
     vec: bool,
 ) {
-    let fmt = format(code);
     if vec {
-        let mut u = lane;
-        while u < n / VEC {
-            // SAFETY: unit u < n / 8 lies in both spans (caller's alignment).
-            unsafe {
-                let x = load8(src, u, code);
-                let mut packed = 0u64;
-                let mut k = 0;
-                while k < 4 {
-                    let pair = fmt.quantize_x2(x[2 * k], x[2 * k + 1], scale);
-                    packed |= (pair as u64) << (16 * k);
-                    k += 1;
-                }
-                write((dst as *mut u64).add(u as usize), packed.to_le());
-            }
-            u += lanes;
-        }
+        // SAFETY: forwarded from the caller.
+        unsafe { convert_units(src, dst, lane, n / VEC, lanes, code, scale) };
     } else {
+        let fmt = format(code);
         let mut i = lane;
         while i < n {
             // SAFETY: element i < n lies in both spans.
@@ -186,6 +296,15 @@ mod tests {
                         }
                     }
                     assert_eq!(a, b, "code {c:#x} lanes {lanes}");
+                    let mut h = [0u64; 16];
+                    for lane in 0..lanes {
+                        // SAFETY: as above.
+                        unsafe {
+                            let held = preload(p, n, lane, lanes, c);
+                            convert_held(p, h.as_mut_ptr().cast(), n, lane, lanes, c, 0.75, &held);
+                        }
+                    }
+                    assert_eq!(h, b, "preloaded: code {c:#x} lanes {lanes}");
                 }
             }
         }

@@ -263,7 +263,16 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
         upload: None,
         launch: Launch {
             kernel: Kernel::Slots(args),
-            grid: grid_for(items, BLOCK_THREADS, args.shift, target.caps.slots),
+            grid: grid_for(
+                items,
+                BLOCK_THREADS,
+                args.shift,
+                if quant.is_some() {
+                    target.caps.slots_fp8
+                } else {
+                    target.caps.slots
+                },
+            ),
             threads: BLOCK_THREADS,
         },
     })
