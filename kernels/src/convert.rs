@@ -117,33 +117,26 @@ fn widen(raw: &Raw, code: u32) -> [f32; 8] {
     x
 }
 
-/// Units one lane holds from [`preload`] (the first two of its share).
-pub struct Held([Raw; 2]);
+/// The unit one lane holds from [`preload`] (the first of its share).
+pub struct Held(Raw);
 
-/// Loads lane `lane`'s first two vector units of a span of `n` elements (those that exist), so
-/// the loads are in flight while the caller reads the slot; [`convert_held`] converts them and
-/// the rest of the lane's share.
+/// Loads lane `lane`'s first vector unit of a span of `n` elements (if it has one), so the
+/// load is in flight while the caller reads the slot; [`convert_held`] converts it and the
+/// rest of the lane's share.
 ///
 /// # Safety
 /// As [`convert_span`] with `vec`.
 #[inline(always)]
-pub unsafe fn preload(src: *const u8, n: u64, lane: u64, lanes: u64, code: u32) -> Held {
-    let units = n / VEC;
-    let zero = [V16::splat(0); 2];
-    let mut held = Held([zero, zero]);
-    // SAFETY: each unit loaded is < units (the caller's span).
-    unsafe {
-        if lane < units {
-            held.0[0] = load_raw(src, lane, code);
-        }
-        if lane + lanes < units {
-            held.0[1] = load_raw(src, lane + lanes, code);
-        }
+pub unsafe fn preload(src: *const u8, n: u64, lane: u64, code: u32) -> Held {
+    if lane < n / VEC {
+        // SAFETY: the unit is < n / VEC (the caller's span).
+        Held(unsafe { load_raw(src, lane, code) })
+    } else {
+        Held([V16::splat(0); 2])
     }
-    held
 }
 
-/// [`convert_span`] (vector units) for a lane that [`preload`]ed its first two units.
+/// [`convert_span`] (vector units) for a lane that [`preload`]ed its first unit.
 ///
 /// # Safety
 /// As [`convert_span`] with `vec`; `held` came from [`preload`] with the same span and lane.
@@ -161,22 +154,15 @@ pub unsafe fn convert_held(
 ) {
     let (fmt, units) = (format(code), n / VEC);
     let d = dst as *mut u64;
-    // SAFETY: the held units are < units; the rest as in convert_span.
+    // SAFETY: the held unit is < units; the rest as in convert_span.
     unsafe {
         if lane < units {
             write(
                 d.add(lane as usize),
-                pack8(&widen(&held.0[0], code), fmt, scale),
+                pack8(&widen(&held.0, code), fmt, scale),
             );
         }
-        if lane + lanes < units {
-            let u = lane + lanes;
-            write(
-                d.add(u as usize),
-                pack8(&widen(&held.0[1], code), fmt, scale),
-            );
-        }
-        convert_units(src, dst, lane + 2 * lanes, units, lanes, code, scale);
+        convert_units(src, dst, lane + lanes, units, lanes, code, scale);
     }
 }
 
@@ -300,7 +286,7 @@ mod tests {
                     for lane in 0..lanes {
                         // SAFETY: as above.
                         unsafe {
-                            let held = preload(p, n, lane, lanes, c);
+                            let held = preload(p, n, lane, c);
                             convert_held(p, h.as_mut_ptr().cast(), n, lane, lanes, c, 0.75, &held);
                         }
                     }

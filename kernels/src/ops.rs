@@ -155,7 +155,7 @@ unsafe fn slots_body<const CONVERT: bool>(a: &SlotArgs, g: Group) {
             let scale = unsafe { *scales.add(at) };
             let held8 = if preloaded {
                 // SAFETY: as above; `vec` implies the vector units' alignment.
-                Some(unsafe { convert::preload(s, a.chunk_bytes, g.lane, g.lanes, a.convert) })
+                Some(unsafe { convert::preload(s, a.chunk_bytes, g.lane, a.convert) })
             } else {
                 None
             };

@@ -237,7 +237,13 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
         }
         args.width = if vec { convert::VEC as u32 } else { 1 };
         let units = if vec { chunk / convert::VEC } else { chunk };
-        args.shift = group_shift(units, PER_LANE);
+        // Converting is arithmetic, not just a copy: one unit per lane where a CTA has the
+        // lanes (a group may span several warps), so a decode-size update finishes in one
+        // unit's time.
+        let max_shift = BLOCK_THREADS.trailing_zeros();
+        args.shift = (0..=max_shift)
+            .find(|&s| 1u64 << s >= units)
+            .unwrap_or(max_shift);
     } else {
         args.width = access_width(&[
             args.src_k as u64,
