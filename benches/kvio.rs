@@ -331,14 +331,19 @@ impl WriteSetup {
     }
     fn op(&self) -> SlotUpdate<'_> {
         SlotUpdate {
-            key: DeviceBytes::of(&self.key),
-            value: Some(DeviceBytes::of(&self.value)),
+            key: kvio::CacheWrite {
+                src: DeviceBytes::of(&self.key),
+                dst: self.kc.bytes_mut(),
+            },
+            value: Some(kvio::CacheWrite {
+                src: DeviceBytes::of(&self.value),
+                dst: self.vc.bytes_mut(),
+            }),
             input: self.input,
-            key_cache: self.kc.bytes(),
-            value_cache: Some(self.vc.bytes()),
             cache: self.cache,
             slots: SlotMapping::I64(DeviceBytes::of(&self.slots)),
             errors: None,
+            quantize: None,
         }
     }
     /// (src, dst) spans of one token row each, K then V.
@@ -444,6 +449,122 @@ fn slot_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, 
     grp.finish();
 }
 
+/// `n` bf16 values spread like activations (uniform in [-4, 4), no NaN or inf), as bytes: what
+/// a model's K and V hold (random bit patterns would be mostly huge, tiny or NaN, the rare
+/// cases of the conversion).
+fn activations(n: usize, seed: u64) -> Vec<u8> {
+    let mut rng = Rng::new(seed);
+    (0..n)
+        .flat_map(|_| {
+            let x = (rng.below(1 << 20) as f32 / (1 << 20) as f32) * 8.0 - 4.0;
+            ((x.to_bits() >> 16) as u16).to_le_bytes()
+        })
+        .collect()
+}
+
+/// Buffers of one fp8 update benchmark: bf16 inputs, both e4m3 caches in one allocation.
+struct Fp8Setup {
+    input: TokenLayout,
+    cache: PagedLayout,
+    caches: Mem,
+    key: DeviceBuffer<u8>,
+    value: DeviceBuffer<u8>,
+    scales: DeviceBuffer<f32>,
+    slots: DeviceBuffer<i64>,
+}
+
+impl Fp8Setup {
+    fn new(t: usize, h: usize, d: usize, bs: usize, seed: u64) -> Fp8Setup {
+        let blocks = t.div_ceil(bs) + 8;
+        let cache = PagedLayout::nhd(blocks, bs, h, d, 1);
+        let input = TokenLayout::contiguous(t, h, d, 2);
+        let n = input.extent("i").unwrap() as usize;
+        let mut rng = Rng::new(seed);
+        let mut all: Vec<i64> = (0..(blocks * bs) as i64).collect();
+        rng.shuffle(&mut all);
+        let ext = cache.extent("c").unwrap() as usize;
+        let mut caches = Mem::new(false, 2 * ext);
+        caches.fill(&random_bytes(2 * ext, seed + 1));
+        Fp8Setup {
+            input,
+            cache,
+            caches,
+            key: upload(&activations(n / 2, seed + 2)),
+            value: upload(&activations(n / 2, seed + 3)),
+            scales: upload(&[0.37f32, 1.9]),
+            slots: upload(&all[..t]),
+        }
+    }
+
+    fn op(&self) -> SlotUpdate<'_> {
+        let all = self.caches.bytes_mut();
+        let (kc, vc) = all.split_at(all.len() / 2).unwrap();
+        let sc = DeviceBytes::of(&self.scales);
+        let q = kvio::Quantize::new(
+            kvio::SrcType::Bf16,
+            kvio::Fp8::E4m3,
+            kvio::Scale::PerTensor(sc.slice(0, 4).unwrap()),
+        )
+        .value_scale(kvio::Scale::PerTensor(sc.slice(4, 4).unwrap()));
+        SlotUpdate::new(
+            DeviceBytes::of(&self.key),
+            self.input,
+            kc,
+            self.cache,
+            SlotMapping::I64(DeviceBytes::of(&self.slots)),
+        )
+        .value(DeviceBytes::of(&self.value), vc)
+        .quantize(q)
+    }
+}
+
+/// fp8 quantize-on-write: bf16 K and V `[T, H, D]` into e4m3 NHD caches (16-token pages) with
+/// per-tensor scales; bytes = bf16 read + fp8 written. vLLM's anchor on this GPU
+/// (`reshape_and_cache_flash`, fp8 e4m3, `../shared/LAYOUTS.md`): 827 / 844 GB/s at T = 4,096
+/// / 65,536, 2.32 / 2.75 / 3.10 µs per call in a graph at T = 1 / 64 / 256.
+fn fp8_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
+    let mut grp = c.benchmark_group("fp8-update");
+    let (h, d, bs) = (cfg.heads, cfg.dim, 16);
+    for t in [1usize, 16, 256, 4096, 16384, 65536] {
+        let s = Fp8Setup::new(t, h, d, bs, 500 + t as u64);
+        let u = s.op();
+        let bytes = 2 * (t * h * d * (2 + 1)) as u64;
+        measure(
+            &mut grp,
+            rec,
+            "fp8-update/T",
+            t,
+            "kvio-e4m3",
+            bytes,
+            stream,
+            || {
+                g.kv.update_slots(&u, StreamRef::from(stream))
+                    .expect("update_slots")
+            },
+        );
+    }
+    for t in [1usize, 64, 256] {
+        let s = Fp8Setup::new(t, h, d, bs, 900 + t as u64);
+        let u = s.op();
+        let graph = Graph::capture(stream, |st| {
+            for _ in 0..100 {
+                g.kv.update_slots(&u, st).expect("update_slots");
+            }
+        });
+        measure(
+            &mut grp,
+            rec,
+            "fp8-update/graph-latency",
+            t,
+            "kvio-x100",
+            0,
+            stream,
+            || graph.launch(stream),
+        );
+    }
+    grp.finish();
+}
+
 fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
     let mut grp = c.benchmark_group("slice-update");
     // vLLM TPU layout: rows of K and V heads together (H' = 2H), flat cache.
@@ -476,7 +597,7 @@ fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream,
         let op = SliceUpdate {
             new_kv: DeviceBytes::of(&src),
             input,
-            cache: cache.bytes(),
+            cache: cache.bytes_mut(),
             layout,
             slices: DeviceBytes::of(&table),
             padded,
@@ -525,8 +646,9 @@ enum PoolKind {
 }
 
 struct Pool {
+    /// Views of `mem` (declared first: dropped before it).
+    table: Option<LayerTable<'static>>,
     mem: Mem,
-    table: Option<LayerTable>,
     kind: PoolKind,
     blocks: usize,
     layers: usize,
@@ -540,8 +662,14 @@ impl Pool {
         mem.fill(&random_bytes(mem.bytes().len(), blocks as u64 ^ bs as u64));
         let table = (kind == PoolKind::LayerSeparate).then(|| {
             let part = blocks * chunk;
-            let views: Vec<DeviceBytes> = (0..2 * cfg.layers)
-                .map(|i| mem.bytes().slice(i * part, part).unwrap())
+            let whole = mem.bytes();
+            let views: Vec<kvio::DeviceBytesMut<'static>> = (0..2 * cfg.layers)
+                .map(|i| {
+                    let v = whole.slice(i * part, part).unwrap();
+                    // SAFETY: `mem` moves into the same Pool, which drops the table first; the
+                    // bench reads pools from the host only after synchronising.
+                    unsafe { kvio::DeviceBytesMut::from_raw(v.ptr(), v.len()) }
+                })
                 .collect();
             LayerTable::new(&views, 2).unwrap()
         });
@@ -554,24 +682,22 @@ impl Pool {
             chunk,
         }
     }
-    fn pool(&self, cfg: &Cfg, bs: usize) -> BlockPool<'_> {
+    fn pool(&self, cfg: &Cfg, bs: usize) -> BlockPool<'_, kvio::Writable> {
         let layout = PagedLayout::nhd(self.blocks, bs, cfg.heads, cfg.dim, cfg.elem);
         match self.kind {
             PoolKind::LayerSeparate => {
                 BlockPool::layer_separate(self.table.as_ref().unwrap(), layout)
             }
-            PoolKind::LayerFirst => BlockPool {
-                bases: kvio::Bases::Strided {
-                    mem: self.mem.bytes(),
-                    layer_stride: self.blocks * self.chunk,
-                    part_stride: self.layers * self.blocks * self.chunk,
-                },
-                layers: self.layers,
-                parts: 2,
+            PoolKind::LayerFirst => BlockPool::strided(
+                self.mem.bytes_mut(),
+                self.blocks * self.chunk,
+                self.layers * self.blocks * self.chunk,
+                self.layers,
+                2,
                 layout,
-            },
+            ),
             PoolKind::CrossLayer => BlockPool::cross_layer_nhd(
-                self.mem.bytes(),
+                self.mem.bytes_mut(),
                 self.blocks,
                 cfg.layers,
                 bs,
@@ -644,7 +770,7 @@ fn block_case(
     let moved = (pairs.len() * cfg.layers * 2 * cfg.chunk(bs)) as u64;
     let map_d = upload(&pairs.iter().flatten().copied().collect::<Vec<i64>>());
     let base = BlockCopy {
-        src: src.pool(cfg, bs),
+        src: src.pool(cfg, bs).into(),
         dst: dst.pool(cfg, bs),
         map: BlockMap::Device {
             pairs: DeviceBytes::of(&map_d),
@@ -956,6 +1082,9 @@ fn main() {
     }
     if cfg.wants("slice-update") {
         slice_update(&mut c, &rec, g, &stream, &cfg);
+    }
+    if cfg.wants("fp8-update") {
+        fp8_update(&mut c, &rec, g, &stream, &cfg);
     }
     if cfg.wants("copy-blocks") {
         copy_blocks(&mut c, &rec, g, &stream, &cfg);

@@ -20,10 +20,9 @@
 use std::collections::VecDeque;
 use std::error::Error;
 
-use cust::sys as cu;
 use kvio::{
-    Backend, BlockCopy, BlockMap, BlockPool, DeviceAlloc, DeviceBytes, DeviceErrors, Kvio,
-    PinnedHost, PrimaryContext, SlotMapping, SlotUpdate, StreamRef, TokenLayout,
+    Backend, BlockCopy, BlockMap, BlockPool, DeviceAlloc, DeviceErrors, Kvio, PinnedHost,
+    PoolMemory, PrimaryContext, SlotMapping, SlotUpdate, StreamRef, TokenLayout,
 };
 use kvio::{Event, Stream};
 use kvio_suite::{random_bytes, Rng};
@@ -129,14 +128,15 @@ impl HostPool {
     }
 }
 
-fn download(mem: DeviceBytes, out: &mut Vec<u8>) -> Result<(), Box<dyn Error>> {
+/// The cross-layer NHD pool of `blocks` blocks over `mem` (read-only or writable, as `mem`).
+fn pool<'a, M: PoolMemory<'a>>(mem: M, blocks: usize) -> BlockPool<'a, M::Access> {
+    BlockPool::cross_layer_nhd(mem, blocks, LAYERS, BS, HEADS, DIM, ELEM)
+}
+
+/// The whole of `mem`, once the work queued on `stream` so far is done.
+fn download(mem: &DeviceAlloc, out: &mut Vec<u8>, stream: StreamRef<'_>) -> kvio::Result<()> {
     out.resize(mem.len(), 0);
-    // SAFETY: `out` holds `mem.len()` bytes; synchronous copy of a live allocation.
-    let r = unsafe { cu::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), mem.ptr(), mem.len()) };
-    if r != cu::CUresult::CUDA_SUCCESS {
-        return Err(format!("cuMemcpyDtoH: {r:?}").into());
-    }
-    Ok(())
+    mem.read(0, out, stream)
 }
 
 fn main() {
@@ -164,24 +164,20 @@ fn run() -> Result<(), Box<dyn Error>> {
         kv.arch()
     );
 
-    // The two pools: cross-layer NHD on the GPU and in pinned host memory.
-    let gpu_mem = DeviceAlloc::new(GPU_BLOCKS * BLOCK)?;
-    let host_mem = PinnedHost::alloc(HOST_BLOCKS * BLOCK)?;
-    let gpu = BlockPool::cross_layer_nhd(gpu_mem.bytes(), GPU_BLOCKS, LAYERS, BS, HEADS, DIM, ELEM);
-    let host =
-        BlockPool::cross_layer_nhd(host_mem.bytes(), HOST_BLOCKS, LAYERS, BS, HEADS, DIM, ELEM);
-    let views: Vec<_> = (0..LAYERS)
-        .map(|l| gpu.layer_view(l))
-        .collect::<kvio::Result<_>>()?;
+    // The two pools' memory: cross-layer NHD on the GPU and in pinned host memory. Each call
+    // describes them afresh ([`pool`]): read through a shared borrow, written through an
+    // exclusive one, so the host reads below cannot overlap a transfer.
+    let mut gpu_mem = DeviceAlloc::new(GPU_BLOCKS * BLOCK)?;
+    let mut host_mem = PinnedHost::alloc(HOST_BLOCKS * BLOCK)?;
 
     // Step inputs `[L, T_MAX, H, D]` for K and V, slots padded with -1, block maps, staging.
     let input = TokenLayout::contiguous(T_MAX, HEADS, DIM, ELEM);
     // Uninitialised: each step writes them (on the stream) before a kvio call reads them.
-    let keys = DeviceAlloc::new(LAYERS * T_MAX * ROW)?;
-    let values = DeviceAlloc::new(LAYERS * T_MAX * ROW)?;
-    let slots_d = DeviceAlloc::new(8 * T_MAX)?;
-    let map_d = DeviceAlloc::new(16 * MAP_CAP)?;
-    let staging = DeviceAlloc::new(16 * MAP_CAP)?;
+    let mut keys = DeviceAlloc::new(LAYERS * T_MAX * ROW)?;
+    let mut values = DeviceAlloc::new(LAYERS * T_MAX * ROW)?;
+    let mut slots_d = DeviceAlloc::new(8 * T_MAX)?;
+    let mut map_d = DeviceAlloc::new(16 * MAP_CAP)?;
+    let mut staging = DeviceAlloc::new(16 * MAP_CAP)?;
     let errors = DeviceErrors::new()?;
 
     let mut rng = Rng::new(7);
@@ -196,6 +192,7 @@ fn run() -> Result<(), Box<dyn Error>> {
         (Stage::default(), Stage::default(), Stage::default());
     let (start, stop) = (Event::new()?, Event::new()?);
     let mut snapshot = Vec::new();
+    let poison = vec![0xA5u8; BLOCK];
     let mut finished = 0;
     let mut hits = 0;
 
@@ -221,25 +218,23 @@ fn run() -> Result<(), Box<dyn Error>> {
         }
         if !pairs.is_empty() {
             start.record(stream.sref())?;
-            let used = kv.copy_blocks(
-                &BlockCopy {
-                    src: host,
-                    dst: gpu,
-                    map: BlockMap::Host(&pairs),
-                    backend: Backend::Auto, // whole 2 MiB blocks: the copy engines
-                    max_ctas: None,
-                    staging: Some(staging.bytes()),
-                    errors: Some(&errors),
-                },
-                sref,
-            )?;
+            // Auto: whole 2 MiB blocks go by the copy engines.
+            let op = BlockCopy::new(
+                pool(host_mem.bytes(), HOST_BLOCKS),
+                pool(gpu_mem.bytes_mut(), GPU_BLOCKS),
+                BlockMap::Host(&pairs),
+            )
+            .staging(staging.bytes_mut())
+            .errors(&errors);
+            let used = kv.copy_blocks(&op, sref)?;
             stop.record(stream.sref())?;
             onload.add(pairs.len() * BLOCK, &start, &stop)?;
             onload.backend = Some(used);
-            download(gpu_mem.bytes(), &mut snapshot)?;
+            download(&gpu_mem, &mut snapshot, sref)?;
+            let host_bytes = host_mem.as_slice()?; // nothing wrote it: no wait
             for &[hb, gb] in &pairs {
                 let (hb, gb) = (hb as usize, gb as usize);
-                let want = &host_mem.as_slice()[hb * BLOCK..(hb + 1) * BLOCK];
+                let want = &host_bytes[hb * BLOCK..(hb + 1) * BLOCK];
                 if snapshot[gb * BLOCK..(gb + 1) * BLOCK] != *want {
                     return Err(format!("step {step}: onloaded block {gb} != host {hb}").into());
                 }
@@ -268,24 +263,24 @@ fn run() -> Result<(), Box<dyn Error>> {
         slots_d.write(0, bytemuck::cast_slice(&slots), stream.sref())?;
         let (kd, vd) = (keys.bytes(), values.bytes());
         start.record(stream.sref())?;
-        for (l, (k_cache, v_cache, layout)) in views.iter().enumerate() {
-            kv.update_slots(
-                &SlotUpdate {
-                    key: kd.slice(l * T_MAX * ROW, T_MAX * ROW)?,
-                    value: Some(vd.slice(l * T_MAX * ROW, T_MAX * ROW)?),
-                    input,
-                    key_cache: *k_cache,
-                    value_cache: *v_cache,
-                    cache: *layout,
-                    slots: SlotMapping::I64(slots_d.bytes()),
-                    errors: Some(&errors),
-                },
-                sref,
-            )?;
+        let gpu = pool(gpu_mem.bytes_mut(), GPU_BLOCKS);
+        for l in 0..LAYERS {
+            let (k_cache, v_cache, layout) = gpu.layer_view_mut(l)?;
+            let rows = l * T_MAX * ROW..(l + 1) * T_MAX * ROW;
+            let op = SlotUpdate::new(
+                kd.slice(rows.start, rows.len())?,
+                input,
+                k_cache,
+                layout,
+                SlotMapping::I64(slots_d.bytes()),
+            )
+            .value(vd.slice(rows.start, rows.len())?, v_cache.expect("K and V"))
+            .errors(&errors);
+            kv.update_slots(&op, sref)?;
         }
         stop.record(stream.sref())?;
         write.add(t * LAYERS * 2 * ROW, &start, &stop)?;
-        download(gpu_mem.bytes(), &mut snapshot)?;
+        download(&gpu_mem, &mut snapshot, sref)?;
         for (j, &s) in slots[..t].iter().enumerate() {
             let (b, o) = (s as usize / BS, s as usize % BS);
             for l in 0..LAYERS {
@@ -313,27 +308,25 @@ fn run() -> Result<(), Box<dyn Error>> {
             flat.resize(2 * MAP_CAP, -1);
             map_d.write(0, bytemuck::cast_slice(&flat), stream.sref())?;
             start.record(stream.sref())?;
-            let used = kv.copy_blocks(
-                &BlockCopy {
-                    src: gpu,
-                    dst: host,
-                    map: BlockMap::Device {
-                        pairs: map_d.bytes(),
-                        len: MAP_CAP,
-                    },
-                    backend: Backend::Kernel,
-                    max_ctas: Some(4),
-                    staging: None,
-                    errors: Some(&errors),
+            let op = BlockCopy::new(
+                pool(gpu_mem.bytes(), GPU_BLOCKS),
+                pool(host_mem.bytes_mut(), HOST_BLOCKS),
+                BlockMap::Device {
+                    pairs: map_d.bytes(),
+                    len: MAP_CAP,
                 },
-                sref,
-            )?;
+            )
+            .backend(Backend::Kernel)
+            .max_ctas(4)
+            .errors(&errors);
+            let used = kv.copy_blocks(&op, sref)?;
             stop.record(stream.sref())?;
             offload.add(pairs.len() * BLOCK, &start, &stop)?;
             offload.backend = Some(used);
+            let host_bytes = host_mem.as_slice()?; // waits: the offload wrote it
             for &[gb, hb] in &pairs {
                 let (gb, hb) = (gb as usize, hb as usize);
-                if host_mem.as_slice()[hb * BLOCK..(hb + 1) * BLOCK]
+                if host_bytes[hb * BLOCK..(hb + 1) * BLOCK]
                     != snapshot[gb * BLOCK..(gb + 1) * BLOCK]
                 {
                     return Err(format!("step {step}: offloaded block {gb} != host {hb}").into());
@@ -347,18 +340,7 @@ fn run() -> Result<(), Box<dyn Error>> {
                 let seq = slot.take().unwrap();
                 for &gb in &seq.blocks {
                     // Poison freed blocks, so a later onload must really copy.
-                    // SAFETY: block `gb` lies inside the pool allocation.
-                    let r = unsafe {
-                        cu::cuMemsetD8Async(
-                            gpu_mem.bytes().ptr() + (gb * BLOCK) as u64,
-                            0xA5,
-                            BLOCK,
-                            stream.cu_stream(),
-                        )
-                    };
-                    if r != cu::CUresult::CUDA_SUCCESS {
-                        return Err(format!("cuMemsetD8Async: {r:?}").into());
-                    }
+                    gpu_mem.write(gb * BLOCK, &poison, sref)?;
                     free_gpu.push(gb);
                 }
                 hp.prefixes.push_back(seq.host);

@@ -82,18 +82,20 @@ fn many_queued_launches() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(8192);
-    let cache = upload(&random_bytes(64 * 16 * 2048, 3));
+    let mut cache = upload(&random_bytes(64 * 16 * 2048, 3));
     let key = upload(&random_bytes(2048, 4));
     let slots = upload(&[5i64]);
     let op = kvio::SlotUpdate {
-        key: DeviceBytes::of(&key),
+        key: kvio::CacheWrite {
+            src: DeviceBytes::of(&key),
+            dst: kvio::DeviceBytesMut::of(&mut cache),
+        },
         value: None,
         input: kvio::TokenLayout::contiguous(1, 8, 128, 2),
-        key_cache: DeviceBytes::of(&cache),
-        value_cache: None,
         cache: kvio::PagedLayout::nhd(64, 16, 8, 128, 2),
         slots: kvio::SlotMapping::I64(DeviceBytes::of(&slots)),
         errors: None,
+        quantize: None,
     };
     let rounds: u32 = std::env::var("KVIO_MANY_ROUNDS")
         .ok()

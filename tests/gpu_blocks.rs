@@ -65,10 +65,10 @@ fn run_copy(
             .chain([0, 0])
             .collect::<Vec<i64>>(),
     );
-    let staging = upload(&vec![0u8; pairs.len() * 16 + 16]);
+    let mut staging = upload(&vec![0u8; pairs.len() * 16 + 16]);
     let errors = DeviceErrors::new().unwrap();
     let op = BlockCopy {
-        src: src.pool(),
+        src: src.pool().into(),
         dst: dst.pool(),
         map: match mode {
             Mode::KernelDevice => BlockMap::Device {
@@ -85,7 +85,7 @@ fn run_copy(
         max_ctas: None,
         staging: match mode {
             Mode::KernelScratch | Mode::AutoScratch => None,
-            _ => Some(DeviceBytes::of(&staging)),
+            _ => Some(kvio::DeviceBytesMut::of(&mut staging)),
         },
         errors: Some(&errors),
     };
@@ -255,7 +255,7 @@ fn copy_within_one_pool() {
         let pairs: Vec<[i64; 2]> = (0..15).map(|i| [i, 39 - i]).collect();
         let map_d = upload(&pairs.iter().flatten().copied().collect::<Vec<i64>>());
         let op = BlockCopy {
-            src: pool.pool(),
+            src: pool.pool().into(),
             dst: pool.pool(),
             map: BlockMap::Device {
                 pairs: DeviceBytes::of(&map_d),
@@ -323,7 +323,7 @@ fn concurrent_streams_disjoint_blocks() {
         .collect();
     for (k, (stream, chunk)) in streams.iter().zip(all.chunks(15)).enumerate() {
         let op = BlockCopy {
-            src: src.pool(),
+            src: src.pool().into(),
             dst: dst.pool(),
             map: if k % 2 == 0 {
                 BlockMap::Device {
@@ -435,9 +435,9 @@ fn rejects_bad_host_arguments() {
     let len = src.mem.bytes().len();
     let pageable = vec![0u8; len];
     // SAFETY: never dereferenced: validation must reject it first.
-    let fake = unsafe { DeviceBytes::from_raw(pageable.as_ptr() as u64, len) };
+    let fake = unsafe { kvio::DeviceBytesMut::from_raw(pageable.as_ptr() as u64, len) };
     let op = BlockCopy {
-        src: src.pool(),
+        src: src.pool().into(),
         dst: s.pool(Kind::CrossNhd, fake),
         map: BlockMap::Host(&[[0, 1]]),
         backend: Backend::Kernel,
@@ -478,11 +478,11 @@ fn rejects_bad_host_arguments() {
         }
     }
     // Staging that is too short or misaligned is refused (none at all means kvio's scratch).
-    let short = upload(&[0u64; 1]);
+    let mut short = upload(&[0u64; 1]);
     let e = g.kv.copy_blocks(
         &BlockCopy {
             backend: Backend::Kernel,
-            staging: Some(DeviceBytes::of(&short)),
+            staging: Some(kvio::DeviceBytesMut::of(&mut short)),
             ..ok
         },
         StreamRef::from(&stream),
@@ -536,17 +536,21 @@ fn cross_layer_views_feed_the_write_path() {
     let p = pool.pool();
     let mut want = init.clone();
     for layer in 0..s.layers {
-        let (k, v, layout) = p.layer_view(layer).unwrap();
+        let (k, v, layout) = p.layer_view_mut(layer).unwrap();
         g.kv.update_slots(
             &kvio::SlotUpdate {
-                key: DeviceBytes::of(&kd),
-                value: Some(DeviceBytes::of(&vd)),
+                key: kvio::CacheWrite {
+                    src: DeviceBytes::of(&kd),
+                    dst: k,
+                },
+                value: (Some(DeviceBytes::of(&vd)))
+                    .zip(v)
+                    .map(|(src, dst)| kvio::CacheWrite { src, dst }),
                 input,
-                key_cache: k,
-                value_cache: v,
                 cache: layout,
                 slots: kvio::SlotMapping::I64(DeviceBytes::of(&sd)),
                 errors: None,
+                quantize: None,
             },
             StreamRef::from(&stream),
         )

@@ -151,11 +151,14 @@ fn cudarc_slot_update() {
                     let vw = kc::write(&mut vcache, s);
                     r.kv.update_slots(
                         &SlotUpdate {
-                            key: k.bytes(),
-                            value: with_v.then(|| v.bytes()),
+                            key: kvio::CacheWrite {
+                                src: k.bytes(),
+                                dst: kw.bytes_mut(),
+                            },
+                            value: (with_v.then(|| v.bytes()))
+                                .zip(with_v.then(|| vw.bytes_mut()))
+                                .map(|(src, dst)| kvio::CacheWrite { src, dst }),
                             input,
-                            key_cache: kw.bytes(),
-                            value_cache: with_v.then(|| vw.bytes()),
                             cache: layout,
                             slots: if i64_slots {
                                 SlotMapping::I64(sl.bytes())
@@ -163,6 +166,7 @@ fn cudarc_slot_update() {
                                 SlotMapping::I32(sl.bytes())
                             },
                             errors: Some(&errors),
+                            quantize: None,
                         },
                         kc::stream(s),
                     )
@@ -229,20 +233,24 @@ fn cudarc_cross_layer_views() {
     }
     {
         let w = kc::write(&mut pool, s);
-        let p = BlockPool::cross_layer_nhd(w.bytes(), blocks, layers, bs, h, d, e);
+        let p = BlockPool::cross_layer_nhd(w.bytes_mut(), blocks, layers, bs, h, d, e);
         for (layer, (k, v, sl)) in inputs.iter().enumerate() {
-            let (kc_, vc_, layout) = p.layer_view(layer).unwrap();
+            let (kc_, vc_, layout) = p.layer_view_mut(layer).unwrap();
             let (k, v, sl) = (kc::read(k, s), kc::read(v, s), kc::read(sl, s));
             r.kv.update_slots(
                 &SlotUpdate {
-                    key: k.bytes(),
-                    value: Some(v.bytes()),
+                    key: kvio::CacheWrite {
+                        src: k.bytes(),
+                        dst: kc_,
+                    },
+                    value: (Some(v.bytes()))
+                        .zip(vc_)
+                        .map(|(src, dst)| kvio::CacheWrite { src, dst }),
                     input,
-                    key_cache: kc_,
-                    value_cache: vc_,
                     cache: layout,
                     slots: SlotMapping::I64(sl.bytes()),
                     errors: None,
+                    quantize: None,
                 },
                 kc::stream(s),
             )
@@ -313,7 +321,7 @@ fn cudarc_slice_update() {
                 &SliceUpdate {
                     new_kv: nk.bytes(),
                     input,
-                    cache: cw.bytes(),
+                    cache: cw.bytes_mut(),
                     layout,
                     slices: tb.bytes(),
                     padded,
@@ -419,7 +427,7 @@ fn cudarc_copy_blocks_d2d() {
                     r.kv.copy_blocks(
                         &BlockCopy {
                             src: sh.pool(sk, sa.bytes()),
-                            dst: sh.pool(dk, da.bytes()),
+                            dst: sh.pool(dk, da.bytes_mut()),
                             map: if backend == Backend::Kernel {
                                 BlockMap::Device {
                                     pairs: ma.bytes(),
@@ -454,10 +462,10 @@ fn cudarc_copy_blocks_d2d() {
     let map = up(s, &flat(&pairs));
     {
         let (w, m) = (kc::write(&mut pool, s), kc::read(&map, s));
-        let p = sh.pool(Kind::CrossNhd, w.bytes());
+        let p = sh.pool(Kind::CrossNhd, w.bytes_mut());
         r.kv.copy_blocks(
             &BlockCopy {
-                src: p,
+                src: p.into(),
                 dst: p,
                 map: BlockMap::Device {
                     pairs: m.bytes(),
@@ -517,7 +525,7 @@ fn cudarc_offload_and_onload() {
             r.kv.copy_blocks(
                 &BlockCopy {
                     src: sh.pool(Kind::CrossNhd, g.bytes()),
-                    dst: sh.pool(Kind::LayerFirst, h.bytes()),
+                    dst: sh.pool(Kind::LayerFirst, h.bytes_mut()),
                     map: BlockMap::Device {
                         pairs: m.bytes(),
                         len: pairs.len(),
@@ -549,7 +557,7 @@ fn cudarc_offload_and_onload() {
     // 2. Offload by DMA with a host map: cudarc device -> kvio::PinnedHost (cross-layer HND).
     let poison = random_bytes(sh.bytes(), 5);
     let mut kvio_host = PinnedHost::alloc(sh.bytes()).unwrap();
-    kvio_host.as_mut_slice().copy_from_slice(&poison);
+    kvio_host.as_mut_slice().unwrap().copy_from_slice(&poison);
     let pairs = make_pairs(10, sh.blocks, &mut rng);
     {
         let g = kc::read(&gpu, s);
@@ -557,7 +565,7 @@ fn cudarc_offload_and_onload() {
             r.kv.copy_blocks(
                 &BlockCopy {
                     src: sh.pool(Kind::CrossNhd, g.bytes()),
-                    dst: sh.pool(Kind::CrossHnd, kvio_host.bytes()),
+                    dst: sh.pool(Kind::CrossHnd, kvio_host.bytes_mut()),
                     map: BlockMap::Host(&pairs),
                     backend: Backend::Dma,
                     max_ctas: None,
@@ -578,7 +586,11 @@ fn cudarc_offload_and_onload() {
         poison,
         &pairs,
     );
-    assert_same("offload DMA -> kvio pinned", kvio_host.as_slice(), &want);
+    assert_same(
+        "offload DMA -> kvio pinned",
+        kvio_host.as_slice().unwrap(),
+        &want,
+    );
 
     // 3. Onload, kernel backend, device map: cudarc pinned (layer-first) -> cudarc device
     //    (cross-layer HND), all SMs allowed.
@@ -595,7 +607,7 @@ fn cudarc_offload_and_onload() {
         r.kv.copy_blocks(
             &BlockCopy {
                 src: sh.pool(Kind::LayerFirst, h.bytes()),
-                dst: sh.pool(Kind::CrossHnd, d.bytes()),
+                dst: sh.pool(Kind::CrossHnd, d.bytes_mut()),
                 map: BlockMap::Device {
                     pairs: m.bytes(),
                     len: pairs.len(),
@@ -636,11 +648,11 @@ fn cudarc_offload_and_onload() {
             r.kv.copy_blocks(
                 &BlockCopy {
                     src: sh.pool(Kind::CrossNhd, h.bytes()),
-                    dst: sh.pool(Kind::CrossNhd, d.bytes()),
+                    dst: sh.pool(Kind::CrossNhd, d.bytes_mut()),
                     map: BlockMap::Host(&pairs),
                     backend: Backend::Kernel,
                     max_ctas: None,
-                    staging: Some(st.bytes()),
+                    staging: Some(st.bytes_mut()),
                     errors: None,
                 },
                 kc::stream(s),
@@ -664,7 +676,7 @@ fn cudarc_offload_and_onload() {
 
     // 5. Onload by DMA: kvio::PinnedHost (cross HND, written in step 2) -> cudarc device
     //    (layer-first).
-    let host_data = kvio_host.as_slice().to_vec();
+    let host_data = kvio_host.as_slice().unwrap().to_vec();
     let poison = random_bytes(sh.bytes(), 10);
     let mut dst = up(s, &poison);
     let pairs = make_pairs(12, sh.blocks, &mut rng);
@@ -673,7 +685,7 @@ fn cudarc_offload_and_onload() {
         r.kv.copy_blocks(
             &BlockCopy {
                 src: sh.pool(Kind::CrossHnd, kvio_host.bytes()),
-                dst: sh.pool(Kind::LayerFirst, d.bytes()),
+                dst: sh.pool(Kind::LayerFirst, d.bytes_mut()),
                 map: BlockMap::Host(&pairs),
                 backend: Backend::Dma,
                 max_ctas: None,
@@ -723,14 +735,16 @@ fn cudarc_event_tracking_across_streams_and_threads() {
         let c = kc::write(&mut cache, a);
         r.kv.update_slots(
             &SlotUpdate {
-                key: k.bytes(),
+                key: kvio::CacheWrite {
+                    src: k.bytes(),
+                    dst: c.bytes_mut(),
+                },
                 value: None,
                 input,
-                key_cache: c.bytes(),
-                value_cache: None,
                 cache: layout,
                 slots: SlotMapping::I64(s_.bytes()),
                 errors: None,
+                quantize: None,
             },
             kc::stream(a),
         )
@@ -764,14 +778,16 @@ fn cudarc_event_tracking_across_streams_and_threads() {
                 let c = kc::write(&mut cache, &stream);
                 kv.update_slots(
                     &SlotUpdate {
-                        key: k.bytes(),
+                        key: kvio::CacheWrite {
+                            src: k.bytes(),
+                            dst: c.bytes_mut(),
+                        },
                         value: None,
                         input: inp,
-                        key_cache: c.bytes(),
-                        value_cache: None,
                         cache: small,
                         slots: SlotMapping::I64(s_.bytes()),
                         errors: None,
+                        quantize: None,
                     },
                     kc::stream(&stream),
                 )

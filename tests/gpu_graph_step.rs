@@ -82,7 +82,7 @@ fn step_data(replay: u64, rng: &mut Rng, in_bytes: usize) -> StepData {
 
 /// Enqueues `host[off..off + len]` → `dst` on `stream` (pinned source: truly asynchronous).
 fn copy_async(dst: u64, staging: &PinnedHost, off: usize, len: usize, stream: &Stream) {
-    let src = staging.as_slice()[off..off + len].as_ptr();
+    let src = staging.as_slice().expect("wait")[off..off + len].as_ptr();
     // SAFETY: `dst` holds `len` bytes; the pinned source stays untouched until the stream is
     // synchronised (the test waits for every replay before writing staging again).
     let r = unsafe { cu::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, stream.cu_stream()) };
@@ -107,9 +107,17 @@ fn graph_serving_step_replays() {
     let mut host_mirror = random_bytes(host_bytes, 2);
     gpu_pool.fill(&gpu_mirror);
     host_pool.fill(&host_mirror);
-    let dev = BlockPool::cross_layer_nhd(gpu_pool.bytes(), BLOCKS, LAYERS, BS, HEADS, DIM, ELEM);
-    let host =
-        BlockPool::cross_layer_nhd(host_pool.bytes(), HOST_BLOCKS, LAYERS, BS, HEADS, DIM, ELEM);
+    let dev =
+        BlockPool::cross_layer_nhd(gpu_pool.bytes_mut(), BLOCKS, LAYERS, BS, HEADS, DIM, ELEM);
+    let host = BlockPool::cross_layer_nhd(
+        host_pool.bytes_mut(),
+        HOST_BLOCKS,
+        LAYERS,
+        BS,
+        HEADS,
+        DIM,
+        ELEM,
+    );
     let dev_img = PoolImage::of(&dev).expect("cross-layer pools are strided");
     let host_img = PoolImage::of(&host).expect("cross-layer pools are strided");
 
@@ -129,21 +137,25 @@ fn graph_serving_step_replays() {
     let vd = DeviceBytes::of(&values);
     let ops: Vec<SlotUpdate<'_>> = (0..LAYERS)
         .map(|l| {
-            let (k, v, layout) = dev.layer_view(l).unwrap();
+            let (k, v, layout) = dev.layer_view_mut(l).unwrap();
             SlotUpdate {
-                key: kd.slice(l * in_bytes, in_bytes).unwrap(),
-                value: Some(vd.slice(l * in_bytes, in_bytes).unwrap()),
+                key: kvio::CacheWrite {
+                    src: kd.slice(l * in_bytes, in_bytes).unwrap(),
+                    dst: k,
+                },
+                value: (Some(vd.slice(l * in_bytes, in_bytes).unwrap()))
+                    .zip(v)
+                    .map(|(src, dst)| kvio::CacheWrite { src, dst }),
                 input,
-                key_cache: k,
-                value_cache: v,
                 cache: layout,
                 slots: SlotMapping::I64(DeviceBytes::of(&slots_d)),
                 errors: Some(&errors),
+                quantize: None,
             }
         })
         .collect();
     let offload = BlockCopy {
-        src: dev,
+        src: dev.into(),
         dst: host,
         map: BlockMap::Device {
             pairs: DeviceBytes::of(&map_d),
@@ -169,7 +181,7 @@ fn graph_serving_step_replays() {
         let d = step_data(replay, &mut rng, in_bytes);
         if replay % 2 == 0 {
             // Async copies from pinned staging, queued on the replay stream before the graph.
-            let st = staging.as_mut_slice();
+            let st = staging.as_mut_slice().expect("wait");
             st[slots_at..map_at].copy_from_slice(bytemuck::cast_slice(&d.slots));
             st[map_at..keys_at].copy_from_slice(bytemuck::cast_slice(&d.pairs));
             st[keys_at..values_at].copy_from_slice(&d.keys);
@@ -189,8 +201,9 @@ fn graph_serving_step_replays() {
                 MAP_CAP * 16,
                 s,
             );
-            copy_async(kd.ptr(), &staging, keys_at, LAYERS * in_bytes, s);
-            copy_async(vd.ptr(), &staging, values_at, LAYERS * in_bytes, s);
+            let (kd, vd) = (DeviceBytes::of(&keys).ptr(), DeviceBytes::of(&values).ptr());
+            copy_async(kd, &staging, keys_at, LAYERS * in_bytes, s);
+            copy_async(vd, &staging, values_at, LAYERS * in_bytes, s);
         } else {
             // Synchronous copies after a stream sync.
             overwrite(&mut slots_d, &d.slots, &stream);

@@ -245,7 +245,7 @@ fn update_slots_calls() {
     let in_bytes = input.extent("input").unwrap() as usize;
     let (key_h, val_h) = (random_bytes(in_bytes, 1), random_bytes(in_bytes, 2));
     let (key, val) = (upload(&key_h), upload(&val_h));
-    let (kc, vc) = (
+    let (mut kc, mut vc) = (
         cache(PagedLayout::nhd(NB, BS, H, D, E), 3),
         cache(PagedLayout::nhd(NB, BS, H, D, E), 4),
     );
@@ -256,14 +256,19 @@ fn update_slots_calls() {
     let slots_d = upload(&slots);
     let errors = DeviceErrors::new().unwrap();
     let op = SlotUpdate {
-        key: DeviceBytes::of(&key),
-        value: Some(DeviceBytes::of(&val)),
+        key: kvio::CacheWrite {
+            src: DeviceBytes::of(&key),
+            dst: kvio::DeviceBytesMut::of(&mut kc.dev),
+        },
+        value: Some(kvio::CacheWrite {
+            src: DeviceBytes::of(&val),
+            dst: kvio::DeviceBytesMut::of(&mut vc.dev),
+        }),
         input,
-        key_cache: DeviceBytes::of(&kc.dev),
-        value_cache: Some(DeviceBytes::of(&vc.dev)),
         cache: kc.layout,
         slots: SlotMapping::I64(DeviceBytes::of(&slots_d)),
         errors: Some(&errors),
+        quantize: None,
     };
     let n = calls();
     no_growth("update_slots", n, |_| {
@@ -288,7 +293,7 @@ fn update_slices_calls() {
     let input = TokenLayout::contiguous(T, H, D, E);
     let src_h = random_bytes(input.extent("input").unwrap() as usize, 5);
     let src = upload(&src_h);
-    let c = cache(PagedLayout::nhd(NB, BS, H, D, E), 6);
+    let mut c = cache(PagedLayout::nhd(NB, BS, H, D, E), 6);
     let slots: Vec<i64> = (0..T as i64).map(|i| 3 * BS as i64 + 5 + i).collect();
     let mut slices = slots_to_slices(&slots, BS).unwrap();
     slices.push(Slice {
@@ -303,7 +308,7 @@ fn update_slices_calls() {
     let op = SliceUpdate {
         new_kv: DeviceBytes::of(&src),
         input,
-        cache: DeviceBytes::of(&c.dev),
+        cache: kvio::DeviceBytesMut::of(&mut c.dev),
         layout: c.layout,
         slices: DeviceBytes::of(&table),
         padded,
@@ -382,11 +387,11 @@ fn copy_op<'a>(
     dst: &'a Filled,
     map: BlockMap<'a>,
     backend: Backend,
-    staging: Option<DeviceBytes>,
+    staging: Option<kvio::DeviceBytesMut<'a>>,
     errors: Option<&'a DeviceErrors>,
 ) -> BlockCopy<'a> {
     BlockCopy {
-        src: src.pool.pool(),
+        src: src.pool.pool().into(),
         dst: dst.pool.pool(),
         map,
         backend,
@@ -439,8 +444,8 @@ fn copy_blocks_kernel_staged_host_map_calls() {
     let (dev, host) = (Filled::new(false, 20), Filled::new(true, 21));
     let (to_host, to_dev) = (Filled::new(true, 22), Filled::new(false, 23));
     let pairs: Vec<[i64; 2]> = vec![[1, 4], [3, 9], [-1, -1], [20, 0]];
-    let staging = upload(&random_bytes(pairs.len() * 16, 24));
-    let st = Some(DeviceBytes::of(&staging));
+    let mut staging = upload(&random_bytes(pairs.len() * 16, 24));
+    let st = Some(kvio::DeviceBytesMut::of(&mut staging));
     let hmap = BlockMap::Host(&pairs);
     let (d2h, h2d) = (
         copy_op(&dev, &to_host, hmap, Backend::Kernel, st, None),
@@ -515,18 +520,20 @@ fn device_errors_reset_read_calls() {
     let sref = StreamRef::from(&stream);
     let input = TokenLayout::contiguous(2, 1, 64, 2);
     let key = upload(&random_bytes(input.extent("input").unwrap() as usize, 40));
-    let c = cache(PagedLayout::nhd(4, 16, 1, 64, 2), 41);
+    let mut c = cache(PagedLayout::nhd(4, 16, 1, 64, 2), 41);
     let slots = upload(&[3i32, 64]);
     let errors = DeviceErrors::new().unwrap();
     let op = SlotUpdate {
-        key: DeviceBytes::of(&key),
+        key: kvio::CacheWrite {
+            src: DeviceBytes::of(&key),
+            dst: kvio::DeviceBytesMut::of(&mut c.dev),
+        },
         value: None,
         input,
-        key_cache: DeviceBytes::of(&c.dev),
-        value_cache: None,
         cache: c.layout,
         slots: SlotMapping::I32(DeviceBytes::of(&slots)),
         errors: Some(&errors),
+        quantize: None,
     };
     no_growth("DeviceErrors reset + read", calls(), |i| {
         errors.reset(sref).unwrap();
@@ -545,25 +552,34 @@ fn rejected_calls() {
     let sref = StreamRef::from(&stream);
     let (dev, host) = (Filled::new(false, 50), Filled::new(true, 51));
     let dup = [[0i64, 1], [2, 1]];
-    let staging = upload(&[0u8; 64]);
-    let (st, hmap) = (Some(DeviceBytes::of(&staging)), BlockMap::Host(&dup));
+    let mut staging = upload(&[0u8; 64]);
+    let (st, hmap) = (
+        Some(kvio::DeviceBytesMut::of(&mut staging)),
+        BlockMap::Host(&dup),
+    );
     let (dma, kernel) = (
         copy_op(&dev, &host, hmap, Backend::Dma, st, None),
         copy_op(&dev, &host, hmap, Backend::Kernel, st, None),
     );
-    let c = cache(PagedLayout::nhd(4, 16, 1, 64, 2), 52);
+    let mut c = cache(PagedLayout::nhd(4, 16, 1, 64, 2), 52);
     let input = TokenLayout::contiguous(2, 1, 64, 2);
     let key = upload(&random_bytes(input.extent("input").unwrap() as usize, 53));
     let slots = upload(&[1i64, 2]);
+    let whole = kvio::DeviceBytesMut::of(&mut c.dev);
     let kv_overlap = SlotUpdate {
-        key: DeviceBytes::of(&key),
-        value: Some(DeviceBytes::of(&key)),
+        key: kvio::CacheWrite {
+            src: DeviceBytes::of(&key),
+            dst: whole,
+        },
+        value: Some(kvio::CacheWrite {
+            src: DeviceBytes::of(&key),
+            dst: whole,
+        }),
         input,
-        key_cache: DeviceBytes::of(&c.dev),
-        value_cache: Some(DeviceBytes::of(&c.dev)),
         cache: c.layout,
         slots: SlotMapping::I64(DeviceBytes::of(&slots)),
         errors: None,
+        quantize: None,
     };
     no_growth("rejected calls", calls(), |_| {
         for op in [&dma, &kernel] {
@@ -616,7 +632,7 @@ fn measures_see_allocations() {
     let with_dev = Usage::now();
     drop(dev);
     let mut pinned = PinnedHost::alloc(BIG).unwrap();
-    pinned.as_mut_slice().fill(0x5A);
+    pinned.as_mut_slice().unwrap().fill(0x5A);
     let with_pinned = Usage::now();
     drop(pinned);
     let after = Usage::now();
@@ -677,10 +693,10 @@ fn pinned_alloc_create_drop() {
     let _serial = serial();
     no_growth("PinnedHost::alloc + drop (1 MiB)", creates(), |i| {
         let mut p = PinnedHost::alloc(1 << 20).unwrap();
-        let s = p.as_mut_slice();
+        let s = p.as_mut_slice().unwrap();
         s[0] = i as u8;
         s[(1 << 20) - 1] = 1 + i as u8;
-        let host = p.as_slice().as_ptr() as u64;
+        let host = p.as_slice().unwrap().as_ptr() as u64;
         assert_eq!(memory_kind(host), MemoryKind::PinnedHost, "live, round {i}");
         assert_eq!(memory_kind(p.bytes().ptr()), MemoryKind::PinnedHost);
         drop(p);
@@ -706,7 +722,7 @@ fn pinned_register_drop() {
         let p = unsafe { PinnedHost::register(buf.as_mut_ptr(), buf.len()) }
             .unwrap_or_else(|e| panic!("round {i}: {e}"));
         assert_eq!(memory_kind(host), MemoryKind::PinnedHost, "round {i}");
-        assert_eq!(p.as_slice()[7], buf[7]);
+        assert_eq!(p.as_slice().unwrap()[7], buf[7]);
         drop(p);
         assert_eq!(memory_kind(host), MemoryKind::Unregistered, "round {i}");
     });
@@ -719,9 +735,10 @@ fn pinned_register_drop() {
 fn layer_table_create_drop() {
     let Some(_g) = gpu("leaks") else { return };
     let _serial = serial();
-    let mem = DeviceAlloc::new(1 << 20).unwrap();
-    let views: Vec<DeviceBytes> = (0..4096)
-        .map(|i| mem.bytes().slice(i * 256, 256).unwrap())
+    let mut mem = DeviceAlloc::new(1 << 20).unwrap();
+    let whole = mem.bytes_mut();
+    let views: Vec<kvio::DeviceBytesMut> = (0..4096)
+        .map(|i| whole.slice(i * 256, 256).unwrap())
         .collect();
     no_growth("LayerTable::new + drop (4096 entries)", creates(), |_| {
         let t = LayerTable::new(&views, 2).unwrap();

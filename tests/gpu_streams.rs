@@ -59,11 +59,11 @@ fn block_copies_on_two_streams_ordered_by_an_event() {
 fn copy<'a>(
     src: &'a TestPool,
     dst: &'a TestPool,
-    map: &DeviceBuffer<i64>,
+    map: &'a DeviceBuffer<i64>,
     len: usize,
 ) -> BlockCopy<'a> {
     BlockCopy {
-        src: src.pool(),
+        src: src.pool().into(),
         dst: dst.pool(),
         map: BlockMap::Device {
             pairs: DeviceBytes::of(map),
@@ -90,7 +90,7 @@ fn device_alloc_copies_are_stream_ordered() {
         dim: 64,
         elem: 2,
     };
-    let (src, dst) = (
+    let (mut src, mut dst) = (
         kvio::DeviceAlloc::new(s.bytes()).unwrap(),
         kvio::DeviceAlloc::new(s.bytes()).unwrap(),
     );
@@ -102,7 +102,7 @@ fn device_alloc_copies_are_stream_ordered() {
     let pairs = [[3i64, 0], [-1, -1], [5, 6]];
     let op = BlockCopy {
         src: s.pool(Kind::CrossNhd, src.bytes()),
-        dst: s.pool(Kind::CrossNhd, dst.bytes()),
+        dst: s.pool(Kind::CrossNhd, dst.bytes_mut()),
         map: BlockMap::Host(&pairs),
         backend: Backend::Auto,
         max_ctas: None,

@@ -33,8 +33,8 @@ use kvio::plan::{slices_to_table, slots_to_slices, validate_slices, validate_slo
 use kvio::reference::{self, PoolImage};
 use kvio::Stream;
 use kvio::{
-    Backend, BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceErrors, Error, ErrorCounts,
-    SliceUpdate, SlotMapping, SlotUpdate, StreamRef, TokenLayout,
+    Backend, BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceBytesMut, DeviceErrors, Error,
+    ErrorCounts, SliceUpdate, SlotMapping, SlotUpdate, StreamRef, TokenLayout, Writable,
 };
 use kvio_suite::{
     assert_same, env_usize, gpu, random_bytes, upload, Gpu, Kind, Mem, Rng, Shape, TestPool,
@@ -551,8 +551,8 @@ fn plan_ops(plan: &mut Plan, s: usize, n_ops: usize, owners: &[Owners], model: &
 /// Everything the enqueuing threads share.
 struct Shared<'a> {
     pools: &'a [Pool],
-    key: DeviceBytes,
-    val: DeviceBytes,
+    key: DeviceBytes<'a>,
+    val: DeviceBytes<'a>,
     errors: &'a DeviceErrors,
 }
 
@@ -562,12 +562,14 @@ fn enqueue(
     sh: &Shared<'_>,
     op: &Op,
     arena: DeviceBytes,
-    staging: DeviceBytes,
+    staging: DeviceBytesMut,
     stream: &Stream,
     what: &str,
 ) {
     let sref = StreamRef::from(stream);
-    let rows = |src: DeviceBytes, tok0: usize, n: usize| src.slice(tok0 * ROW, n * ROW).unwrap();
+    fn rows<'a>(src: DeviceBytes<'a>, tok0: usize, n: usize) -> DeviceBytes<'a> {
+        src.slice(tok0 * ROW, n * ROW).unwrap()
+    }
     match *op {
         Op::Slots {
             layer,
@@ -577,21 +579,25 @@ fn enqueue(
             wide,
             at,
         } => {
-            let (k, v, layout) = sh.pools[0].pool().layer_view(layer).unwrap();
+            let (k, v, layout) = sh.pools[0].pool().layer_view_mut(layer).unwrap();
             let slots = if wide {
                 SlotMapping::I64(arena.slice(at, n * 8).unwrap())
             } else {
                 SlotMapping::I32(arena.slice(at, n * 4).unwrap())
             };
             let up = SlotUpdate {
-                key: rows(sh.key, tok0, n),
-                value: (!key_only).then(|| rows(sh.val, tok0, n)),
+                key: kvio::CacheWrite {
+                    src: rows(sh.key, tok0, n),
+                    dst: k,
+                },
+                value: ((!key_only).then(|| rows(sh.val, tok0, n)))
+                    .zip(if key_only { None } else { v })
+                    .map(|(src, dst)| kvio::CacheWrite { src, dst }),
                 input: TokenLayout::contiguous(n, HEADS, DIM, ELEM),
-                key_cache: k,
-                value_cache: if key_only { None } else { v },
                 cache: layout,
                 slots,
                 errors: Some(sh.errors),
+                quantize: None,
             };
             g.kv.update_slots(&up, sref)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -606,7 +612,7 @@ fn enqueue(
             table_at,
             count_at,
         } => {
-            let (k, v, layout) = sh.pools[0].pool().layer_view(layer).unwrap();
+            let (k, v, layout) = sh.pools[0].pool().layer_view_mut(layer).unwrap();
             let up = SliceUpdate {
                 new_kv: rows(if from_value { sh.val } else { sh.key }, tok0, n),
                 input: TokenLayout::contiguous(n, HEADS, DIM, ELEM),
@@ -641,7 +647,7 @@ fn enqueue(
                 Mode::Auto | Mode::AutoScratch => Backend::Auto,
             };
             let copy = BlockCopy {
-                src: sh.pools[src].pool(),
+                src: sh.pools[src].pool().into(),
                 dst: sh.pools[dst].pool(),
                 map,
                 backend,
@@ -746,7 +752,8 @@ fn many_streams_random_ops_nothing_lost() {
         let start = Barrier::new(STREAMS);
         std::thread::scope(|scope| {
             for s in 0..STREAMS {
-                let (plan, arena, staging) = (&plans[s], arenas[s].bytes(), stagings[s].bytes());
+                let (plan, arena, staging) =
+                    (&plans[s], arenas[s].bytes(), stagings[s].bytes_mut());
                 let (stream, shared, start) = (&streams[s], &shared, &start);
                 scope.spawn(move || {
                     let g = gpu("stress thread").expect("GPU vanished");
@@ -810,25 +817,33 @@ fn submit_slots<S: kvio::plan::SlotIndex + cust::memory::DeviceCopy>(
     g: &Gpu,
     pool: &Pool,
     layer: usize,
-    input: (DeviceBytes, DeviceBytes),
+    input: (DeviceBytes<'_>, DeviceBytes<'_>),
     slots: &[S],
-    wrap: fn(DeviceBytes) -> SlotMapping,
+    i64s: bool,
     stream: &Stream,
 ) -> kvio::Result<()> {
-    let (k, v, layout) = pool.pool().layer_view(layer)?;
+    let (k, v, layout) = pool.pool().layer_view_mut(layer)?;
     validate_slots(slots, layout.num_slots())?;
     let dev = upload(slots);
     let n = slots.len();
     g.kv.update_slots(
         &SlotUpdate {
-            key: input.0.slice(0, n * ROW)?,
-            value: Some(input.1.slice(0, n * ROW)?),
+            key: kvio::CacheWrite {
+                src: input.0.slice(0, n * ROW)?,
+                dst: k,
+            },
+            value: (Some(input.1.slice(0, n * ROW)?))
+                .zip(v)
+                .map(|(src, dst)| kvio::CacheWrite { src, dst }),
             input: TokenLayout::contiguous(n, HEADS, DIM, ELEM),
-            key_cache: k,
-            value_cache: v,
             cache: layout,
-            slots: wrap(DeviceBytes::of(&dev)),
+            slots: if i64s {
+                SlotMapping::I64(DeviceBytes::of(&dev))
+            } else {
+                SlotMapping::I32(DeviceBytes::of(&dev))
+            },
             errors: None,
+            quantize: None,
         },
         StreamRef::from(stream),
     )?;
@@ -876,7 +891,7 @@ fn conflicting_targets_rejected_nothing_launched() {
     let good: Vec<i64> = (0..20).map(|i| 40 + 3 * i).collect();
     let mut dup = good.clone();
     dup[17] = good[3];
-    let r = submit_slots(g, &pools[0], 1, input, &dup, SlotMapping::I64, &stream);
+    let r = submit_slots(g, &pools[0], 1, input, &dup, true, &stream);
     assert_eq!(
         r,
         Err(Error::Overlap {
@@ -886,7 +901,7 @@ fn conflicting_targets_rejected_nothing_launched() {
         })
     );
     let dup32: Vec<i32> = dup.iter().map(|&x| x as i32).collect();
-    let r = submit_slots(g, &pools[0], 0, input, &dup32, SlotMapping::I32, &stream);
+    let r = submit_slots(g, &pools[0], 0, input, &dup32, false, &stream);
     assert_eq!(
         r,
         Err(Error::Overlap {
@@ -935,18 +950,23 @@ fn conflicting_targets_rejected_nothing_launched() {
     );
 
     // -- K and V views on the same bytes ------------------------------------------------------
-    let (k, _, layout) = pools[0].pool().layer_view(0).unwrap();
+    let (k, _, layout) = pools[0].pool().layer_view_mut(0).unwrap();
     let slots_d = upload(&good);
     let r = g.kv.update_slots(
         &SlotUpdate {
-            key: input.0.slice(0, 20 * ROW).unwrap(),
-            value: Some(input.1.slice(0, 20 * ROW).unwrap()),
+            key: kvio::CacheWrite {
+                src: input.0.slice(0, 20 * ROW).unwrap(),
+                dst: k,
+            },
+            value: Some(kvio::CacheWrite {
+                src: input.1.slice(0, 20 * ROW).unwrap(),
+                dst: k,
+            }),
             input: TokenLayout::contiguous(20, HEADS, DIM, ELEM),
-            key_cache: k,
-            value_cache: Some(k),
             cache: layout,
             slots: SlotMapping::I64(DeviceBytes::of(&slots_d)),
             errors: Some(&errors),
+            quantize: None,
         },
         sref,
     );
@@ -994,7 +1014,13 @@ fn conflicting_targets_rejected_nothing_launched() {
         (what, s, d, with(extra), want.clone())
     };
     #[allow(clippy::type_complexity)]
-    let mut cases: Vec<(&str, BlockPool<'_>, BlockPool<'_>, Vec<[i64; 2]>, Error)> = dup_dst_cases
+    let mut cases: Vec<(
+        &str,
+        BlockPool<'_, Writable>,
+        BlockPool<'_, Writable>,
+        Vec<[i64; 2]>,
+        Error,
+    )> = dup_dst_cases
         .into_iter()
         .map(|c| case(c, [40, 22], &dup_dst))
         .chain(
@@ -1031,12 +1057,12 @@ fn conflicting_targets_rejected_nothing_launched() {
         for backend in [Backend::Dma, Backend::Kernel, Backend::Auto] {
             let r = g.kv.copy_blocks(
                 &BlockCopy {
-                    src: *src,
+                    src: (*src).into(),
                     dst: *dst,
                     map: BlockMap::Host(pairs),
                     backend,
                     max_ctas: None,
-                    staging: Some(staging.bytes()),
+                    staging: Some(staging.bytes_mut()),
                     errors: Some(&errors),
                 },
                 sref,
@@ -1054,12 +1080,12 @@ fn conflicting_targets_rejected_nothing_launched() {
         let used =
             g.kv.copy_blocks(
                 &BlockCopy {
-                    src: pools[0].pool(),
+                    src: pools[0].pool().into(),
                     dst: pools[2].pool(),
                     map: BlockMap::Host(&ten),
                     backend,
                     max_ctas: None,
-                    staging: Some(staging.bytes()),
+                    staging: Some(staging.bytes_mut()),
                     errors: Some(&errors),
                 },
                 sref,
@@ -1083,7 +1109,7 @@ fn conflicting_targets_rejected_nothing_launched() {
         &d0.layout,
         &good,
     );
-    submit_slots(g, &pools[0], 1, input, &good, SlotMapping::I64, &stream).unwrap();
+    submit_slots(g, &pools[0], 1, input, &good, true, &stream).unwrap();
     let got0 = pools[0].mem.read();
     assert_same("control slot update", &got0, &want0);
     assert_ne!(got0, before[0], "control slot update changed nothing");
@@ -1119,7 +1145,7 @@ fn pinned_to_pinned_dma_is_stream_ordered() {
             }
         }
         let fill = BlockCopy {
-            src: pools[0].pool(),
+            src: pools[0].pool().into(),
             dst: pools[2].pool(),
             map: BlockMap::Device {
                 pairs: DeviceBytes::of(&map),
@@ -1131,7 +1157,7 @@ fn pinned_to_pinned_dma_is_stream_ordered() {
             errors: None,
         };
         let h2h = BlockCopy {
-            src: pools[2].pool(),
+            src: pools[2].pool().into(),
             dst: pools[3].pool(),
             map: BlockMap::Host(&tail),
             backend: Backend::Dma,

@@ -5,8 +5,8 @@
 use cust::memory::DeviceBuffer;
 use kvio::plan::{slices_to_table, slots_to_slices, Slice};
 use kvio::{
-    reference, DeviceBytes, DeviceErrors, ErrorCounts, PagedLayout, SliceUpdate, SlotMapping,
-    SlotUpdate, StreamRef, TokenLayout,
+    reference, DeviceBytes, DeviceBytesMut, DeviceErrors, ErrorCounts, PagedLayout, SliceUpdate,
+    SlotMapping, SlotUpdate, StreamRef, TokenLayout,
 };
 use kvio_suite::{assert_same, download, gpu, overwrite, random_bytes, upload, Graph, Rng};
 
@@ -171,24 +171,29 @@ fn run_slot_case(c: SlotCase) {
     for run in 0..2u64 {
         let poison_k = random_bytes(alloc, c.seed ^ 0xA5A5 ^ run);
         let poison_v = random_bytes(alloc, c.seed ^ 0x5A5A ^ run);
-        let kc = upload(&poison_k);
-        let vc = upload(&poison_v);
+        let mut kc = upload(&poison_k);
+        let mut vc = upload(&poison_v);
         errors.reset(StreamRef::from(&stream)).unwrap();
-        let kview = DeviceBytes::of(&kc).slice(key_at, alloc - key_at).unwrap();
+        let (kw, vw) = (DeviceBytesMut::of(&mut kc), DeviceBytesMut::of(&mut vc));
+        let kview = kw.slice(key_at, alloc - key_at).unwrap();
         let vview = match (c.caches, value_at) {
             (_, None) => None,
-            (_, Some(at)) if separate => Some(DeviceBytes::of(&vc).slice(at, alloc - at).unwrap()),
-            (_, Some(at)) => Some(DeviceBytes::of(&kc).slice(at, alloc - at).unwrap()),
+            (_, Some(at)) if separate => Some(vw.slice(at, alloc - at).unwrap()),
+            (_, Some(at)) => Some(kw.slice(at, alloc - at).unwrap()),
         };
         let op = SlotUpdate {
-            key: DeviceBytes::of(&key),
-            value: value_at.map(|_| DeviceBytes::of(&val)),
+            key: kvio::CacheWrite {
+                src: DeviceBytes::of(&key),
+                dst: kview,
+            },
+            value: (value_at.map(|_| DeviceBytes::of(&val)))
+                .zip(vview)
+                .map(|(src, dst)| kvio::CacheWrite { src, dst }),
             input,
-            key_cache: kview,
-            value_cache: vview,
             cache: layout,
             slots: slot_map,
             errors: Some(&errors),
+            quantize: None,
         };
         g.kv.update_slots(&op, StreamRef::from(&stream))
             .unwrap_or_else(|err| panic!("{name}: {err}"));
@@ -438,25 +443,26 @@ fn run_slice_case(
     let src = upload(&src_h);
     let cache_bytes = layout.extent("l").unwrap() as usize;
     // The update of `cache` by the table, with the device-side count in `count`.
-    let slice_op = |cache: &cust::memory::DeviceBuffer<u8>,
-                    count: &cust::memory::DeviceBuffer<i32>| {
-        SliceUpdate {
-            new_kv: DeviceBytes::of(&src),
-            input,
-            cache: DeviceBytes::of(cache),
-            layout,
-            slices: DeviceBytes::of(&table_d),
-            padded,
-            num_slices: DeviceBytes::of(count),
-            errors: Some(&errors),
-        }
-    };
+    macro_rules! slice_op {
+        ($cache:expr, $count:expr) => {
+            SliceUpdate::new(
+                DeviceBytes::of(&src),
+                input,
+                DeviceBytesMut::of($cache),
+                layout,
+                DeviceBytes::of(&table_d),
+                padded,
+                DeviceBytes::of($count),
+            )
+            .errors(&errors)
+        };
+    }
 
     for run in 0..2u64 {
         let poison = random_bytes(cache_bytes, seed ^ 0xBEEF ^ run);
-        let cache = upload(&poison);
+        let mut cache = upload(&poison);
         errors.reset(StreamRef::from(&stream)).unwrap();
-        let op = slice_op(&cache, &count_d);
+        let op = slice_op!(&mut cache, &count_d);
         g.kv.update_slices(&op, StreamRef::from(&stream))
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let got = download(&cache, &stream);
@@ -488,10 +494,10 @@ fn run_slice_case(
     // Bad device-side counts: nothing written, one count error each.
     for bad_count in [-1i32, padded as i32 + 1, i32::MIN] {
         let poison = random_bytes(cache_bytes, seed ^ 0xC0DE);
-        let cache = upload(&poison);
+        let mut cache = upload(&poison);
         overwrite(&mut count_d, &[bad_count], &stream);
         errors.reset(StreamRef::from(&stream)).unwrap();
-        let op = slice_op(&cache, &count_d);
+        let op = slice_op!(&mut cache, &count_d);
         g.kv.update_slices(&op, StreamRef::from(&stream)).unwrap();
         assert_same(
             &format!("{name} count={bad_count}"),
@@ -568,19 +574,24 @@ fn graph_capture_replays_with_new_device_indices() {
     let errors = DeviceErrors::new().unwrap();
 
     let slot_op = SlotUpdate {
-        key: DeviceBytes::of(&key),
-        value: Some(DeviceBytes::of(&val)),
+        key: kvio::CacheWrite {
+            src: DeviceBytes::of(&key),
+            dst: DeviceBytesMut::of(&mut kc),
+        },
+        value: Some(kvio::CacheWrite {
+            src: DeviceBytes::of(&val),
+            dst: DeviceBytesMut::of(&mut vc),
+        }),
         input,
-        key_cache: DeviceBytes::of(&kc),
-        value_cache: Some(DeviceBytes::of(&vc)),
         cache: layout,
         slots: SlotMapping::I64(DeviceBytes::of(&slots_d)),
         errors: Some(&errors),
+        quantize: None,
     };
     let slice_op = SliceUpdate {
         new_kv: DeviceBytes::of(&key),
         input,
-        cache: DeviceBytes::of(&sc),
+        cache: DeviceBytesMut::of(&mut sc),
         layout,
         slices: DeviceBytes::of(&table_d),
         padded,
@@ -657,17 +668,19 @@ fn launchers_reject_bad_host_arguments() {
     let layout = PagedLayout::nhd(4, 16, 2, 64, 2);
     let input = TokenLayout::contiguous(8, 2, 64, 2);
     let key = upload(&random_bytes(input.extent("i").unwrap() as usize, 1));
-    let small = upload(&random_bytes(100, 2));
+    let mut small = upload(&random_bytes(100, 2));
     let slots = upload(&[0i64; 8]);
     let op = SlotUpdate {
-        key: DeviceBytes::of(&key),
+        key: kvio::CacheWrite {
+            src: DeviceBytes::of(&key),
+            dst: DeviceBytesMut::of(&mut small),
+        },
         value: None,
         input,
-        key_cache: DeviceBytes::of(&small),
-        value_cache: None,
         cache: layout,
         slots: SlotMapping::I64(DeviceBytes::of(&slots)),
         errors: None,
+        quantize: None,
     };
     let err =
         g.kv.update_slots(&op, StreamRef::from(&stream))
@@ -711,20 +724,22 @@ fn slot_update_typed_elements() {
         rng.shuffle(&mut all);
         let slots = &all[..t];
         let key_d = upload(bytemuck::cast_slice::<T, u8>(&key));
-        let cache_d = upload(bytemuck::cast_slice::<T, u8>(&cache0));
+        let mut cache_d = upload(bytemuck::cast_slice::<T, u8>(&cache0));
         let slots_d = upload(slots);
         let input = TokenLayout::contiguous(t, h, d, e);
         let layout = PagedLayout::hnd(blocks, bs, h, d, e);
         g.kv.update_slots(
             &SlotUpdate {
-                key: DeviceBytes::of(&key_d),
+                key: kvio::CacheWrite {
+                    src: DeviceBytes::of(&key_d),
+                    dst: DeviceBytesMut::of(&mut cache_d),
+                },
                 value: None,
                 input,
-                key_cache: DeviceBytes::of(&cache_d),
-                value_cache: None,
                 cache: layout,
                 slots: SlotMapping::I64(DeviceBytes::of(&slots_d)),
                 errors: None,
+                quantize: None,
             },
             StreamRef::from(&stream),
         )

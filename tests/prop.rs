@@ -24,8 +24,9 @@ use kvio::plan::{slices_to_table, slots_to_slices, validate_slices, validate_slo
 use kvio::reference::{self, PoolImage};
 use kvio::Stream;
 use kvio::{
-    Backend, Bases, BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceErrors, Error, ErrorCounts,
-    PagedLayout, PinnedHost, SliceUpdate, SlotMapping, SlotUpdate, StreamRef, TokenLayout,
+    Backend, Bases, BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceBytesMut, DeviceErrors,
+    Error, ErrorCounts, PagedLayout, PinnedHost, PoolMemory, SliceUpdate, SlotMapping, SlotUpdate,
+    StreamRef, TokenLayout,
 };
 use kvio_suite::{assert_same, gpu, random_bytes, Gpu};
 use proptest::prelude::*;
@@ -113,7 +114,7 @@ impl Buf {
         match self {
             Buf::Host(a) => a.len,
             Buf::Dev(d) => d.len(),
-            Buf::Pinned(p) => p.as_slice().len(),
+            Buf::Pinned(p) => p.as_slice().expect("wait").len(),
         }
     }
 
@@ -126,11 +127,18 @@ impl Buf {
     }
 
     /// The bytes `at..at + len` as a kvio view.
-    fn view(&mut self, at: usize, len: usize) -> DeviceBytes {
+    fn view(&mut self, at: usize, len: usize) -> DeviceBytes<'static> {
         assert!(at + len <= self.len(), "test bug: view past its buffer");
         // SAFETY: inside this buffer, which outlives every launch using the view (each case
         // waits for its launch before dropping its buffers).
         unsafe { DeviceBytes::from_raw(self.addr() + at as u64, len) }
+    }
+
+    /// [`Buf::view`] as a write view.
+    fn view_mut(&mut self, at: usize, len: usize) -> DeviceBytesMut<'static> {
+        let v = self.view(at, len);
+        // SAFETY: as for `view`; the host touches the buffer only after the case's launch.
+        unsafe { DeviceBytesMut::from_raw(v.ptr(), v.len()) }
     }
 
     /// The contents (call after [`Exec::finish`]).
@@ -142,7 +150,7 @@ impl Buf {
                 d.copy_to(&mut v[..]).expect("download");
                 v
             }
-            Buf::Pinned(p) => p.as_slice().to_vec(),
+            Buf::Pinned(p) => p.as_slice().expect("wait").to_vec(),
         }
     }
 }
@@ -176,7 +184,7 @@ impl Exec {
             Exec::Cpu => Buf::Host(Arena::new(data)),
             Exec::Gpu { .. } if pinned => {
                 let mut p = PinnedHost::alloc(data.len()).expect("cuMemHostAlloc");
-                p.as_mut_slice().copy_from_slice(data);
+                p.as_mut_slice().expect("wait").copy_from_slice(data);
                 Buf::Pinned(p)
             }
             Exec::Gpu { .. } => Buf::Dev(kvio_suite::upload(data)),
@@ -502,16 +510,7 @@ fn check_layer_view(s: &Shape, c: Caches, p: &Placement, region: DeviceBytes) {
         ),
         Caches::LayerFirst { layers, layer, .. } => {
             let (layer_stride, part_stride) = p.pool.unwrap();
-            let pool = BlockPool {
-                bases: Bases::Strided {
-                    mem: region,
-                    layer_stride,
-                    part_stride,
-                },
-                layers,
-                parts: 2,
-                layout: p.layout,
-            };
+            let pool = BlockPool::strided(region, layer_stride, part_stride, layers, 2, p.layout);
             (pool, layer)
         }
         _ => return,
@@ -730,8 +729,6 @@ enum SlotMutation {
     ValueCacheShort,
     KeyShort,
     ValueShort,
-    ValueWithoutCache,
-    CacheWithoutValue,
     CacheElem3,
     ShapeMismatch,
     ZeroBlocks,
@@ -749,8 +746,6 @@ fn slot_mutation() -> impl Strategy<Value = SlotMutation> {
         ValueCacheShort,
         KeyShort,
         ValueShort,
-        ValueWithoutCache,
-        CacheWithoutValue,
         CacheElem3,
         ShapeMismatch,
         ZeroBlocks,
@@ -912,10 +907,10 @@ fn run_slot_case(c: &SlotCase, x: &Exec) {
     let base = GUARD + co;
     check_layer_view(&s, c.caches, &pl, cache.view(base, pl.len));
 
-    let key_cache = cache.view(base + pl.k_at, ext + c.slack);
-    let value_cache = cache.view(base + pl.v_at, ext + c.slack);
+    let key_cache = cache.view_mut(base + pl.k_at, ext + c.slack);
+    let value_cache = cache.view_mut(base + pl.v_at, ext + c.slack);
     let slot_view = slot_buf.view(8, n * w);
-    let mapping = |b: DeviceBytes| {
+    let mapping = |b: DeviceBytes<'static>| {
         if c.i64s {
             SlotMapping::I64(b)
         } else {
@@ -923,42 +918,38 @@ fn run_slot_case(c: &SlotCase, x: &Exec) {
         }
     };
     let mut op = SlotUpdate {
-        key: key.view(GUARD + ko, in_ext + c.slack),
-        value: c.with_value.then(|| val.view(GUARD + vo, in_ext + c.slack)),
+        key: kvio::CacheWrite {
+            src: key.view(GUARD + ko, in_ext + c.slack),
+            dst: key_cache,
+        },
+        value: (c.with_value.then(|| val.view(GUARD + vo, in_ext + c.slack)))
+            .zip(c.with_value.then_some(value_cache))
+            .map(|(src, dst)| kvio::CacheWrite { src, dst }),
         input,
-        key_cache,
-        value_cache: c.with_value.then_some(value_cache),
         cache: layout,
         slots: mapping(slot_view),
         errors: x.errors(),
+        quantize: None,
     };
 
     let reject = c.mutation.and_then(|m| {
         use SlotMutation::*;
         Some(match m {
             KeyCacheShort => {
-                op.key_cache = cache.view(base + pl.k_at, ext - 1);
+                op.key.dst = cache.view_mut(base + pl.k_at, ext - 1);
                 too_small("key_cache", ext)
             }
             ValueCacheShort if c.with_value => {
-                op.value_cache = Some(cache.view(base + pl.v_at, ext - 1));
+                op.value.as_mut()?.dst = cache.view_mut(base + pl.v_at, ext - 1);
                 too_small("value_cache", ext)
             }
             KeyShort if in_ext > 0 => {
-                op.key = key.view(GUARD + ko, in_ext - 1);
+                op.key.src = key.view(GUARD + ko, in_ext - 1);
                 too_small("key", in_ext)
             }
             ValueShort if c.with_value && in_ext > 0 => {
-                op.value = Some(val.view(GUARD + vo, in_ext - 1));
+                op.value.as_mut()?.src = val.view(GUARD + vo, in_ext - 1);
                 too_small("value", in_ext)
-            }
-            ValueWithoutCache if c.with_value => {
-                op.value_cache = None;
-                Reject::Invalid("value")
-            }
-            CacheWithoutValue if !c.with_value => {
-                op.value_cache = Some(value_cache);
-                Reject::Invalid("value")
             }
             CacheElem3 => {
                 op.cache.elem_bytes = 3;
@@ -986,7 +977,7 @@ fn run_slot_case(c: &SlotCase, x: &Exec) {
                 Reject::Invalid("cache")
             }
             SameKvView if c.with_value => {
-                op.value_cache = Some(op.key_cache);
+                op.value.as_mut()?.dst = op.key.dst;
                 Reject::Invalid("value_cache")
             }
             SlotsOddLength => {
@@ -1530,7 +1521,7 @@ fn run_slice_case(c: &SliceCase, x: &Exec) {
     let mut op = SliceUpdate {
         new_kv: src.view(GUARD + io, in_ext + c.slack),
         input,
-        cache: cache.view(base, ext + c.slack),
+        cache: cache.view_mut(base, ext + c.slack),
         layout,
         slices: table_buf.view(4, 12 * padded),
         padded,
@@ -1541,7 +1532,7 @@ fn run_slice_case(c: &SliceCase, x: &Exec) {
         use SliceMutation::*;
         Some(match m {
             CacheShort => {
-                op.cache = cache.view(base, ext - 1);
+                op.cache = cache.view_mut(base, ext - 1);
                 too_small("cache", ext)
             }
             NewKvShort if in_ext > 0 => {
@@ -1759,7 +1750,12 @@ fn place_pool(k: PoolKind, nb: usize, p: &PoolShape) -> PoolPlace {
 
 /// The pool over `mem`: through the cross-layer constructors where they apply (checked
 /// against the expected placement), else spelled out.
-fn make_pool(k: PoolKind, pl: &PoolPlace, p: &PoolShape, mem: DeviceBytes) -> BlockPool<'static> {
+fn make_pool<M: PoolMemory<'static>>(
+    k: PoolKind,
+    pl: &PoolPlace,
+    p: &PoolShape,
+    mem: M,
+) -> BlockPool<'static, M::Access> {
     let nb = pl.layout.num_blocks;
     let pool = match k {
         PoolKind::BlockNhd { pad: 0 } if p.parts == 2 => {
@@ -1769,23 +1765,21 @@ fn make_pool(k: PoolKind, pl: &PoolPlace, p: &PoolShape, mem: DeviceBytes) -> Bl
             BlockPool::cross_layer_hnd(mem, nb, p.layers, p.bs, p.heads, p.dim, p.elem)
         }
         _ => {
-            return BlockPool {
-                bases: Bases::Strided {
-                    mem,
-                    layer_stride: pl.layer_stride,
-                    part_stride: pl.part_stride,
-                },
-                layers: p.layers,
-                parts: p.parts,
-                layout: pl.layout,
-            }
+            return BlockPool::strided(
+                mem,
+                pl.layer_stride,
+                pl.part_stride,
+                p.layers,
+                p.parts,
+                pl.layout,
+            )
         }
     };
     let Bases::Strided {
         mem: m,
         layer_stride,
         part_stride,
-    } = pool.bases
+    } = pool.bases()
     else {
         panic!("{k:?}: constructor gave a table pool");
     };
@@ -1798,10 +1792,29 @@ fn make_pool(k: PoolKind, pl: &PoolPlace, p: &PoolShape, mem: DeviceBytes) -> Bl
             layer_stride,
             part_stride
         ),
-        (mem, p.layers, 2, pl.layout, pl.layer_stride, pl.part_stride),
+        (
+            mem.view(),
+            p.layers,
+            2,
+            pl.layout,
+            pl.layer_stride,
+            pl.part_stride
+        ),
         "{k:?}: cross-layer constructor"
     );
     pool
+}
+
+/// A strided pool's memory and `(layer, part)` strides.
+fn strided<'a, A: Copy>(pool: &BlockPool<'a, A>) -> (DeviceBytes<'a>, usize, usize) {
+    match pool.bases() {
+        Bases::Strided {
+            mem,
+            layer_stride,
+            part_stride,
+        } => (mem, layer_stride, part_stride),
+        Bases::Table(_) => unreachable!("block-copy property pools are strided"),
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -2203,8 +2216,8 @@ fn run_copy_case(c: &CopyCase, x: &Exec) {
 
     let src_mem = src_buf.view(sbase, sp.len + c.slack);
     let dst_mem = match dst_buf.as_mut() {
-        Some(b) => b.view(dbase, dp.len + c.slack),
-        None => src_buf.view(dbase, dp.len + c.slack),
+        Some(b) => b.view_mut(dbase, dp.len + c.slack),
+        None => src_buf.view_mut(dbase, dp.len + c.slack),
     };
     let n = pairs.len();
     let device_pairs = map_buf.view(8, 16 * n);
@@ -2226,7 +2239,7 @@ fn run_copy_case(c: &CopyCase, x: &Exec) {
             2 => (Backend::Dma, false),
             _ => (Backend::Kernel, true),
         };
-        let stage = staged.then(|| staging.view(0, staging_len));
+        let stage = staged.then(|| staging.view_mut(0, staging_len));
         (BlockMap::Host(&pairs), backend, stage)
     };
     let mut op = BlockCopy {
@@ -2239,20 +2252,19 @@ fn run_copy_case(c: &CopyCase, x: &Exec) {
         errors: x.errors(),
     };
 
-    let set_mem = |pool: &mut BlockPool<'_>, len: usize| {
-        if let Bases::Strided { ref mut mem, .. } = pool.bases {
-            // SAFETY: a shorter view of the same memory.
-            *mem = unsafe { DeviceBytes::from_raw(mem.ptr(), len) };
-        }
-    };
     let reject = c.mutation.and_then(|m| {
         Some(match m {
             CopyMutation::SrcMemShort => {
-                set_mem(&mut op.src, sp.len - 1);
+                let (m, ls, ps) = strided(&op.src);
+                let short = m.slice(0, sp.len - 1).unwrap();
+                op.src = BlockPool::strided(short, ls, ps, p.layers, p.parts, op.src.layout);
                 too_small("src", sp.len)
             }
             CopyMutation::DstMemShort => {
-                set_mem(&mut op.dst, dp.len - 1);
+                let (m, ls, ps) = strided(&op.dst);
+                // SAFETY: a shorter view of the same memory (validation must refuse it).
+                let short = unsafe { DeviceBytesMut::from_raw(m.ptr(), dp.len - 1) };
+                op.dst = BlockPool::strided(short, ls, ps, p.layers, p.parts, op.dst.layout);
                 too_small("dst", dp.len)
             }
             CopyMutation::ShapeMismatch => {
@@ -2281,21 +2293,15 @@ fn run_copy_case(c: &CopyCase, x: &Exec) {
                 Reject::Invalid("src")
             }
             CopyMutation::CollapsedStride => {
-                let Bases::Strided {
-                    ref mut layer_stride,
-                    ref mut part_stride,
-                    ..
-                } = op.src.bases
-                else {
-                    unreachable!()
-                };
+                let (m, mut ls, mut ps) = strided(&op.src);
                 if p.parts > 1 {
-                    *part_stride = 0;
+                    ps = 0;
                 } else if p.layers > 1 {
-                    *layer_stride = 0;
+                    ls = 0;
                 } else {
                     return None;
                 }
+                op.src = BlockPool::strided(m, ls, ps, p.layers, p.parts, op.src.layout);
                 Reject::Invalid("src")
             }
             CopyMutation::MapMisaligned if c.device_map => {

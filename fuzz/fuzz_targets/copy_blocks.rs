@@ -8,7 +8,7 @@
 #![no_main]
 
 use kvio::reference::{self, PoolImage};
-use kvio::{Backend, Bases, BlockCopy, BlockMap, BlockPool};
+use kvio::{Backend, BlockCopy, BlockMap, BlockPool, PoolMemory};
 use kvio_fuzz::{assert_same, elem, index, paged_shape, size, stride, Buf, MAX_BUF};
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
@@ -36,7 +36,11 @@ fn shape(u: &mut Unstructured) -> Result<Shape> {
 }
 
 /// A pool descriptor: block-major or layer-first placement, then any field perturbed.
-fn pool(u: &mut Unstructured, s: Shape, mem: kvio::DeviceBytes) -> Result<BlockPool<'static>> {
+fn pool<M: PoolMemory<'static>>(
+    u: &mut Unstructured,
+    s: Shape,
+    mem: M,
+) -> Result<BlockPool<'static, M::Access>> {
     let s = if u.ratio(1u8, 8)? { shape(u)? } else { s };
     let nb = size(u, 6)?;
     let hd = s.h.wrapping_mul(s.d);
@@ -85,16 +89,16 @@ fn pool(u: &mut Unstructured, s: Shape, mem: kvio::DeviceBytes) -> Result<BlockP
     layout.token_stride = stride(u, ts, 256)?;
     layout.head_stride = stride(u, hs, 256)?;
     let e = s.e;
-    Ok(BlockPool {
-        bases: Bases::Strided {
-            mem,
-            layer_stride: stride(u, ls, 256)?.wrapping_mul(e),
-            part_stride: stride(u, ps, 256)?.wrapping_mul(e),
-        },
-        layers: s.layers,
-        parts: s.parts,
+    let layer_stride = stride(u, ls, 256)?.wrapping_mul(e);
+    let part_stride = stride(u, ps, 256)?.wrapping_mul(e);
+    Ok(BlockPool::strided(
+        mem,
+        layer_stride,
+        part_stride,
+        s.layers,
+        s.parts,
         layout,
-    })
+    ))
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -112,9 +116,9 @@ fn run(u: &mut Unstructured) -> Result<()> {
     let src_mem = src_buf.view(0, usize::MAX);
     let dst_mem = if shared {
         let at = u.int_in_range(0..=src_len)?;
-        src_buf.view(at, usize::MAX)
+        src_buf.view_mut(at, usize::MAX)
     } else {
-        dst_buf.view(0, usize::MAX)
+        dst_buf.view_mut(0, usize::MAX)
     };
     let src = pool(u, s, src_mem)?;
     let dst = pool(u, s, dst_mem)?;
@@ -149,7 +153,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
     } else {
         (
             BlockMap::Host(&pairs),
-            Some(staging_buf.view(0, usize::MAX)),
+            Some(staging_buf.view_mut(0, usize::MAX)),
         )
     };
     let op = BlockCopy {
@@ -202,7 +206,13 @@ fn run(u: &mut Unstructured) -> Result<()> {
     }
     let image = |p: &BlockPool<'_>| PoolImage::of(p).expect("strided pools have an image");
     let mut want = before.1.clone();
-    reference::copy_blocks(&image(&src), &before.0, &image(&dst), &mut want, &pairs);
+    reference::copy_blocks(
+        &image(&src),
+        &before.0,
+        &image(&dst.read()),
+        &mut want,
+        &pairs,
+    );
     assert_same("dst", dst_buf.data(), &want);
     Ok(())
 }

@@ -95,7 +95,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
     let op = SliceUpdate {
         new_kv: src.view(0, usize::MAX),
         input,
-        cache: cache.view(0, usize::MAX),
+        cache: cache.view_mut(0, usize::MAX),
         layout,
         slices: tv,
         padded,

@@ -7,7 +7,7 @@
 //! writes nothing.
 #![no_main]
 
-use kvio::{reference, SlotMapping, SlotUpdate, TokenLayout};
+use kvio::{reference, CacheWrite, SlotMapping, SlotUpdate, TokenLayout};
 use kvio_fuzz::{
     assert_same, buf_len, cache_shape, elem, index, input_strides, paged_shape, size, stride, Buf,
     MAX_BUF,
@@ -106,19 +106,23 @@ fn run(u: &mut Unstructured) -> Result<()> {
         })
         .collect();
 
-    let key_cache = kc.view(0, k_view_len);
+    let key_cache = kc.view_mut(0, k_view_len);
     let value_cache = if shared {
-        kc.view(v_off, k_view_len)
+        kc.view_mut(v_off, k_view_len)
     } else {
-        vc.view(0, usize::MAX)
+        vc.view_mut(0, usize::MAX)
     };
-    let give_value_cache = with_value || u.ratio(1u8, 16)?;
+    // K and V are typed pairs (`CacheWrite`): a value without its cache cannot be expressed.
     let op = SlotUpdate {
-        key: key.view(0, usize::MAX),
-        value: with_value.then(|| value.view(0, usize::MAX)),
+        key: CacheWrite {
+            src: key.view(0, usize::MAX),
+            dst: key_cache,
+        },
+        value: with_value.then(|| CacheWrite {
+            src: value.view(0, usize::MAX),
+            dst: value_cache,
+        }),
         input,
-        key_cache,
-        value_cache: give_value_cache.then_some(value_cache),
         cache,
         slots: if i64s {
             SlotMapping::I64(slot_view)
@@ -126,6 +130,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
             SlotMapping::I32(slot_view)
         },
         errors: None,
+        quantize: None,
     };
 
     let before = (

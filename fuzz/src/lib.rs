@@ -140,13 +140,21 @@ impl Buf {
     }
 
     /// The view kvio is given: `len` bytes from `at` inside the view (clamped to it).
-    pub fn view(&mut self, at: usize, len: usize) -> kvio::DeviceBytes {
+    pub fn view(&mut self, at: usize, len: usize) -> kvio::DeviceBytes<'static> {
         let avail = self.bytes.len() - self.pad;
         let at = at.min(avail);
         let len = len.min(avail - at);
         let ptr = self.bytes.as_mut_ptr() as u64 + (self.pad + at) as u64;
-        // SAFETY: inside this allocation, which outlives every use of the view.
+        // SAFETY: inside this allocation, which outlives every use of the view (each fuzz
+        // case drops its views before its buffers).
         unsafe { kvio::DeviceBytes::from_raw(ptr, len) }
+    }
+
+    /// [`Buf::view`] as a write view (the emulation writes it).
+    pub fn view_mut(&mut self, at: usize, len: usize) -> kvio::DeviceBytesMut<'static> {
+        let v = self.view(at, len);
+        // SAFETY: as for `view`; the host reads the buffer only after the emulated call.
+        unsafe { kvio::DeviceBytesMut::from_raw(v.ptr(), v.len()) }
     }
 
     /// The bytes kvio may see.

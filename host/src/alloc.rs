@@ -3,23 +3,25 @@
 
 use std::ffi::c_void;
 use std::ptr;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use cust::sys as cu;
 
-use crate::driver::{check, current_context, settle_legacy, with_ctx, StreamRef};
+use crate::driver::{check, current_context, settle_legacy, sync_context, with_ctx, StreamRef};
 #[cfg(doc)]
 use crate::error::Error;
 use crate::error::{invalid, Result};
-use crate::mem::DeviceBytes;
+use crate::mem::{DeviceBytes, DeviceBytesMut};
 
-/// Device memory owned by kvio (for example a cross-layer cache), freed on drop.
+/// Device memory owned by kvio (for example a cross-layer cache). Dropping it waits for all
+/// work in its context, then frees it: no view of it can be in use by then.
 ///
 /// ```no_run
 /// # fn main() -> kvio::Result<()> {
 /// let _ctx = kvio::PrimaryContext::retain(0)?;
 /// let (blocks, layers, bs, h, d) = (64, 32, 16, 8, 128);
-/// let mem = kvio::DeviceAlloc::new(blocks * layers * 2 * bs * h * d * 2)?; // uninitialised
-/// let pool = kvio::BlockPool::cross_layer_nhd(mem.bytes(), blocks, layers, bs, h, d, 2);
+/// let mut mem = kvio::DeviceAlloc::new(blocks * layers * 2 * bs * h * d * 2)?; // uninitialised
+/// let pool = kvio::BlockPool::cross_layer_nhd(mem.bytes_mut(), blocks, layers, bs, h, d, 2);
 /// assert_eq!(pool.layers, layers);
 /// # Ok(()) }
 /// ```
@@ -43,10 +45,26 @@ impl DeviceAlloc {
         Ok(DeviceAlloc { ptr, len, ctx })
     }
 
-    /// A view of the whole allocation.
-    pub fn bytes(&self) -> DeviceBytes {
-        // SAFETY: the allocation is device memory of `len` bytes, alive while self is.
+    /// A view of the whole allocation for calls that read it.
+    pub fn bytes(&self) -> DeviceBytes<'_> {
+        // SAFETY: device memory of `len` bytes, borrowed; drop waits for work using it.
         unsafe { DeviceBytes::from_raw(self.ptr, self.len) }
+    }
+
+    /// A view of the whole allocation for calls that write it.
+    pub fn bytes_mut(&mut self) -> DeviceBytesMut<'_> {
+        // SAFETY: device memory of `len` bytes, exclusively borrowed; drop waits for work.
+        unsafe { DeviceBytesMut::from_raw(self.ptr, self.len) }
+    }
+
+    /// The length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the allocation is empty (never: zero-byte allocations are refused).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     /// Bytes `offset..offset + len` of the allocation, or [`Error::BufferTooSmall`].
@@ -62,14 +80,14 @@ impl DeviceAlloc {
     /// # fn main() -> kvio::Result<()> {
     /// let _ctx = kvio::PrimaryContext::retain(0)?;
     /// let stream = kvio::Stream::new()?;
-    /// let mem = kvio::DeviceAlloc::new(4096)?;
+    /// let mut mem = kvio::DeviceAlloc::new(4096)?;
     /// mem.write(0, &[7u8; 4096], stream.sref())?;
     /// let mut back = vec![0u8; 16];
     /// mem.read(100, &mut back, stream.sref())?; // waits for the stream, then copies
     /// assert_eq!(back, [7u8; 16]);
     /// # Ok(()) }
     /// ```
-    pub fn write(&self, offset: usize, data: &[u8], stream: StreamRef<'_>) -> Result<()> {
+    pub fn write(&mut self, offset: usize, data: &[u8], stream: StreamRef<'_>) -> Result<()> {
         let at = self.range(offset, data.len())?;
         if data.is_empty() {
             return Ok(());
@@ -110,7 +128,10 @@ impl DeviceAlloc {
 
 impl Drop for DeviceAlloc {
     fn drop(&mut self) {
-        // SAFETY: allocated by cuMemAlloc in ctx.
+        // Work enqueued with a view of this allocation may still run: wait for it (a drop is
+        // a set-up-time event; the views' borrows have ended, the work need not have).
+        let _ = sync_context(self.ctx);
+        // SAFETY: allocated by cuMemAlloc in ctx; nothing uses it any more.
         with_ctx(self.ctx, || unsafe {
             cu::cuMemFree_v2(self.ptr);
         });
@@ -126,17 +147,36 @@ unsafe impl Sync for DeviceAlloc {}
 /// the copy engines (DMA) and kernels (SM loads/stores over PCIe/NVLink-C2C) can reach.
 /// Either allocated by kvio or the caller's own memory registered in place.
 ///
+/// Host access cannot race a transfer: the host-side accessors first wait for the work in the
+/// pool's context if a view was handed out since the last wait ([`PinnedHost::as_slice`] if a
+/// write view was, [`PinnedHost::as_mut_slice`] if any view was), and while a host slice is
+/// borrowed no view can be taken. Dropping the pool waits the same way before freeing it. The
+/// memory is pinned for its own context only (not `PORTABLE`), so no other context's work
+/// escapes that wait.
+///
 /// ```no_run
 /// # fn main() -> kvio::Result<()> {
 /// let _ctx = kvio::PrimaryContext::retain(0)?;
 /// let mut pool = kvio::PinnedHost::alloc(64 << 20)?;
-/// pool.as_mut_slice().fill(0);
+/// pool.as_mut_slice()?.fill(0); // nothing in flight: no wait
 /// assert_eq!(kvio::memory_kind(pool.bytes().ptr()), kvio::MemoryKind::PinnedHost);
 /// // Memory the program already owns, pinned and mapped in place:
 /// let mut mine = vec![0u8; 1 << 20];
 /// // SAFETY: `mine` outlives `registered` and every transfer using it.
 /// let registered = unsafe { kvio::PinnedHost::register(mine.as_mut_ptr(), mine.len())? };
-/// assert_eq!(registered.as_slice().len(), 1 << 20);
+/// assert_eq!(registered.as_slice()?.len(), 1 << 20);
+/// # Ok(()) }
+/// ```
+///
+/// A host slice cannot be held while a write view exists (the transfer the view is for could
+/// land under it):
+///
+/// ```compile_fail,E0502
+/// # fn main() -> kvio::Result<()> {
+/// let mut pool = kvio::PinnedHost::alloc(4096)?;
+/// let seen = pool.as_slice()?;
+/// let dst = pool.bytes_mut(); // e.g. the destination pool of an offload
+/// println!("{} {}", seen[0], dst.len());
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
@@ -146,20 +186,26 @@ pub struct PinnedHost {
     len: usize,
     registered: bool,
     ctx: cu::CUcontext,
+    /// Views handed out since the last wait ([`READ_VIEW`], [`WRITE_VIEW`] bits).
+    lent: AtomicU8,
 }
 
+/// A read view of a [`PinnedHost`] was handed out since its last wait.
+const READ_VIEW: u8 = 1;
+/// A write view of a [`PinnedHost`] was handed out since its last wait.
+const WRITE_VIEW: u8 = 2;
+
 impl PinnedHost {
-    /// Allocates `len` bytes of pinned, device-mapped, portable host memory.
+    /// Allocates `len` bytes of pinned, device-mapped host memory.
     pub fn alloc(len: usize) -> Result<Self> {
         let ctx = current_context()?;
         if len == 0 {
             return Err(invalid("len", len, "allocation of zero bytes"));
         }
         let mut host: *mut c_void = ptr::null_mut();
-        let flags = cu::CU_MEMHOSTALLOC_DEVICEMAP | cu::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: out-pointer to a local; a context is current.
         check("cuMemHostAlloc", unsafe {
-            cu::cuMemHostAlloc(&mut host, len, flags)
+            cu::cuMemHostAlloc(&mut host, len, cu::CU_MEMHOSTALLOC_DEVICEMAP)
         })?;
         let mut this = PinnedHost {
             host: host.cast(),
@@ -167,6 +213,7 @@ impl PinnedHost {
             len,
             registered: false,
             ctx,
+            lent: AtomicU8::new(0),
         };
         this.dev = device_pointer(host)?;
         Ok(this)
@@ -176,17 +223,17 @@ impl PinnedHost {
     /// drop.
     ///
     /// # Safety
-    /// `host..host + len` must be valid, writable host memory that outlives the returned value
-    /// and every transfer using it, and must not be registered already.
+    /// `host..host + len` must be valid, writable host memory that outlives the returned value,
+    /// must not be registered already, and must be accessed only through the returned value
+    /// while it lives.
     pub unsafe fn register(host: *mut u8, len: usize) -> Result<Self> {
         let ctx = current_context()?;
         if len == 0 || host.is_null() {
             return Err(invalid("len", len, "registering an empty or null range"));
         }
-        let flags = cu::CU_MEMHOSTREGISTER_DEVICEMAP | cu::CU_MEMHOSTREGISTER_PORTABLE;
         // SAFETY: the caller guarantees the range is valid host memory.
         check("cuMemHostRegister", unsafe {
-            cu::cuMemHostRegister_v2(host.cast(), len, flags)
+            cu::cuMemHostRegister_v2(host.cast(), len, cu::CU_MEMHOSTREGISTER_DEVICEMAP)
         })?;
         let mut this = PinnedHost {
             host,
@@ -194,27 +241,73 @@ impl PinnedHost {
             len,
             registered: true,
             ctx,
+            lent: AtomicU8::new(0),
         };
         this.dev = device_pointer(host.cast())?;
         Ok(this)
     }
 
-    /// The device-side view (what kvio's operations take).
-    pub fn bytes(&self) -> DeviceBytes {
-        // SAFETY: mapped pinned memory of `len` bytes, reachable from the device at `dev`.
+    /// The device-side view for calls that read the pool (the source of an onload).
+    pub fn bytes(&self) -> DeviceBytes<'_> {
+        self.lent.fetch_or(READ_VIEW, Ordering::AcqRel);
+        // SAFETY: mapped pinned memory of `len` bytes, reachable from the device at `dev`,
+        // borrowed; host writes (`as_mut_slice`) and drop wait for work using it.
         unsafe { DeviceBytes::from_raw(self.dev, self.len) }
     }
 
-    /// The host-side bytes. Reading them while a transfer writes them is a race: synchronise
-    /// the stream first.
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `len` bytes of valid host memory owned or registered by self.
+    /// The device-side view for calls that write the pool (the destination of an offload).
+    pub fn bytes_mut(&mut self) -> DeviceBytesMut<'_> {
+        *self.lent.get_mut() |= WRITE_VIEW;
+        // SAFETY: as above, exclusively borrowed; host access and drop wait for work.
+        unsafe { DeviceBytesMut::from_raw(self.dev, self.len) }
+    }
+
+    /// Waits for the pool's context if a view in `mask` was handed out since the last wait.
+    fn settle(&self, mask: u8) -> Result<()> {
+        if self.lent.load(Ordering::Acquire) & mask != 0 {
+            sync_context(self.ctx)?;
+            // Only views taken before the wait are covered; new read views may be taken
+            // concurrently (shared borrows), write views cannot (they need `&mut self`).
+            self.lent.fetch_and(!mask, Ordering::AcqRel);
+        }
+        Ok(())
+    }
+
+    /// The host-side bytes, once no transfer writing them can be in flight: if a write view
+    /// was handed out since the last wait, this waits for all work in the pool's context.
+    pub fn as_slice(&self) -> Result<&[u8]> {
+        self.settle(WRITE_VIEW)?;
+        // SAFETY: the wait above covers every write view taken so far, and none can be taken
+        // while the returned shared borrow lives.
+        Ok(unsafe { self.as_slice_unchecked() })
+    }
+
+    /// Mutable host-side bytes, once no transfer using them can be in flight: if any view was
+    /// handed out since the last wait, this waits for all work in the pool's context.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
+        self.settle(READ_VIEW | WRITE_VIEW)?;
+        // SAFETY: every view taken so far is waited for; none can be taken while the
+        // exclusive borrow lives.
+        Ok(unsafe { self.as_mut_slice_unchecked() })
+    }
+
+    /// The host-side bytes without waiting (when the caller has ordered the transfers itself,
+    /// e.g. synchronised the stream that wrote them).
+    ///
+    /// # Safety
+    /// No work writing the pool may be in flight while the slice lives.
+    pub unsafe fn as_slice_unchecked(&self) -> &[u8] {
+        // SAFETY: `len` bytes of valid host memory owned or registered by self; the caller
+        // excludes concurrent device writes.
         unsafe { std::slice::from_raw_parts(self.host, self.len) }
     }
 
-    /// Mutable host-side bytes (same caveat as [`PinnedHost::as_slice`]).
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above, uniquely borrowed.
+    /// Mutable host-side bytes without waiting.
+    ///
+    /// # Safety
+    /// No work reading or writing the pool may be in flight while the slice lives.
+    pub unsafe fn as_mut_slice_unchecked(&mut self) -> &mut [u8] {
+        // SAFETY: as above, uniquely borrowed; the caller excludes concurrent device access.
         unsafe { std::slice::from_raw_parts_mut(self.host, self.len) }
     }
 }
@@ -231,6 +324,10 @@ fn device_pointer(host: *mut c_void) -> Result<u64> {
 
 impl Drop for PinnedHost {
     fn drop(&mut self) {
+        // As `DeviceAlloc`: work enqueued with a view may still run.
+        if *self.lent.get_mut() != 0 {
+            let _ = sync_context(self.ctx);
+        }
         let (host, registered) = (self.host, self.registered);
         // SAFETY: allocated by cuMemHostAlloc / registered by cuMemHostRegister in ctx.
         with_ctx(self.ctx, || unsafe {
@@ -295,6 +392,11 @@ pub fn memory_kind(ptr: u64) -> MemoryKind {
 /// A device-resident table of per-layer cache base pointers (`layers × parts` entries, layer
 /// major: entry `l * parts + p`), so one launch reaches every layer of a layer-separate cache.
 ///
+/// The table holds write views of its caches ([`DeviceBytesMut`]), so the caches stay
+/// exclusively borrowed for its lifetime `'a`: neither dropped nor touched from the host while
+/// a block copy could use them. Caches a framework owns enter through
+/// [`DeviceBytesMut::from_raw`] (`unsafe`: the caller keeps them alive).
+///
 /// ```no_run
 /// # fn main() -> kvio::Result<()> {
 /// use kvio::{BlockPool, DeviceAlloc, LayerTable, PagedLayout};
@@ -303,17 +405,17 @@ pub fn memory_kind(ptr: u64) -> MemoryKind {
 /// let layout = PagedLayout::nhd(blocks, bs, h, d, 2);
 /// let bytes = layout.extent("layout")? as usize;
 /// // One K and one V cache per layer, anywhere in memory (e.g. a framework's tensors).
-/// let caches: Vec<DeviceAlloc> = (0..2 * layers).map(|_| DeviceAlloc::new(bytes)).collect::<kvio::Result<_>>()?;
-/// let views: Vec<_> = caches.iter().map(DeviceAlloc::bytes).collect(); // L0 K, L0 V, L1 K, ...
+/// let mut caches: Vec<DeviceAlloc> = (0..2 * layers).map(|_| DeviceAlloc::new(bytes)).collect::<kvio::Result<_>>()?;
+/// let views: Vec<_> = caches.iter_mut().map(DeviceAlloc::bytes_mut).collect(); // L0 K, L0 V, L1 K, ...
 /// let table = LayerTable::new(&views, 2)?;
 /// let pool = BlockPool::layer_separate(&table, layout);
 /// assert_eq!((pool.layers, pool.parts), (layers, 2));
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
-pub struct LayerTable {
+pub struct LayerTable<'a> {
     table: DeviceAlloc,
-    entries: Vec<DeviceBytes>,
+    entries: Vec<DeviceBytesMut<'a>>,
     /// Host copy of the uploaded bases (what the DMA planner addresses with).
     bases: Vec<u64>,
     parts: usize,
@@ -332,11 +434,11 @@ pub(crate) enum TableAccess {
     Unreachable(u64),
 }
 
-impl LayerTable {
+impl<'a> LayerTable<'a> {
     /// Uploads the base pointers of `caches` (`layers × parts` views, layer major). Every view
     /// must be at least as long as the layout later used with it (checked at each call).
     /// Synchronous: a set-up-time call.
-    pub fn new(caches: &[DeviceBytes], parts: usize) -> Result<Self> {
+    pub fn new(caches: &[DeviceBytesMut<'a>], parts: usize) -> Result<Self> {
         if parts == 0 || caches.is_empty() || !caches.len().is_multiple_of(parts) {
             return Err(invalid(
                 "caches",
@@ -344,7 +446,7 @@ impl LayerTable {
                 "need layers × parts views",
             ));
         }
-        let ptrs: Vec<u64> = caches.iter().map(DeviceBytes::ptr).collect();
+        let ptrs: Vec<u64> = caches.iter().map(DeviceBytesMut::ptr).collect();
         let table = DeviceAlloc::new(ptrs.len() * 8)?;
         // SAFETY: table holds ptrs.len() u64; synchronous copy from a live host vector.
         check("cuMemcpyHtoD", unsafe {
@@ -382,7 +484,7 @@ impl LayerTable {
     }
 
     /// The views the table points at (host copy).
-    pub fn entries(&self) -> &[DeviceBytes] {
+    pub fn entries(&self) -> &[DeviceBytesMut<'a>] {
         &self.entries
     }
 
@@ -403,6 +505,10 @@ impl LayerTable {
 
     /// Shortest view in the table.
     pub(crate) fn min_len(&self) -> usize {
-        self.entries.iter().map(DeviceBytes::len).min().unwrap_or(0)
+        self.entries
+            .iter()
+            .map(DeviceBytesMut::len)
+            .min()
+            .unwrap_or(0)
     }
 }

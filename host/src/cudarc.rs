@@ -9,8 +9,8 @@
 //! | `CudaContext` (the device's primary context) | current context for [`Kvio::load`] | [`load`] |
 //! | `&CudaStream` | [`StreamRef`] | [`stream`] |
 //! | `&CudaSlice<T>`, `&CudaView<T>` (read by the kernel) | [`DeviceBytes`] | [`read()`] |
-//! | `&mut CudaSlice<T>`, `&mut CudaViewMut<T>` (written) | [`DeviceBytes`] | [`write()`] |
-//! | `&PinnedHostSlice<T>` / `&mut PinnedHostSlice<T>` | [`DeviceBytes`] of mapped host memory | [`read_pinned`] / [`write_pinned`] |
+//! | `&mut CudaSlice<T>`, `&mut CudaViewMut<T>` (written) | [`DeviceBytesMut`] | [`write()`] |
+//! | `&PinnedHostSlice<T>` / `&mut PinnedHostSlice<T>` | [`DeviceBytes`] / [`DeviceBytesMut`] of mapped host memory | [`read_pinned`] / [`write_pinned`] |
 //! | `DriverError` | [`Error::Driver`] | [`driver_error`] |
 //!
 //! The cudarc kvio was built against is re-exported as [`driver`] (`kvio::cudarc::driver`), so
@@ -47,19 +47,15 @@
 //! {
 //!     let (k, v, s) = (kc::read(&key, &stream), kc::read(&value, &stream), kc::read(&slots, &stream));
 //!     let (kcw, vcw) = (kc::write(&mut k_cache, &stream), kc::write(&mut v_cache, &stream));
-//!     kv.update_slots(
-//!         &SlotUpdate {
-//!             key: k.bytes(),
-//!             value: Some(v.bytes()),
-//!             input: TokenLayout::contiguous(t, h, d, 2),
-//!             key_cache: kcw.bytes(),
-//!             value_cache: Some(vcw.bytes()),
-//!             cache: layout,
-//!             slots: SlotMapping::I64(s.bytes()),
-//!             errors: None,
-//!         },
-//!         kc::stream(&stream),
-//!     )?;
+//!     let op = SlotUpdate::new(
+//!         k.bytes(),
+//!         TokenLayout::contiguous(t, h, d, 2),
+//!         kcw.bytes_mut(),
+//!         layout,
+//!         SlotMapping::I64(s.bytes()),
+//!     )
+//!     .value(v.bytes(), vcw.bytes_mut());
+//!     kv.update_slots(&op, kc::stream(&stream))?;
 //! } // the guards drop here, after the launch: cudarc now tracks it
 //! let host: Vec<u16> = stream.clone_dtoh(&k_cache).map_err(e)?;
 //! # drop(host); Ok(()) }
@@ -77,7 +73,7 @@ pub use ::cudarc::driver;
 
 use crate::driver::{check, StreamRef};
 use crate::error::{Error, Result};
-use crate::mem::DeviceBytes;
+use crate::mem::{DeviceBytes, DeviceBytesMut};
 use crate::module::Kvio;
 
 /// A cudarc `DriverError` as kvio's [`Error::Driver`], naming `call`.
@@ -128,20 +124,46 @@ pub fn stream(stream: &CudaStream) -> StreamRef<'_> {
     unsafe { StreamRef::from_raw(stream.cu_stream() as cu::CUstream) }
 }
 
-/// A [`DeviceBytes`] view of cudarc-owned memory, holding cudarc's `SyncOnDrop` guard: drop it
-/// after the kvio call that uses [`Access::bytes`] has been enqueued (see the
-/// [module docs](self)).
+/// Access to cudarc-owned memory for one kvio call, holding cudarc's `SyncOnDrop` guard: drop
+/// it after the kvio call that uses its views has been enqueued (see the [module docs](self)).
+/// The views borrow the `Access`, so they cannot outlive the guard.
 #[derive(Debug)]
 #[must_use = "keep the Access alive until the kvio call using it is enqueued"]
 pub struct Access<'a> {
-    bytes: DeviceBytes,
+    ptr: u64,
+    len: usize,
     _sync: SyncOnDrop<'a>,
 }
 
+/// [`Access`] to memory a kvio call writes, from [`write()`] or [`write_pinned`] (which borrow
+/// it exclusively): it also gives the write view.
+#[derive(Debug)]
+#[must_use = "keep the AccessMut alive until the kvio call using it is enqueued"]
+pub struct AccessMut<'a>(Access<'a>);
+
+impl AccessMut<'_> {
+    /// The write view (whole slice or view, in bytes).
+    pub fn bytes_mut(&self) -> DeviceBytesMut<'_> {
+        // SAFETY: cudarc's memory, exclusively borrowed (`&mut`) for the guard's lifetime,
+        // which the view's borrow of `self` cannot outlive.
+        unsafe { DeviceBytesMut::from_raw(self.0.ptr, self.0.len) }
+    }
+
+    /// The same memory as a read view.
+    pub fn bytes(&self) -> DeviceBytes<'_> {
+        self.0.bytes()
+    }
+
+    /// Records the use on cudarc's events now (same as dropping it).
+    pub fn finish(self) {}
+}
+
 impl Access<'_> {
-    /// The view (whole slice or view, in bytes). Sub-ranges: [`DeviceBytes::slice`].
-    pub fn bytes(&self) -> DeviceBytes {
-        self.bytes
+    /// The read view (whole slice or view, in bytes). Sub-ranges: [`DeviceBytes::slice`].
+    pub fn bytes(&self) -> DeviceBytes<'_> {
+        // SAFETY: cudarc's memory, borrowed for the Access's lifetime (which the view's
+        // borrow of `self` cannot outlive).
+        unsafe { DeviceBytes::from_raw(self.ptr, self.len) }
     }
 
     /// Records the use on cudarc's events now (same as dropping it).
@@ -164,8 +186,8 @@ pub fn read<'a, T, S: DevicePtr<T>>(src: &'a S, stream: &'a CudaStream) -> Acces
     let bytes = src.num_bytes();
     let (ptr, sync) = src.device_ptr(stream);
     Access {
-        // SAFETY: cudarc's allocation (or view of one) of `bytes` bytes, borrowed for 'a.
-        bytes: unsafe { DeviceBytes::from_raw(ptr, bytes) },
+        ptr,
+        len: bytes,
         _sync: sync,
     }
 }
@@ -180,28 +202,27 @@ pub fn read<'a, T, S: DevicePtr<T>>(src: &'a S, stream: &'a CudaStream) -> Acces
 /// let stream = ctx.new_stream().unwrap();
 /// let mut cache = stream.alloc_zeros::<u16>(1 << 20).unwrap(); // bf16 bits
 /// let c = kvio::cudarc::write(&mut cache, &stream);
-/// assert_eq!(c.bytes().len(), 2 << 20);
+/// assert_eq!(c.bytes_mut().len(), 2 << 20);
 /// ```
-pub fn write<'a, T, S: DevicePtrMut<T>>(dst: &'a mut S, stream: &'a CudaStream) -> Access<'a> {
+pub fn write<'a, T, S: DevicePtrMut<T>>(dst: &'a mut S, stream: &'a CudaStream) -> AccessMut<'a> {
     let bytes = dst.num_bytes();
     let (ptr, sync) = dst.device_ptr_mut(stream);
-    Access {
-        // SAFETY: cudarc's allocation (or view of one) of `bytes` bytes, borrowed for 'a.
-        bytes: unsafe { DeviceBytes::from_raw(ptr, bytes) },
+    AccessMut(Access {
+        ptr,
+        len: bytes,
         _sync: sync,
-    }
+    })
 }
 
 /// The device address of pinned host memory (`cuMemHostGetDevicePointer`).
-fn mapped(host: *const u8, len: usize) -> Result<DeviceBytes> {
+fn mapped(host: *const u8) -> Result<u64> {
     let mut dev = 0;
     // SAFETY: `host` starts a pinned allocation made by cuMemHostAlloc (unified addressing
     // maps every such allocation; DEVICEMAP makes it explicit); out-pointer to a local.
     check("cuMemHostGetDevicePointer", unsafe {
         cu::cuMemHostGetDevicePointer_v2(&mut dev, host as *mut _, 0)
     })?;
-    // SAFETY: `len` bytes of mapped pinned memory, borrowed by the caller's Access.
-    Ok(unsafe { DeviceBytes::from_raw(dev, len) })
+    Ok(dev)
 }
 
 /// cudarc pinned host memory a kvio call reads (the source pool of an onload). Allocate it
@@ -231,7 +252,8 @@ pub fn read_pinned<'a, T>(
     // SAFETY: the slice is used on `stream` only (the kvio call the Access is for).
     let (s, sync) = unsafe { host.stream_synced_slice(stream) };
     Ok(Access {
-        bytes: mapped(s.as_ptr().cast(), len)?,
+        ptr: mapped(s.as_ptr().cast())?,
+        len,
         _sync: sync,
     })
 }
@@ -251,7 +273,7 @@ pub fn read_pinned<'a, T>(
 /// let mut pool = unsafe { ctx.alloc_pinned_with_flags::<u8>(1 << 20, flags) }.unwrap();
 /// {
 ///     let p = kvio::cudarc::write_pinned(&mut pool, &stream)?;
-///     // ... kv.copy_blocks(&BlockCopy { dst: BlockPool::cross_layer_nhd(p.bytes(), ..), .. }, ..)
+///     // ... kv.copy_blocks(&BlockCopy::new(.., BlockPool::cross_layer_nhd(p.bytes_mut(), ..), ..), ..)
 /// }
 /// let offloaded: &[u8] = pool.as_slice().unwrap(); // waits for the transfer
 /// # let _ = offloaded; Ok(()) }
@@ -259,12 +281,13 @@ pub fn read_pinned<'a, T>(
 pub fn write_pinned<'a, T>(
     host: &'a mut PinnedHostSlice<T>,
     stream: &'a CudaStream,
-) -> Result<Access<'a>> {
+) -> Result<AccessMut<'a>> {
     let len = host.num_bytes();
     // SAFETY: the slice is used on `stream` only (the kvio call the Access is for).
     let (s, sync) = unsafe { host.stream_synced_mut_slice(stream) };
-    Ok(Access {
-        bytes: mapped(s.as_ptr().cast(), len)?,
+    Ok(AccessMut(Access {
+        ptr: mapped(s.as_ptr().cast())?,
+        len,
         _sync: sync,
-    })
+    }))
 }

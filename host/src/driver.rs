@@ -46,6 +46,19 @@ pub(crate) fn with_ctx(ctx: cu::CUcontext, f: impl FnOnce()) {
     }
 }
 
+/// Waits for all work in `ctx` (every stream), pushing it current for the call: what kvio's
+/// owners do before handing host memory to Rust code or freeing memory work may still use.
+pub(crate) fn sync_context(ctx: cu::CUcontext) -> Result<()> {
+    // SAFETY: push/pop of a live context handle around a synchronisation.
+    unsafe {
+        check("cuCtxPushCurrent", cu::cuCtxPushCurrent_v2(ctx))?;
+        let r = check("cuCtxSynchronize", cu::cuCtxSynchronize());
+        let mut old = ptr::null_mut();
+        cu::cuCtxPopCurrent_v2(&mut old);
+        r
+    }
+}
+
 /// A borrowed CUDA stream: kvio enqueues work on it and never synchronises it.
 ///
 /// Make one from a kvio [`Stream`] ([`Stream::sref`]), from any framework's raw `CUstream`

@@ -5,6 +5,7 @@ use crate::blocks::{Bases, BlockPool};
 use crate::error_word::ErrorCounts;
 use crate::layout::{PagedLayout, TokenLayout};
 use crate::plan::Slice;
+use crate::write::{Fp8, SrcType};
 
 fn copy_elem(src: &[u8], s: usize, dst: &mut [u8], d: usize, e: usize) {
     dst[d..d + e].copy_from_slice(&src[s..s + e]);
@@ -169,7 +170,7 @@ impl PoolImage {
     /// let img = PoolImage::of(&BlockPool::cross_layer_nhd(mem, 4, 2, 2, 1, 8, 2)).unwrap();
     /// assert_eq!((img.layer_stride, img.part_stride), (2 * 2 * 8 * 2, 2 * 8 * 2));
     /// ```
-    pub fn of(pool: &BlockPool<'_>) -> Option<PoolImage> {
+    pub fn of<A: Copy>(pool: &BlockPool<'_, A>) -> Option<PoolImage> {
         let (layer_stride, part_stride) = match pool.bases {
             Bases::Strided {
                 layer_stride,
@@ -273,4 +274,115 @@ pub fn copy_blocks(
         }
     }
     counts
+}
+
+/// The value of fp8 code `code` in `fmt`, exactly (NaN for NaN codes, ±inf for e5m2's).
+fn fp8_value(code: u8, fmt: Fp8) -> f64 {
+    let sign = if code & 0x80 != 0 { -1.0 } else { 1.0 };
+    let (exp_bits, man_bits, bias) = match fmt {
+        Fp8::E4m3 => (4u32, 3u32, 7i32),
+        Fp8::E5m2 => (5, 2, 15),
+    };
+    let exp = ((code & 0x7f) >> man_bits) as i32;
+    let man = (code & ((1 << man_bits) - 1)) as f64;
+    let top = (1 << exp_bits) - 1;
+    match fmt {
+        Fp8::E4m3 if code & 0x7f == 0x7f => return f64::NAN,
+        Fp8::E5m2 if exp == top => {
+            return if man == 0.0 {
+                sign * f64::INFINITY
+            } else {
+                f64::NAN
+            }
+        }
+        _ => {}
+    }
+    let scale = (1u64 << man_bits) as f64;
+    let v = if exp == 0 {
+        man / scale * 2f64.powi(1 - bias)
+    } else {
+        (1.0 + man / scale) * 2f64.powi(exp - bias)
+    };
+    sign * v
+}
+
+/// `x` as an fp8 code of `fmt`, the way vLLM stores it: the nearest finite value (ties to the
+/// even code), ±max for anything at or past ±max (±inf included), `0x7f` for NaN, the sign
+/// kept for −0 and negatives that round to zero. Found by searching every code's exact value
+/// (slow, obviously right).
+///
+/// ```
+/// use kvio::{reference::fp8_from_f32, Fp8};
+/// assert_eq!(fp8_from_f32(1.0, Fp8::E4m3), 0x38);
+/// assert_eq!(fp8_from_f32(1e9, Fp8::E4m3), 0x7e); // saturates to 448
+/// assert_eq!(fp8_from_f32(f32::NEG_INFINITY, Fp8::E5m2), 0xfb); // -57344
+/// assert_eq!(fp8_from_f32(f32::NAN, Fp8::E5m2), 0x7f);
+/// ```
+pub fn fp8_from_f32(x: f32, fmt: Fp8) -> u8 {
+    if x.is_nan() {
+        return 0x7f;
+    }
+    let max_code: u8 = match fmt {
+        Fp8::E4m3 => 0x7e,
+        Fp8::E5m2 => 0x7b,
+    };
+    static VALUES: std::sync::OnceLock<[[f64; 128]; 2]> = std::sync::OnceLock::new();
+    let table = VALUES.get_or_init(|| {
+        let decode = |fmt| std::array::from_fn(|k| fp8_value(k as u8, fmt));
+        [decode(Fp8::E4m3), decode(Fp8::E5m2)]
+    });
+    let values = &table[(fmt == Fp8::E5m2) as usize];
+    let a = (x as f64).abs();
+    let mut best = 0u8;
+    if a >= values[max_code as usize] {
+        best = max_code;
+    } else {
+        let mut best_d = f64::INFINITY;
+        for k in 0..=max_code {
+            let d = (values[k as usize] - a).abs();
+            if d < best_d || (d == best_d && k % 2 == 0) {
+                best = k;
+                best_d = d;
+            }
+        }
+    }
+    if x.is_sign_negative() {
+        best | 0x80
+    } else {
+        best
+    }
+}
+
+/// Quantizes new rows the way a quantizing update stores them: element `(t, h, d)` of `src`
+/// (laid out as `input`, elements of `ty`) becomes `fp8_from_f32(x / scale)` with `scale =
+/// scales[h]` (or `scales[0]` when only one is given) divided in f32. Returns contiguous
+/// `[T, H, D]` fp8 bytes, ready for [`update_slots`] with one-byte layouts.
+pub fn quantize_rows(
+    src: &[u8],
+    input: &TokenLayout,
+    ty: SrcType,
+    fmt: Fp8,
+    scales: &[f32],
+) -> Vec<u8> {
+    let e = ty.bytes();
+    let (t, h, d) = (input.num_tokens, input.num_heads, input.head_dim);
+    let mut out = Vec::with_capacity(t * h * d);
+    for tok in 0..t {
+        for head in 0..h {
+            let scale = scales[if scales.len() == 1 { 0 } else { head }];
+            for i in 0..d {
+                let at = (tok * input.token_stride + head * input.head_stride + i) * e;
+                let b = &src[at..at + e];
+                let x = match ty {
+                    SrcType::Bf16 => {
+                        f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)
+                    }
+                    SrcType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
+                    SrcType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                };
+                out.push(fp8_from_f32(x / scale, fmt));
+            }
+        }
+    }
+    out
 }

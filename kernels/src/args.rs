@@ -37,9 +37,15 @@ macro_rules! count {
     ($head:ident $($tail:ident)*) => { 1usize + count!($($tail)*) };
 }
 
+/// The entry points of an argument struct: each runs the struct's body, or its own body when
+/// the entry names one (`name [path::to::body]`).
 macro_rules! entry_points {
     ($args:ident, $body:path, $fields:tt ;) => {};
-    ($args:ident, $body:path, $fields:tt ; $entry:ident $($rest:ident)*) => {
+    ($args:ident, $body:path, $fields:tt ; $entry:ident [$own:path] $($rest:tt)*) => {
+        entry_point!($args, $own, $entry, $fields);
+        entry_points!($args, $body, $fields ; $($rest)*);
+    };
+    ($args:ident, $body:path, $fields:tt ; $entry:ident $($rest:tt)*) => {
         entry_point!($args, $body, $entry, $fields);
         entry_points!($args, $body, $fields ; $($rest)*);
     };
@@ -65,7 +71,7 @@ macro_rules! entry_point {
 macro_rules! kernel {
     (
         $(#[$meta:meta])*
-        $entry:ident $(| $more:ident)* ($args:ident) => $body:path {
+        $entry:ident $(| $more:ident $([$mbody:path])?)* ($args:ident) => $body:path {
             $($(#[$fmeta:meta])* $field:ident : $ty:ty),* $(,)?
         }
     ) => {
@@ -90,13 +96,15 @@ macro_rules! kernel {
             }
         }
 
-        entry_points!($args, $body, ($($field: $ty),*) ; $entry $($more)*);
+        entry_points!($args, $body, ($($field: $ty),*) ; $entry $($more $([$mbody])?)*);
     };
 }
 
 kernel! {
-    /// Arguments of the slot-mapping update (see [`crate::ops::update_slots`]).
-    kvio_update_slots(SlotArgs) => crate::ops::update_slots {
+    /// Arguments of the slot-mapping update (see [`crate::ops::update_slots`]), for two entry
+    /// points: `kvio_update_slots` (bytes copied) and `kvio_update_slots_fp8` (quantized on
+    /// the way, [`crate::ops::update_slots_fp8`]), so the copying kernel keeps its registers.
+    kvio_update_slots | kvio_update_slots_fp8 [crate::ops::update_slots_fp8] (SlotArgs) => crate::ops::update_slots {
         /// New keys.
         src_k: *const u8,
         /// New values (null: K only).
@@ -129,7 +137,16 @@ kernel! {
         slot_is_i64: u32,
         /// Tokens (slots) to process.
         num_tokens: u64,
-        /// Access width in bytes.
+        /// Conversion on the way (`convert::NONE`: copy bytes; else a `convert::code`, and
+        /// `chunk_bytes` counts fp8 bytes, one per element).
+        convert: u32,
+        /// K's scale(s), f32 (converting updates only).
+        k_scale: *const f32,
+        /// V's scale(s), f32 (converting updates with V only).
+        v_scale: *const f32,
+        /// Non-zero: one scale per head (`scale[head]`), else one per tensor.
+        scale_per_head: u32,
+        /// Access width in bytes (converting: `convert::VEC` for 8-element units, else 1).
         width: u32,
         /// log2 of lanes per work item.
         shift: u32,

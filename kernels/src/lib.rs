@@ -7,9 +7,16 @@
 #![no_std]
 #![feature(portable_simd)]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx))]
+// Inline PTX (fp8::hw) is used only where the sm_90+ conversion instructions exist.
+#![cfg_attr(
+    all(target_arch = "nvptx64", target_feature = "sm_90"),
+    feature(asm_experimental_arch)
+)]
 
 #[macro_use]
 pub mod args;
+pub mod convert;
+pub mod fp8;
 pub mod index;
 pub mod ops;
 pub mod span;

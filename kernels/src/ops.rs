@@ -6,6 +6,7 @@
 use core::sync::atomic::{AtomicU32, Ordering};
 
 use crate::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs};
+use crate::convert::{self, convert_span};
 use crate::index::{self, chunk_at, err, PairCheck, PoolSide, SliceCheck, SlotTarget, TablePtr};
 use crate::span::{copy_span, load_staged, store_staged, STAGE_UNITS, V16};
 
@@ -85,19 +86,47 @@ unsafe fn count_error(errors: *mut u32, which: usize) {
 /// `src_v` is non-null) goes to slot `slots[t]`; negative slots are skipped, slots past the
 /// cache are skipped and counted. One item = one (token, K/V, head chunk) span.
 ///
+/// With a conversion (`a.convert`), each span's source elements are quantized to fp8 with the
+/// part's scale (per tensor, or per head) instead of copied.
+///
 /// # Safety
 /// Host-validated arguments: every in-range target lies inside the destination caches, every
-/// token row inside the sources, `slots` holds `num_tokens` entries.
+/// token row inside the sources, `slots` holds `num_tokens` entries, and a converting update's
+/// scales hold one f32 (or one per head) for each part written.
 #[inline(always)]
 pub unsafe fn update_slots(a: &SlotArgs, g: Group) {
+    // SAFETY: forwarded.
+    unsafe { slots_body::<false>(a, g) }
+}
+
+/// [`update_slots`] for converting updates (`a.convert` set): the same body with the
+/// conversion compiled in, as its own entry point.
+///
+/// # Safety
+/// As [`update_slots`].
+#[inline(always)]
+pub unsafe fn update_slots_fp8(a: &SlotArgs, g: Group) {
+    // SAFETY: forwarded.
+    unsafe { slots_body::<true>(a, g) }
+}
+
+/// The slot update, with (`CONVERT`) or without the conversion path.
+///
+/// # Safety
+/// As [`update_slots`].
+#[inline(always)]
+unsafe fn slots_body<const CONVERT: bool>(a: &SlotArgs, g: Group) {
     let parts = if a.src_v.is_null() { 1 } else { 2 };
     let items = a.num_tokens * parts * a.heads;
     // Spans a group holds in registers are loaded before the slot is read, so the two
     // memory latencies overlap (decode-size updates are latency-bound).
     let units = a.chunk_bytes / 16;
+    let conv = CONVERT && a.convert != convert::NONE;
+    let vec = a.width as u64 == convert::VEC;
     // Only in the latency regime (at most one item per group); large updates keep the
-    // streaming path.
-    let staged = a.width == 16 && units <= STAGE_UNITS * g.lanes && items <= g.step;
+    // streaming path. Converting updates preload their first units instead.
+    let staged = !conv && a.width == 16 && units <= STAGE_UNITS * g.lanes && items <= g.step;
+    let preloaded = conv && vec && items <= g.step;
     let mut item = g.first;
     while item < items {
         let (tok, part, head) = index::split3(item, parts, a.heads);
@@ -113,6 +142,26 @@ pub unsafe fn update_slots(a: &SlotArgs, g: Group) {
             unsafe { load_staged(s, units, g.lane, g.lanes) }
         } else {
             [V16::splat(0); 4]
+        };
+        // A converting update's scale and first source units, read before the slot too.
+        let (scale, held8) = if conv {
+            let scales = if part == 0 { a.k_scale } else { a.v_scale };
+            let at = if a.scale_per_head != 0 {
+                head as usize
+            } else {
+                0
+            };
+            // SAFETY: the host checked one scale (or one per head) for each part written.
+            let scale = unsafe { *scales.add(at) };
+            let held8 = if preloaded {
+                // SAFETY: as above; `vec` implies the vector units' alignment.
+                Some(unsafe { convert::preload(s, a.chunk_bytes, g.lane, a.convert) })
+            } else {
+                None
+            };
+            (scale, held8)
+        } else {
+            (0.0, None)
         };
         // SAFETY: tok < num_tokens, the length of the slot array.
         let slot = unsafe {
@@ -139,10 +188,15 @@ pub unsafe fn update_slots(a: &SlotArgs, g: Group) {
                             + offset * a.dst_token_stride
                             + head * a.dst_head_stride) as usize,
                     );
+                    let (n, c) = (a.chunk_bytes, a.convert);
                     if staged {
                         store_staged(d, &held, units, g.lane, g.lanes);
+                    } else if let Some(h) = &held8 {
+                        convert::convert_held(s, d, n, g.lane, g.lanes, c, scale, h);
+                    } else if conv {
+                        convert_span(s, d, n, g.lane, g.lanes, c, scale, vec);
                     } else {
-                        copy_span(s, d, a.chunk_bytes, g.lane, g.lanes, a.width);
+                        copy_span(s, d, n, g.lane, g.lanes, a.width);
                     }
                 }
             }

@@ -12,7 +12,8 @@ use cust::sys as cu;
 use kvio::reference::PoolImage;
 use kvio::Stream;
 use kvio::{
-    Bases, BlockPool, DeviceBytes, Kvio, LayerTable, PagedLayout, PrimaryContext, StreamRef,
+    BlockPool, DeviceBytes, DeviceBytesMut, Kvio, LayerTable, PagedLayout, PoolMemory,
+    PrimaryContext, StreamRef, Writable,
 };
 
 /// The device, kvio loaded on it, and the context made current on the calling thread.
@@ -308,12 +309,22 @@ impl Mem {
             Mem::Dev(kvio::DeviceAlloc::new(len).expect("cuMemAlloc"))
         }
     }
-    /// The device-side view.
-    pub fn bytes(&self) -> kvio::DeviceBytes {
+    /// The device-side view for calls that read it.
+    pub fn bytes(&self) -> DeviceBytes<'_> {
         match self {
             Mem::Dev(d) => d.bytes(),
             Mem::Host(h) => h.bytes(),
         }
+    }
+
+    /// A write view through a shared borrow, for tests that share one pool between streams
+    /// and threads (what a framework does through [`DeviceBytesMut::from_raw`]). The tests
+    /// synchronise the streams that write it before [`Mem::read`].
+    pub fn bytes_mut(&self) -> DeviceBytesMut<'_> {
+        let b = self.bytes();
+        // SAFETY: the allocation lives while `self` is borrowed (its drop waits for the
+        // context); host access goes through `fill`/`read`, after the tests synchronise.
+        unsafe { DeviceBytesMut::from_raw(b.ptr(), b.len()) }
     }
     /// Whether it lives on the host.
     pub fn on_host(&self) -> bool {
@@ -330,7 +341,7 @@ impl Mem {
                 });
                 settle();
             }
-            Mem::Host(h) => h.as_mut_slice().copy_from_slice(data),
+            Mem::Host(h) => h.as_mut_slice().expect("wait").copy_from_slice(data),
         }
     }
     /// Reads the whole allocation (synchronise the streams that write it first).
@@ -344,7 +355,7 @@ impl Mem {
                 });
                 v
             }
-            Mem::Host(h) => h.as_slice().to_vec(),
+            Mem::Host(h) => h.as_slice().expect("wait").to_vec(),
         }
     }
 }
@@ -404,7 +415,7 @@ impl Shape {
 
     /// The strided pool of `kind` over `mem` ([`Shape::bytes`] long). Panics for the
     /// layer-separate kinds (they need a table: see [`Shape::table_pool`]).
-    pub fn pool(&self, kind: Kind, mem: DeviceBytes) -> BlockPool<'static> {
+    pub fn pool<'a, M: PoolMemory<'a>>(&self, kind: Kind, mem: M) -> BlockPool<'a, M::Access> {
         let Shape {
             blocks,
             layers,
@@ -418,23 +429,15 @@ impl Shape {
             Kind::CrossHnd => BlockPool::cross_layer_hnd(mem, blocks, layers, bs, heads, dim, elem),
             Kind::LayerFirst => {
                 let cache = self.part_bytes();
-                BlockPool {
-                    bases: Bases::Strided {
-                        mem,
-                        layer_stride: cache,
-                        part_stride: layers * cache,
-                    },
-                    layers,
-                    parts: 2,
-                    layout: PagedLayout::nhd(blocks, bs, heads, dim, elem),
-                }
+                let layout = PagedLayout::nhd(blocks, bs, heads, dim, elem);
+                BlockPool::strided(mem, cache, layers * cache, layers, 2, layout)
             }
             Kind::SepNhd | Kind::SepHnd => panic!("{kind:?} pools need a layer table"),
         }
     }
 
     /// The layer-separate pool of `kind` (`SepNhd` or `SepHnd`) through `table`.
-    pub fn table_pool<'a>(&self, kind: Kind, table: &'a LayerTable) -> BlockPool<'a> {
+    pub fn table_pool<'a>(&self, kind: Kind, table: &'a LayerTable<'a>) -> BlockPool<'a, Writable> {
         let Shape {
             blocks,
             bs,
@@ -462,9 +465,10 @@ impl Shape {
 /// A pool under test: its memory (device or pinned host), its table (layer-separate kinds,
 /// the `2 * layers` caches one after another in the memory) and its shape.
 pub struct TestPool {
+    /// Views of `mem` (declared first: dropped before it).
+    table: Option<LayerTable<'static>>,
     /// The pool's memory.
     pub mem: Mem,
-    table: Option<LayerTable>,
     /// Its layout.
     pub kind: Kind,
     /// Its shape.
@@ -478,8 +482,14 @@ impl TestPool {
         let part = s.part_bytes();
         let mem = Mem::new(on_host, s.bytes());
         let table = kind.has_table().then(|| {
-            let views: Vec<DeviceBytes> = (0..2 * s.layers)
-                .map(|i| mem.bytes().slice(i * part, part).unwrap())
+            let whole = mem.bytes();
+            let views: Vec<DeviceBytesMut<'static>> = (0..2 * s.layers)
+                .map(|i| {
+                    let v = whole.slice(i * part, part).unwrap();
+                    // SAFETY: `mem` moves into the same TestPool, which drops the table first;
+                    // tests read the pool from the host only after synchronising.
+                    unsafe { DeviceBytesMut::from_raw(v.ptr(), v.len()) }
+                })
                 .collect();
             LayerTable::new(&views, 2).expect("layer table")
         });
@@ -499,18 +509,18 @@ impl TestPool {
         (pool, init)
     }
 
-    /// The pool as kvio sees it.
-    pub fn pool(&self) -> BlockPool<'_> {
+    /// The pool as kvio sees it (writable: a copy's source or destination).
+    pub fn pool(&self) -> BlockPool<'_, Writable> {
         self.view(self.kind)
     }
 
     /// The pool's memory described as `kind` (a table kind needs a pool made with a table).
-    pub fn view(&self, kind: Kind) -> BlockPool<'_> {
+    pub fn view(&self, kind: Kind) -> BlockPool<'_, Writable> {
         if kind.has_table() {
             self.s
                 .table_pool(kind, self.table.as_ref().expect("table pool"))
         } else {
-            self.s.pool(kind, self.mem.bytes())
+            self.s.pool(kind, self.mem.bytes_mut())
         }
     }
 

@@ -33,7 +33,7 @@ pub enum BlockMap<'a> {
     /// the kernel (bad ids skipped and counted).
     Device {
         /// The pairs.
-        pairs: DeviceBytes,
+        pairs: DeviceBytes<'a>,
         /// Number of pairs.
         len: usize,
     },
@@ -204,12 +204,12 @@ mod tests {
     // ---- host block maps -----------------------------------------------------------------
 
     /// Disjoint pools: src of 4 blocks, dst of 6.
-    fn disjoint() -> (BlockPool<'static>, BlockPool<'static>) {
+    fn disjoint() -> (Pool, Pool) {
         (nhd(SRC, 4, 2, 4, 2, 8, 2), hnd(DST, 6, 2, 4, 2, 8, 2))
     }
 
-    fn check(src: BlockPool<'_>, dst: BlockPool<'_>, pairs: &[[i64; 2]]) -> Result<()> {
-        check_host_map(&src, &dst, pairs)
+    fn check(src: Pool, dst: Pool, pairs: &[[i64; 2]]) -> Result<()> {
+        check_host_map(&src.read(), &dst.read(), pairs)
     }
 
     #[test]

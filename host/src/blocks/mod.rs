@@ -31,12 +31,12 @@ mod test_pools;
 pub use crate::launch::DEFAULT_TRANSFER_CTAS;
 pub use map::BlockMap;
 pub(crate) use plan::plan;
-pub use pool::{Bases, BlockPool};
+pub use pool::{Bases, BlockPool, PoolMemory, ReadOnly, Writable};
 
 use crate::driver::StreamRef;
 use crate::error::Result;
 use crate::error_word::DeviceErrors;
-use crate::mem::DeviceBytes;
+use crate::mem::DeviceBytesMut;
 use crate::module::Kvio;
 
 /// Contiguous span (bytes) from which [`Backend::Auto`] prefers the copy engines for transfers
@@ -76,7 +76,7 @@ pub enum Backend {
 /// [`Kvio::copy_blocks`] with device or pinned memory.
 ///
 /// ```
-/// use kvio::{Backend, BlockCopy, BlockMap, BlockPool, DeviceBytes};
+/// use kvio::{Backend, BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceBytesMut};
 /// let (nb, l, bs, h, d) = (4, 2, 2, 1, 4); // f32 pools
 /// let block = l * 2 * bs * h * d; // elements of one cross-layer block
 /// let src: Vec<f32> = (0..nb * block).map(|x| x as f32).collect();
@@ -86,7 +86,7 @@ pub enum Backend {
 /// let (s, t) = unsafe {
 ///     (
 ///         DeviceBytes::from_raw(src.as_ptr() as u64, bytes),
-///         DeviceBytes::from_raw(dst.as_mut_ptr() as u64, bytes),
+///         DeviceBytesMut::from_raw(dst.as_mut_ptr() as u64, bytes),
 ///     )
 /// };
 /// let op = BlockCopy {
@@ -110,8 +110,8 @@ pub enum Backend {
 pub struct BlockCopy<'a> {
     /// Pool read from.
     pub src: BlockPool<'a>,
-    /// Pool written to.
-    pub dst: BlockPool<'a>,
+    /// Pool written to (built on write views).
+    pub dst: BlockPool<'a, Writable>,
     /// Which blocks go where.
     pub map: BlockMap<'a>,
     /// Which engine moves them.
@@ -123,7 +123,7 @@ pub struct BlockCopy<'a> {
     /// backend (the map is copied there on the stream; not capturable). `None`: kvio uploads
     /// the map to its own scratch, taken and given back on the stream (a stream-ordered memory
     /// pool kvio keeps: after the first calls, no allocation and no synchronisation).
-    pub staging: Option<DeviceBytes>,
+    pub staging: Option<DeviceBytesMut<'a>>,
     /// Where to count block ids past their pool (device maps).
     pub errors: Option<&'a DeviceErrors>,
 }
@@ -134,9 +134,9 @@ impl<'a> BlockCopy<'a> {
     /// change one of those.
     ///
     /// ```
-    /// use kvio::{Backend, BlockCopy, BlockMap, BlockPool, DeviceBytes};
+    /// use kvio::{Backend, BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceBytesMut};
     /// // SAFETY: descriptions only.
-    /// let (a, b) = unsafe { (DeviceBytes::from_raw(0x1000, 1 << 20), DeviceBytes::from_raw(0x20_0000, 1 << 20)) };
+    /// let (a, b) = unsafe { (DeviceBytes::from_raw(0x1000, 1 << 20), DeviceBytesMut::from_raw(0x20_0000, 1 << 20)) };
     /// let pairs = [[0i64, 1]];
     /// let op = BlockCopy::new(
     ///     BlockPool::cross_layer_nhd(a, 4, 2, 16, 2, 64, 2),
@@ -147,9 +147,13 @@ impl<'a> BlockCopy<'a> {
     /// .max_ctas(2);
     /// assert_eq!((op.backend, op.max_ctas, op.staging), (Backend::Kernel, Some(2), None));
     /// ```
-    pub fn new(src: BlockPool<'a>, dst: BlockPool<'a>, map: BlockMap<'a>) -> Self {
+    pub fn new(
+        src: impl Into<BlockPool<'a>>,
+        dst: BlockPool<'a, Writable>,
+        map: BlockMap<'a>,
+    ) -> Self {
         BlockCopy {
-            src,
+            src: src.into(),
             dst,
             map,
             backend: Backend::Auto,
@@ -157,6 +161,23 @@ impl<'a> BlockCopy<'a> {
             staging: None,
             errors: None,
         }
+    }
+
+    /// Copies blocks inside one pool (copy-on-write, defragmentation: vLLM's `copy_blocks`),
+    /// otherwise as [`BlockCopy::new`]. Pairs whose source is another pair's destination read
+    /// whichever bytes are there when they run: the device applies the pairs in no order.
+    ///
+    /// ```
+    /// use kvio::{Bases, BlockCopy, BlockMap, BlockPool, DeviceBytesMut};
+    /// // SAFETY: a description only.
+    /// let cache = unsafe { DeviceBytesMut::from_raw(0x1000, 1 << 20) };
+    /// let pool = BlockPool::cross_layer_nhd(cache, 4, 2, 16, 2, 64, 2);
+    /// let op = BlockCopy::within(pool, BlockMap::Host(&[[0, 3]]));
+    /// let Bases::Strided { mem, .. } = op.src.bases() else { unreachable!() };
+    /// assert_eq!(mem, cache.as_read());
+    /// ```
+    pub fn within(pool: BlockPool<'a, Writable>, map: BlockMap<'a>) -> Self {
+        Self::new(pool, pool, map)
     }
 
     /// Moves the bytes with `backend`.
@@ -174,7 +195,7 @@ impl<'a> BlockCopy<'a> {
 
     /// Uploads a host map to `staging` (16 bytes a pair, 8-byte aligned) instead of kvio's
     /// scratch.
-    pub fn staging(self, staging: DeviceBytes) -> Self {
+    pub fn staging(self, staging: DeviceBytesMut<'a>) -> Self {
         BlockCopy {
             staging: Some(staging),
             ..self
@@ -203,17 +224,15 @@ impl Kvio {
     /// let (blocks, layers, bs, h, d) = (64, 32, 16, 8, 128);
     /// let bytes = blocks * layers * 2 * bs * h * d * 2;
     /// let gpu = DeviceAlloc::new(bytes)?;          // cross-layer cache on the GPU
-    /// let host = PinnedHost::alloc(bytes)?;        // pinned pool, same layout
-    /// let backend = kv.copy_blocks(&BlockCopy {
-    ///     src: BlockPool::cross_layer_nhd(gpu.bytes(), blocks, layers, bs, h, d, 2),
-    ///     dst: BlockPool::cross_layer_nhd(host.bytes(), blocks, layers, bs, h, d, 2),
-    ///     map: BlockMap::Host(&[[3, 0], [4, 1], [9, 2]]),
-    ///     backend: Backend::Auto,
-    ///     max_ctas: None,
-    ///     staging: None,
-    ///     errors: None,
-    /// }, stream.sref())?;
+    /// let mut host = PinnedHost::alloc(bytes)?;    // pinned pool, same layout
+    /// let op = BlockCopy::new(
+    ///     BlockPool::cross_layer_nhd(gpu.bytes(), blocks, layers, bs, h, d, 2),
+    ///     BlockPool::cross_layer_nhd(host.bytes_mut(), blocks, layers, bs, h, d, 2),
+    ///     BlockMap::Host(&[[3, 0], [4, 1], [9, 2]]),
+    /// );
+    /// let backend = kv.copy_blocks(&op, stream.sref())?;
     /// assert_eq!(backend, Backend::Dma); // whole 2 MiB blocks to the host: the copy engines
+    /// let offloaded = host.as_slice()?; // waits for the transfer first
     /// # Ok(()) }
     /// ```
     pub fn copy_blocks(&self, op: &BlockCopy<'_>, stream: StreamRef<'_>) -> Result<Backend> {

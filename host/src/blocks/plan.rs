@@ -25,12 +25,13 @@ const MAX_PIECE: u64 = 16 * 1024;
 pub(crate) fn plan<'a>(op: &BlockCopy<'a>, target: &Target<'_>) -> Result<(Backend, Plan<'a>)> {
     let geo = geometry(op, target.kind_of)?;
     let backend = choose(op, &geo, target.scratch)?;
+    let dst = op.dst.read();
     if let BlockMap::Host(pairs) = op.map {
-        check_host_map(&op.src, &op.dst, pairs)?;
+        check_host_map(&op.src, &dst, pairs)?;
     }
     let plan = match op.map {
         BlockMap::Host(pairs) if backend == Backend::Dma => {
-            Plan::Dma(dma::spans(&op.src, &op.dst, &geo, pairs))
+            Plan::Dma(dma::spans(&op.src, &dst, &geo, pairs))
         }
         map => kernel(op, &geo, map, target.caps)?,
     };
@@ -160,7 +161,7 @@ pub(crate) fn geometry(
     op: &BlockCopy<'_>,
     kind_of: &dyn Fn(u64) -> MemoryKind,
 ) -> Result<Geometry> {
-    let (s, d) = (&op.src, &op.dst);
+    let (s, d) = (&op.src, &op.dst.read());
     // Validate both pools (sizes, strides, every cache inside its memory).
     s.extent("src")?;
     d.extent("dst")?;
@@ -284,11 +285,11 @@ fn launch(
         (s.base as u64, table, s.strides)
     };
     let (sb, st, ss) = side(&op.src);
-    let (db, dt, ds) = side(&op.dst);
+    let (db, dt, ds) = side(&op.dst.read());
     let mut widths = vec![geo.chunk, sb, db];
     widths.extend_from_slice(&ss);
     widths.extend_from_slice(&ds);
-    for pool in [&op.src, &op.dst] {
+    for pool in [&op.src, &op.dst.read()] {
         if let Bases::Table(t) = pool.bases {
             widths.extend_from_slice(t.bases());
         }
@@ -570,7 +571,7 @@ mod tests {
     #[test]
     fn pool_memory_too_small_rejected() {
         let need = pool_bytes(NB, L, BS, H, D, E);
-        let short = |at| BlockPool::cross_layer_nhd(bytes(at, need - 1), NB, L, BS, H, D, E);
+        let short = |at| BlockPool::cross_layer_nhd(bytes_mut(at, need - 1), NB, L, BS, H, D, E);
         let ok = nhd(DST, NB, L, BS, H, D, E);
         let want = |name| {
             Err(Error::BufferTooSmall {
@@ -657,7 +658,7 @@ mod tests {
     fn host_map_backend_and_staging_decide_the_plan() {
         let (s, d) = (nhd(SRC, NB, L, BS, H, D, E), nhd(DST, NB, L, BS, H, D, E));
         let pairs = [[0i64, 1], [2, 3]];
-        let staging = bytes(0x4000_0000, 32);
+        let staging = bytes_mut(0x4000_0000, 32);
         let dev = target(MemoryKind::Device);
         // Auto without staging: the kernel, the map uploaded to the runner's scratch (the
         // launch's map pointer is the runner's to fill in).
@@ -738,7 +739,7 @@ mod tests {
         );
         // Staging too short, or misaligned.
         let short = BlockCopy {
-            staging: Some(bytes(0x4000_0000, 31)),
+            staging: Some(bytes_mut(0x4000_0000, 31)),
             ..staged
         };
         assert!(matches!(
@@ -749,7 +750,7 @@ mod tests {
             })
         ));
         let odd = BlockCopy {
-            staging: Some(bytes(0x4000_0004, 32)),
+            staging: Some(bytes_mut(0x4000_0004, 32)),
             ..staged
         };
         assert_invalid(plan(&odd, &dev), "staging");

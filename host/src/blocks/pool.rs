@@ -1,12 +1,52 @@
 //! Pool descriptors: where a pool's layer/part caches start ([`Bases`]) and how each is laid
 //! out ([`BlockPool`]), with the validation every block copy runs on both of its pools.
 
+use std::marker::PhantomData;
+
 use kvio_kernels::index::PoolSide;
 
 use crate::alloc::LayerTable;
 use crate::error::{invalid, Error, Result};
 use crate::layout::{chunks_disjoint, PagedLayout};
-use crate::mem::DeviceBytes;
+use crate::mem::{DeviceBytes, DeviceBytesMut};
+
+/// Access marker of a [`BlockPool`] built on read views ([`DeviceBytes`]): a copy's source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadOnly;
+
+/// Access marker of a [`BlockPool`] built on write views ([`DeviceBytesMut`], or a
+/// [`LayerTable`], which holds write views): a copy's destination, or its source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Writable;
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for crate::mem::DeviceBytes<'_> {}
+    impl Sealed for crate::mem::DeviceBytesMut<'_> {}
+}
+
+/// The memory a strided [`BlockPool`] is built on: a [`DeviceBytes`] makes a [`ReadOnly`]
+/// pool, a [`DeviceBytesMut`] a [`Writable`] one.
+pub trait PoolMemory<'a>: sealed::Sealed + Copy {
+    /// The pool's access marker.
+    type Access: Copy;
+    /// The memory as a plain (read) view.
+    fn view(self) -> DeviceBytes<'a>;
+}
+
+impl<'a> PoolMemory<'a> for DeviceBytes<'a> {
+    type Access = ReadOnly;
+    fn view(self) -> DeviceBytes<'a> {
+        self
+    }
+}
+
+impl<'a> PoolMemory<'a> for DeviceBytesMut<'a> {
+    type Access = Writable;
+    fn view(self) -> DeviceBytes<'a> {
+        self.as_read()
+    }
+}
 
 /// Saturating product: absurd shapes saturate and are then rejected by the pool's validation
 /// (as overflows) instead of wrapping to a plausible layout.
@@ -24,12 +64,8 @@ fn sat(factors: &[usize]) -> usize {
 /// let cache = nb * bs * h * d * e; // bytes of one layer's K (or V)
 /// // SAFETY: a description only; nothing here touches the memory.
 /// let mem = unsafe { DeviceBytes::from_raw(0x7000_0000, 2 * l * cache) };
-/// let layer_first = BlockPool {
-///     bases: Bases::Strided { mem, layer_stride: cache, part_stride: l * cache },
-///     layers: l,
-///     parts: 2,
-///     layout: PagedLayout::nhd(nb, bs, h, d, e),
-/// };
+/// let layer_first = BlockPool::strided(mem, cache, l * cache, l, 2, PagedLayout::nhd(nb, bs, h, d, e));
+/// assert!(matches!(layer_first.bases(), Bases::Strided { layer_stride, .. } if layer_stride == cache));
 /// let (k, v, _) = layer_first.layer_view(1)?;
 /// assert_eq!(k.ptr(), 0x7000_0000 + cache as u64);
 /// assert_eq!(v.unwrap().ptr(), 0x7000_0000 + (5 * cache) as u64);
@@ -41,31 +77,43 @@ pub enum Bases<'a> {
     /// of `mem` (cross-layer blocks, SGLang's layer-first host pool, ...).
     Strided {
         /// The whole pool.
-        mem: DeviceBytes,
+        mem: DeviceBytes<'a>,
         /// Bytes between layers.
         layer_stride: usize,
         /// Bytes between K and V.
         part_stride: usize,
     },
     /// Layer-separate caches reached through a device-resident pointer table.
-    Table(&'a LayerTable),
+    Table(&'a LayerTable<'a>),
 }
 
 /// A pool of KV blocks: `layers × parts` caches (parts = 2 for K and V, 1 for a combined or
 /// MLA cache), each laid out as `layout` (its block, token and head strides).
+///
+/// `A` says whether the pool may be written: [`Writable`] when built on write views
+/// ([`DeviceBytesMut`], a [`LayerTable`]), [`ReadOnly`] on read views. A copy's destination
+/// must be writable; any pool converts into a read-only one (`.into()`, [`BlockPool::read`]).
 #[derive(Clone, Copy, Debug)]
-pub struct BlockPool<'a> {
-    /// Where each layer/part cache starts.
-    pub bases: Bases<'a>,
+pub struct BlockPool<'a, A = ReadOnly> {
+    /// Where each layer/part cache starts (read with [`BlockPool::bases`]; private so that a
+    /// writable pool keeps the memory it was built on).
+    pub(crate) bases: Bases<'a>,
     /// Number of layers.
     pub layers: usize,
     /// Caches per layer (2: K and V).
     pub parts: usize,
     /// Layout of one layer/part cache (strides in elements, `num_blocks` = pool size).
     pub layout: PagedLayout,
+    access: PhantomData<A>,
 }
 
-impl<'a> BlockPool<'a> {
+impl<'a> From<BlockPool<'a, Writable>> for BlockPool<'a, ReadOnly> {
+    fn from(p: BlockPool<'a, Writable>) -> Self {
+        p.read()
+    }
+}
+
+impl BlockPool<'_> {
     /// Bytes of a cross-layer pool of `num_blocks` blocks (NHD or HND order: the same size),
     /// checked for overflow: what to allocate for [`BlockPool::cross_layer_nhd`] /
     /// [`BlockPool::cross_layer_hnd`].
@@ -100,6 +148,74 @@ impl<'a> BlockPool<'a> {
             name: "cross_layer_bytes",
         })
     }
+}
+
+impl<'a> BlockPool<'a, Writable> {
+    /// Layer-separate caches (each `layout`, e.g. [`PagedLayout::nhd`] or
+    /// [`PagedLayout::hnd`]) reached through `table`.
+    pub fn layer_separate(table: &'a LayerTable<'a>, layout: PagedLayout) -> Self {
+        BlockPool {
+            bases: Bases::Table(table),
+            layers: table.layers(),
+            parts: table.parts(),
+            layout,
+            access: PhantomData,
+        }
+    }
+
+    /// [`BlockPool::layer_view`] as write views, for the write path into this pool.
+    pub fn layer_view_mut(
+        &self,
+        layer: usize,
+    ) -> Result<(DeviceBytesMut<'a>, Option<DeviceBytesMut<'a>>, PagedLayout)> {
+        let (k, v, layout) = self.layer_view(layer)?;
+        // SAFETY: the views lie in the memory this writable pool was built on, which its write
+        // view borrows exclusively for 'a.
+        let w = |b: DeviceBytes<'a>| unsafe { DeviceBytesMut::from_raw(b.ptr(), b.len()) };
+        Ok((w(k), v.map(w), layout))
+    }
+}
+
+impl<'a, A: Copy> BlockPool<'a, A> {
+    /// A pool of `layers × parts` caches in one allocation: layer `l`, part `p` starts at
+    /// byte `l * layer_stride + p * part_stride` of `mem` (SGLang's layer-first host pool,
+    /// vLLM's cross-layer blocks, ...).
+    pub fn strided<M: PoolMemory<'a, Access = A>>(
+        mem: M,
+        layer_stride: usize,
+        part_stride: usize,
+        layers: usize,
+        parts: usize,
+        layout: PagedLayout,
+    ) -> Self {
+        BlockPool {
+            bases: Bases::Strided {
+                mem: mem.view(),
+                layer_stride,
+                part_stride,
+            },
+            layers,
+            parts,
+            layout,
+            access: PhantomData,
+        }
+    }
+
+    /// Where each layer/part cache starts.
+    pub fn bases(&self) -> Bases<'a> {
+        self.bases
+    }
+
+    /// The same pool, read-only (the source of a copy).
+    pub fn read(&self) -> BlockPool<'a, ReadOnly> {
+        BlockPool {
+            bases: self.bases,
+            layers: self.layers,
+            parts: self.parts,
+            layout: self.layout,
+            access: PhantomData,
+        }
+    }
 
     /// Cross-layer blocks in vLLM's FlashAttention NHD order `(NB, L, 2, bs, H, D)`: one block
     /// holds all layers, K then V, contiguously (vLLM #27743).
@@ -109,8 +225,8 @@ impl<'a> BlockPool<'a> {
     /// let pool = kvio::BlockPool::cross_layer_nhd(mem, 10, 4, 16, 8, 128, 2);
     /// assert_eq!(pool.layout.block_stride, 4 * 2 * 16 * 8 * 128);
     /// ```
-    pub fn cross_layer_nhd(
-        mem: DeviceBytes,
+    pub fn cross_layer_nhd<M: PoolMemory<'a, Access = A>>(
+        mem: M,
         num_blocks: usize,
         layers: usize,
         block_size: usize,
@@ -132,8 +248,8 @@ impl<'a> BlockPool<'a> {
     /// assert_eq!(pool.layout.head_stride, 4 * 2 * 16 * 128); // a head holds every layer's K and V
     /// assert_eq!(pool.layout.token_stride, 128);
     /// ```
-    pub fn cross_layer_hnd(
-        mem: DeviceBytes,
+    pub fn cross_layer_hnd<M: PoolMemory<'a, Access = A>>(
+        mem: M,
         num_blocks: usize,
         layers: usize,
         block_size: usize,
@@ -156,29 +272,14 @@ impl<'a> BlockPool<'a> {
     }
 
     /// A cross-layer pool: in each block, layer `l`'s K then V, `part` elements each.
-    fn cross_layer(mem: DeviceBytes, layers: usize, part: usize, layout: PagedLayout) -> Self {
+    fn cross_layer<M: PoolMemory<'a, Access = A>>(
+        mem: M,
+        layers: usize,
+        part: usize,
+        layout: PagedLayout,
+    ) -> Self {
         let e = layout.elem_bytes;
-        BlockPool {
-            bases: Bases::Strided {
-                mem,
-                layer_stride: sat(&[2, part, e]),
-                part_stride: sat(&[part, e]),
-            },
-            layers,
-            parts: 2,
-            layout,
-        }
-    }
-
-    /// Layer-separate caches (each `layout`, e.g. [`PagedLayout::nhd`] or
-    /// [`PagedLayout::hnd`]) reached through `table`.
-    pub fn layer_separate(table: &'a LayerTable, layout: PagedLayout) -> Self {
-        BlockPool {
-            bases: Bases::Table(table),
-            layers: table.layers(),
-            parts: table.parts(),
-            layout,
-        }
+        Self::strided(mem, sat(&[2, part, e]), sat(&[part, e]), layers, 2, layout)
     }
 
     /// The K and V caches of layer `layer` of a strided pool as views the write path accepts
@@ -200,7 +301,7 @@ impl<'a> BlockPool<'a> {
     pub fn layer_view(
         &self,
         layer: usize,
-    ) -> Result<(DeviceBytes, Option<DeviceBytes>, PagedLayout)> {
+    ) -> Result<(DeviceBytes<'a>, Option<DeviceBytes<'a>>, PagedLayout)> {
         let Bases::Strided {
             mem,
             layer_stride,

@@ -12,7 +12,7 @@ use crate::driver::StreamRef;
 use crate::error::Result;
 use crate::error_word::DeviceErrors;
 use crate::layout::{PagedLayout, TokenLayout};
-use crate::mem::DeviceBytes;
+use crate::mem::{DeviceBytes, DeviceBytesMut};
 use crate::module::Kvio;
 
 /// A device-resident slot mapping: one slot per token, `slot = block * block_size + offset`,
@@ -25,16 +25,16 @@ use crate::module::Kvio;
 /// assert_eq!(mapping.len(), 3);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SlotMapping {
+pub enum SlotMapping<'a> {
     /// `i32` slots (4 bytes each).
-    I32(DeviceBytes),
+    I32(DeviceBytes<'a>),
     /// `i64` slots (8 bytes each; vLLM's `slot_mapping`).
-    I64(DeviceBytes),
+    I64(DeviceBytes<'a>),
 }
 
-impl SlotMapping {
+impl<'a> SlotMapping<'a> {
     /// The bytes and the size of one slot.
-    pub(crate) fn parts(&self) -> (DeviceBytes, usize) {
+    pub(crate) fn parts(&self) -> (DeviceBytes<'a>, usize) {
         match *self {
             SlotMapping::I32(b) => (b, 4),
             SlotMapping::I64(b) => (b, 8),
@@ -53,17 +53,112 @@ impl SlotMapping {
     }
 }
 
+/// New rows and the cache they are written to: K's or V's half of an update. The rows are
+/// read, the cache written, so its view is a [`DeviceBytesMut`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheWrite<'a> {
+    /// New rows, `[T, H, D]` as the update's `input` layout describes.
+    pub src: DeviceBytes<'a>,
+    /// The cache, laid out as the update's cache layout.
+    pub dst: DeviceBytesMut<'a>,
+}
+
+/// Element type of new rows that are quantized on write ([`Quantize`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SrcType {
+    /// bfloat16 (2 bytes).
+    Bf16,
+    /// IEEE half (2 bytes).
+    F16,
+    /// IEEE single (4 bytes).
+    F32,
+}
+
+impl SrcType {
+    /// Bytes per element.
+    pub fn bytes(self) -> usize {
+        match self {
+            SrcType::Bf16 | SrcType::F16 => 2,
+            SrcType::F32 => 4,
+        }
+    }
+}
+
+/// fp8 format of a quantized cache (one byte per element).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fp8 {
+    /// `float8_e4m3fn` (vLLM `fp8`, `fp8_e4m3`): max 448, no infinities.
+    E4m3,
+    /// `float8_e5m2` (vLLM `fp8_e5m2`): max 57344.
+    E5m2,
+}
+
+/// Where a quantization scale lives: f32 on the device (read by the kernel at each launch, so
+/// a captured CUDA graph replays with whatever scale is there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scale<'a> {
+    /// One f32 for the whole tensor.
+    PerTensor(DeviceBytes<'a>),
+    /// One f32 per KV head (`[H]`).
+    PerHead(DeviceBytes<'a>),
+}
+
+/// fp8 quantize-on-write (vLLM's `kv_cache_dtype = "fp8"` with `k_scale`/`v_scale`): every
+/// element is stored as `fp8(x / scale)`, rounded to nearest even, finite values past the
+/// format's range and ±inf saturated to ±max, NaN stored as NaN (`0x7f`). The update's input
+/// layout has the source type's element size, its cache layout one byte per element.
+///
+/// ```
+/// use kvio::{DeviceBytes, Fp8, Quantize, Scale, SrcType};
+/// // SAFETY: descriptions only.
+/// let (k, v) = unsafe { (DeviceBytes::from_raw(0x1000, 4), DeviceBytes::from_raw(0x1004, 4)) };
+/// let q = Quantize::new(SrcType::Bf16, Fp8::E4m3, Scale::PerTensor(k)).value_scale(Scale::PerTensor(v));
+/// assert_eq!(q.v_scale, Some(Scale::PerTensor(v)));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quantize<'a> {
+    /// Type of the new rows.
+    pub src: SrcType,
+    /// Format of the caches.
+    pub fp8: Fp8,
+    /// K's scale.
+    pub k_scale: Scale<'a>,
+    /// V's scale, of the same kind as K's: given exactly when the update writes V.
+    pub v_scale: Option<Scale<'a>>,
+}
+
+impl<'a> Quantize<'a> {
+    /// Quantization of K only (add V's scale with [`Quantize::value_scale`]).
+    pub fn new(src: SrcType, fp8: Fp8, k_scale: Scale<'a>) -> Self {
+        Quantize {
+            src,
+            fp8,
+            k_scale,
+            v_scale: None,
+        }
+    }
+
+    /// V's scale.
+    pub fn value_scale(self, v_scale: Scale<'a>) -> Self {
+        Quantize {
+            v_scale: Some(v_scale),
+            ..self
+        }
+    }
+}
+
 /// Arguments of [`Kvio::update_slots`] (vLLM `reshape_and_cache_flash` semantics).
 ///
-/// Token `t < slots.len()` of `key` (and `value`) is written to slot `slots[t]` of `key_cache`
-/// (and `value_cache`). K and V caches share one [`PagedLayout`]; for a combined K/V
-/// allocation pass two views of it (e.g. `value_cache` = `key_cache` + the V offset).
+/// Token `t < slots.len()` of `key.src` (and `value.src`) is written to slot `slots[t]` of
+/// `key.dst` (and `value.dst`). K and V caches share one [`PagedLayout`]; for a combined K/V
+/// allocation pass two views of it ([`DeviceBytesMut::split_at`], or the V offset with
+/// [`DeviceBytesMut::slice`]: K and V chunks must not share bytes).
 ///
 /// Run here through the CPU emulation on host memory; on a GPU the same value goes to
 /// [`Kvio::update_slots`] (see its example) with device memory.
 ///
 /// ```
-/// use kvio::{DeviceBytes, PagedLayout, SlotMapping, SlotUpdate, TokenLayout};
+/// use kvio::{CacheWrite, DeviceBytes, DeviceBytesMut, PagedLayout, SlotMapping, SlotUpdate, TokenLayout};
 /// // Two tokens of one head of 4 f32 into an NHD cache of 2 blocks × 2 slots.
 /// let key: Vec<f32> = (0..8).map(|x| x as f32).collect();
 /// let mut cache = vec![0f32; 2 * 2 * 4];
@@ -71,14 +166,16 @@ impl SlotMapping {
 /// // SAFETY: host memory, used by the emulation only.
 /// let op = unsafe {
 ///     SlotUpdate {
-///         key: DeviceBytes::from_raw(key.as_ptr() as u64, 32),
+///         key: CacheWrite {
+///             src: DeviceBytes::from_raw(key.as_ptr() as u64, 32),
+///             dst: DeviceBytesMut::from_raw(cache.as_mut_ptr() as u64, 64),
+///         },
 ///         value: None,
 ///         input: TokenLayout::contiguous(2, 1, 4, 4),
-///         key_cache: DeviceBytes::from_raw(cache.as_mut_ptr() as u64, 64),
-///         value_cache: None,
 ///         cache: PagedLayout::nhd(2, 2, 1, 4, 4),
 ///         slots: SlotMapping::I64(DeviceBytes::from_raw(slots.as_ptr() as u64, 16)),
 ///         errors: None,
+///         quantize: None,
 ///     }
 /// };
 /// // SAFETY: every view is live host memory of its length.
@@ -88,22 +185,20 @@ impl SlotMapping {
 /// ```
 #[derive(Clone, Copy, Debug)]
 pub struct SlotUpdate<'a> {
-    /// New keys, `[T, H, D]` as described by `input`.
-    pub key: DeviceBytes,
-    /// New values (same layout as `key`), or `None` to write K only.
-    pub value: Option<DeviceBytes>,
-    /// Layout of `key` and `value`.
+    /// New keys and the key cache.
+    pub key: CacheWrite<'a>,
+    /// New values and the value cache, or `None` to write K only.
+    pub value: Option<CacheWrite<'a>>,
+    /// Layout of the new keys and values.
     pub input: TokenLayout,
-    /// The key cache.
-    pub key_cache: DeviceBytes,
-    /// The value cache; `Some` exactly when `value` is.
-    pub value_cache: Option<DeviceBytes>,
     /// Layout of each cache.
     pub cache: PagedLayout,
     /// Slot per token; its length is the number of tokens written (`≤ input.num_tokens`).
-    pub slots: SlotMapping,
+    pub slots: SlotMapping<'a>,
     /// Where to count slots past the end of the cache (`None`: skipped, not counted).
     pub errors: Option<&'a DeviceErrors>,
+    /// fp8 quantize-on-write (`None`: the bytes are copied as they are).
+    pub quantize: Option<Quantize<'a>>,
 }
 
 impl<'a> SlotUpdate<'a> {
@@ -111,10 +206,10 @@ impl<'a> SlotUpdate<'a> {
     /// (values and their cache always together) and a counter with [`SlotUpdate::errors`].
     ///
     /// ```
-    /// use kvio::{DeviceBytes, PagedLayout, SlotMapping, SlotUpdate, TokenLayout};
+    /// use kvio::{CacheWrite, DeviceBytes, DeviceBytesMut, PagedLayout, SlotMapping, SlotUpdate, TokenLayout};
     /// // SAFETY: descriptions only.
-    /// let [k, v, kc, vc, s] = [0x1000u64, 0x2000, 0x10_0000, 0x20_0000, 0x3000]
-    ///     .map(|p| unsafe { DeviceBytes::from_raw(p, 4096) });
+    /// let [k, v, s] = [0x1000u64, 0x2000, 0x3000].map(|p| unsafe { DeviceBytes::from_raw(p, 4096) });
+    /// let [kc, vc] = [0x10_0000u64, 0x20_0000].map(|p| unsafe { DeviceBytesMut::from_raw(p, 4096) });
     /// let op = SlotUpdate::new(
     ///     k,
     ///     TokenLayout::contiguous(2, 1, 4, 4),
@@ -123,32 +218,44 @@ impl<'a> SlotUpdate<'a> {
     ///     SlotMapping::I64(s),
     /// )
     /// .value(v, vc);
-    /// assert_eq!((op.value, op.value_cache), (Some(v), Some(vc)));
+    /// assert_eq!(op.value, Some(CacheWrite { src: v, dst: vc }));
     /// ```
     pub fn new(
-        key: DeviceBytes,
+        key: DeviceBytes<'a>,
         input: TokenLayout,
-        key_cache: DeviceBytes,
+        key_cache: DeviceBytesMut<'a>,
         cache: PagedLayout,
-        slots: SlotMapping,
+        slots: SlotMapping<'a>,
     ) -> Self {
         SlotUpdate {
-            key,
+            key: CacheWrite {
+                src: key,
+                dst: key_cache,
+            },
             value: None,
             input,
-            key_cache,
-            value_cache: None,
             cache,
             slots,
             errors: None,
+            quantize: None,
+        }
+    }
+
+    /// Quantizes K (and V) to fp8 on the way into the caches (see [`Quantize`]).
+    pub fn quantize(self, quantize: Quantize<'a>) -> Self {
+        SlotUpdate {
+            quantize: Some(quantize),
+            ..self
         }
     }
 
     /// Also writes `value` (laid out as the keys) into `value_cache` (laid out as the key cache).
-    pub fn value(self, value: DeviceBytes, value_cache: DeviceBytes) -> Self {
+    pub fn value(self, value: DeviceBytes<'a>, value_cache: DeviceBytesMut<'a>) -> Self {
         SlotUpdate {
-            value: Some(value),
-            value_cache: Some(value_cache),
+            value: Some(CacheWrite {
+                src: value,
+                dst: value_cache,
+            }),
             ..self
         }
     }
@@ -175,7 +282,7 @@ impl<'a> SlotUpdate<'a> {
 ///
 /// ```
 /// use kvio::plan::{slices_to_table, slots_to_slices};
-/// use kvio::{DeviceBytes, PagedLayout, SliceUpdate, TokenLayout};
+/// use kvio::{DeviceBytes, DeviceBytesMut, PagedLayout, SliceUpdate, TokenLayout};
 /// // Three tokens of one head of 2 u16 into a flat cache of 4 pages × 2 slots.
 /// let rows: Vec<u16> = (0..6).collect();
 /// let mut cache = vec![0u16; 4 * 2 * 2];
@@ -187,7 +294,7 @@ impl<'a> SlotUpdate<'a> {
 ///     SliceUpdate {
 ///         new_kv: DeviceBytes::from_raw(rows.as_ptr() as u64, 12),
 ///         input: TokenLayout::contiguous(3, 1, 2, 2),
-///         cache: DeviceBytes::from_raw(cache.as_mut_ptr() as u64, 32),
+///         cache: DeviceBytesMut::from_raw(cache.as_mut_ptr() as u64, 32),
 ///         layout: PagedLayout::nhd(4, 2, 1, 2, 2),
 ///         slices: DeviceBytes::from_raw(table.as_ptr() as u64, 48),
 ///         padded: 4,
@@ -203,19 +310,19 @@ impl<'a> SlotUpdate<'a> {
 #[derive(Clone, Copy, Debug)]
 pub struct SliceUpdate<'a> {
     /// New K/V rows, `[T, H', D]` (each token's heads contiguous).
-    pub new_kv: DeviceBytes,
+    pub new_kv: DeviceBytes<'a>,
     /// Layout of `new_kv`.
     pub input: TokenLayout,
     /// The cache, written in place.
-    pub cache: DeviceBytes,
+    pub cache: DeviceBytesMut<'a>,
     /// Layout of the cache (each slot's heads contiguous; page = block).
     pub layout: PagedLayout,
     /// `[3, padded]` `i32` slice table on the device.
-    pub slices: DeviceBytes,
+    pub slices: DeviceBytes<'a>,
     /// Capacity of the slice table.
     pub padded: usize,
     /// One device `i32`: how many slices are real.
-    pub num_slices: DeviceBytes,
+    pub num_slices: DeviceBytes<'a>,
     /// Where to count refused slices and counts (`None`: skipped, not counted).
     pub errors: Option<&'a DeviceErrors>,
 }
@@ -224,13 +331,13 @@ impl<'a> SliceUpdate<'a> {
     /// A slice update with no error word (add one with [`SliceUpdate::errors`]).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        new_kv: DeviceBytes,
+        new_kv: DeviceBytes<'a>,
         input: TokenLayout,
-        cache: DeviceBytes,
+        cache: DeviceBytesMut<'a>,
         layout: PagedLayout,
-        slices: DeviceBytes,
+        slices: DeviceBytes<'a>,
         padded: usize,
-        num_slices: DeviceBytes,
+        num_slices: DeviceBytes<'a>,
     ) -> Self {
         SliceUpdate {
             new_kv,
@@ -259,7 +366,7 @@ impl Kvio {
     /// ```no_run
     /// # fn main() -> kvio::Result<()> {
     /// use cust::memory::DeviceBuffer;
-    /// use kvio::{DeviceBytes, PagedLayout, SlotMapping, SlotUpdate, TokenLayout};
+    /// use kvio::{DeviceBytes, DeviceBytesMut, PagedLayout, SlotMapping, SlotUpdate, TokenLayout};
     /// let _ctx = kvio::PrimaryContext::retain(0)?;
     /// let kv = kvio::Kvio::load()?;
     /// let stream = kvio::Stream::new()?; // non-blocking
@@ -267,19 +374,18 @@ impl Kvio {
     /// let cache = PagedLayout::nhd(64, 16, h, d, 2); // bf16
     /// let key = DeviceBuffer::from_slice(&vec![1u16; t * h * d]).unwrap();
     /// let value = DeviceBuffer::from_slice(&vec![2u16; t * h * d]).unwrap();
-    /// let kc = DeviceBuffer::from_slice(&vec![0u16; 64 * 16 * h * d]).unwrap();
-    /// let vc = DeviceBuffer::from_slice(&vec![0u16; 64 * 16 * h * d]).unwrap();
+    /// let mut kc = DeviceBuffer::from_slice(&vec![0u16; 64 * 16 * h * d]).unwrap();
+    /// let mut vc = DeviceBuffer::from_slice(&vec![0u16; 64 * 16 * h * d]).unwrap();
     /// let slots = DeviceBuffer::from_slice(&[17i64, 18, -1, 40]).unwrap();
-    /// kv.update_slots(&SlotUpdate {
-    ///     key: DeviceBytes::of(&key),
-    ///     value: Some(DeviceBytes::of(&value)),
-    ///     input: TokenLayout::contiguous(t, h, d, 2),
-    ///     key_cache: DeviceBytes::of(&kc),
-    ///     value_cache: Some(DeviceBytes::of(&vc)),
+    /// let op = SlotUpdate::new(
+    ///     DeviceBytes::of(&key),
+    ///     TokenLayout::contiguous(t, h, d, 2),
+    ///     DeviceBytesMut::of(&mut kc),
     ///     cache,
-    ///     slots: SlotMapping::I64(DeviceBytes::of(&slots)),
-    ///     errors: None,
-    /// }, stream.sref())?;
+    ///     SlotMapping::I64(DeviceBytes::of(&slots)),
+    /// )
+    /// .value(DeviceBytes::of(&value), DeviceBytesMut::of(&mut vc));
+    /// kv.update_slots(&op, stream.sref())?;
     /// # Ok(()) }
     /// ```
     pub fn update_slots(&self, op: &SlotUpdate<'_>, stream: StreamRef<'_>) -> Result<()> {
@@ -292,28 +398,28 @@ impl Kvio {
     /// # fn main() -> kvio::Result<()> {
     /// use cust::memory::DeviceBuffer;
     /// use kvio::plan::{slices_to_table, slots_to_slices};
-    /// use kvio::{DeviceBytes, PagedLayout, SliceUpdate, TokenLayout};
+    /// use kvio::{DeviceBytes, DeviceBytesMut, PagedLayout, SliceUpdate, TokenLayout};
     /// let _ctx = kvio::PrimaryContext::retain(0)?;
     /// let kv = kvio::Kvio::load()?;
     /// let stream = kvio::Stream::new()?; // non-blocking
     /// let (t, h2, d, page) = (5, 16, 128, 16); // K and V heads together: H' = 2H
     /// let layout = PagedLayout::nhd(64, page, h2, d, 2); // flat [64*16, H', D] bf16
     /// let new_kv = DeviceBuffer::from_slice(&vec![1u16; t * h2 * d]).unwrap();
-    /// let cache = DeviceBuffer::from_slice(&vec![0u16; 64 * page * h2 * d]).unwrap();
+    /// let mut cache = DeviceBuffer::from_slice(&vec![0u16; 64 * page * h2 * d]).unwrap();
     /// let slices = slots_to_slices(&[30i64, 31, 32, 33, 100], page)?; // 3 slices
     /// let padded = 8; // fixed capacity: the same launch serves any count up to 8
     /// let table = DeviceBuffer::from_slice(&slices_to_table(&slices, padded)?).unwrap();
     /// let count = DeviceBuffer::from_slice(&[slices.len() as i32]).unwrap();
-    /// kv.update_slices(&SliceUpdate {
-    ///     new_kv: DeviceBytes::of(&new_kv),
-    ///     input: TokenLayout::contiguous(t, h2, d, 2),
-    ///     cache: DeviceBytes::of(&cache),
+    /// let op = SliceUpdate::new(
+    ///     DeviceBytes::of(&new_kv),
+    ///     TokenLayout::contiguous(t, h2, d, 2),
+    ///     DeviceBytesMut::of(&mut cache),
     ///     layout,
-    ///     slices: DeviceBytes::of(&table),
+    ///     DeviceBytes::of(&table),
     ///     padded,
-    ///     num_slices: DeviceBytes::of(&count),
-    ///     errors: None,
-    /// }, stream.sref())?;
+    ///     DeviceBytes::of(&count),
+    /// );
+    /// kv.update_slices(&op, stream.sref())?;
     /// # Ok(()) }
     /// ```
     pub fn update_slices(&self, op: &SliceUpdate<'_>, stream: StreamRef<'_>) -> Result<()> {

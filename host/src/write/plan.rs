@@ -3,20 +3,21 @@
 use kvio_kernels::args::{SliceArgs, SlotArgs};
 use kvio_kernels::index::{access_width, group_shift};
 
-use super::{SliceUpdate, SlotUpdate};
+use kvio_kernels::convert;
+
+use super::{Fp8, Quantize, Scale, SliceUpdate, SlotUpdate, SrcType};
 use crate::error::{invalid, Error, Result};
 use crate::error_word::DeviceErrors;
 use crate::launch::{grid_for, BLOCK_THREADS, PER_LANE};
 use crate::layout::{chunks_disjoint, PagedLayout, TokenLayout};
-use crate::mem::DeviceBytes;
 use crate::plan::{Kernel, Launch, Plan, Target};
 
-fn fits(name: &'static str, needed: u64, buf: &DeviceBytes) -> Result<()> {
-    if needed > buf.len() as u64 {
+fn fits(name: &'static str, needed: u64, len: usize) -> Result<()> {
+    if needed > len as u64 {
         Err(Error::BufferTooSmall {
             name,
             needed,
-            len: buf.len() as u64,
+            len: len as u64,
         })
     } else {
         Ok(())
@@ -37,6 +38,82 @@ fn same_shape(input: &TokenLayout, cache: &PagedLayout) -> Result<()> {
     Ok(())
 }
 
+/// A quantizing update's element sizes and scales: the kernel's conversion code and whether
+/// the scales are per head.
+fn check_quantize(
+    q: &Quantize<'_>,
+    input: &TokenLayout,
+    cache: &PagedLayout,
+    with_value: bool,
+) -> Result<(u32, bool)> {
+    if input.num_heads != cache.num_heads || input.head_dim != cache.head_dim {
+        return Err(invalid(
+            "input",
+            (input.num_heads, input.head_dim),
+            "(num_heads, head_dim) differ from the cache's",
+        ));
+    }
+    if input.elem_bytes != q.src.bytes() {
+        return Err(invalid(
+            "input",
+            input.elem_bytes,
+            "elem_bytes differs from the quantized source type's size",
+        ));
+    }
+    if cache.elem_bytes != 1 {
+        return Err(invalid(
+            "cache",
+            cache.elem_bytes,
+            "an fp8 cache has one byte per element",
+        ));
+    }
+    if with_value != q.v_scale.is_some() {
+        return Err(invalid(
+            "v_scale",
+            q.v_scale.is_some(),
+            "a V scale is needed exactly when the update writes V",
+        ));
+    }
+    let per_head = matches!(q.k_scale, Scale::PerHead(_));
+    for (name, s) in [("k_scale", Some(q.k_scale)), ("v_scale", q.v_scale)] {
+        let Some(s) = s else { continue };
+        let (bytes, head) = match s {
+            Scale::PerTensor(b) => (b, false),
+            Scale::PerHead(b) => (b, true),
+        };
+        if head != per_head {
+            return Err(invalid(
+                name,
+                head,
+                "K and V scales must both be per tensor or per head",
+            ));
+        }
+        let need = if head { 4 * input.num_heads as u64 } else { 4 };
+        fits(name, need, bytes.len())?;
+        if !bytes.ptr().is_multiple_of(4) {
+            return Err(invalid(name, bytes.ptr(), "must be 4-byte aligned (f32)"));
+        }
+    }
+    let src = match q.src {
+        SrcType::Bf16 => convert::SRC_BF16,
+        SrcType::F16 => convert::SRC_F16,
+        SrcType::F32 => convert::SRC_F32,
+    };
+    let to = match q.fp8 {
+        Fp8::E4m3 => convert::TO_E4M3,
+        Fp8::E5m2 => convert::TO_E5M2,
+    };
+    Ok((convert::code(src, to), per_head))
+}
+
+/// Scale pointers of a quantizing update (0 when absent).
+fn scale_ptr(s: Option<Scale<'_>>) -> u64 {
+    match s {
+        Some(Scale::PerTensor(b) | Scale::PerHead(b)) => b.ptr(),
+        None => 0,
+    }
+}
+
 fn err_ptr(e: Option<&DeviceErrors>) -> u64 {
     e.map_or(0, DeviceErrors::ptr)
 }
@@ -46,14 +123,20 @@ fn err_ptr(e: Option<&DeviceErrors>) -> u64 {
 pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     let src_ext = op.input.extent("input")?;
     let dst_ext = op.cache.extent("cache")?;
-    same_shape(&op.input, &op.cache)?;
-    fits("key", src_ext, &op.key)?;
-    fits("key_cache", dst_ext, &op.key_cache)?;
-    match (op.value, op.value_cache) {
-        (Some(v), Some(vc)) => {
-            fits("value", src_ext, &v)?;
-            fits("value_cache", dst_ext, &vc)?;
-            let (k, vp) = (op.key_cache.ptr(), vc.ptr());
+    let quant = match &op.quantize {
+        Some(q) => Some(check_quantize(q, &op.input, &op.cache, op.value.is_some())?),
+        None => {
+            same_shape(&op.input, &op.cache)?;
+            None
+        }
+    };
+    fits("key", src_ext, op.key.src.len())?;
+    fits("key_cache", dst_ext, op.key.dst.len())?;
+    if let Some(v) = op.value {
+        fits("value", src_ext, v.src.len())?;
+        fits("value_cache", dst_ext, v.dst.len())?;
+        {
+            let (k, vp) = (op.key.dst.ptr(), v.dst.ptr());
             let (lo, hi) = if k <= vp { (k, vp) } else { (vp, k) };
             if hi < lo + dst_ext {
                 // The views share an allocation: K and V chunks must still be disjoint.
@@ -67,14 +150,6 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
                     ));
                 }
             }
-        }
-        (None, None) => {}
-        _ => {
-            return Err(invalid(
-                "value",
-                op.value.is_some(),
-                "value and value_cache must be given together",
-            ))
         }
     }
     let (slots, w) = op.slots.parts();
@@ -100,10 +175,13 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
         return Ok(Plan::Nothing);
     }
     let e = op.cache.elem_bytes as u64;
+    let ie = op.input.elem_bytes as u64;
     let (c, i) = (&op.cache, &op.input);
-    // Merge all heads of a token into one span when both sides hold them contiguously.
+    // Merge all heads of a token into one span when both sides hold them contiguously (and no
+    // scale differs between heads).
     let merged = (c.num_heads == 1 || c.head_stride == c.head_dim)
-        && (i.num_heads == 1 || i.head_stride == i.head_dim);
+        && (i.num_heads == 1 || i.head_stride == i.head_dim)
+        && !matches!(quant, Some((_, true)));
     let (heads, chunk) = if merged {
         (1, (c.num_heads * c.chunk_bytes()) as u64)
     } else {
@@ -111,12 +189,12 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
     };
     let (slots, w) = op.slots.parts();
     let mut args = SlotArgs {
-        src_k: op.key.ptr() as *const u8,
-        src_v: op.value.map_or(0, |b| b.ptr()) as *const u8,
-        src_token_stride: i.token_stride as u64 * e,
-        src_head_stride: if merged { 0 } else { i.head_stride as u64 * e },
-        dst_k: op.key_cache.ptr() as *mut u8,
-        dst_v: op.value_cache.map_or(0, |b| b.ptr()) as *mut u8,
+        src_k: op.key.src.ptr() as *const u8,
+        src_v: op.value.map_or(0, |v| v.src.ptr()) as *const u8,
+        src_token_stride: i.token_stride as u64 * ie,
+        src_head_stride: if merged { 0 } else { i.head_stride as u64 * ie },
+        dst_k: op.key.dst.ptr() as *mut u8,
+        dst_v: op.value.map_or(0, |v| v.dst.ptr()) as *mut u8,
         dst_block_stride: c.block_stride as u64 * e,
         dst_token_stride: c.token_stride as u64 * e,
         dst_head_stride: if merged { 0 } else { c.head_stride as u64 * e },
@@ -127,23 +205,60 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
         slots: slots.ptr() as *const u8,
         slot_is_i64: (w == 8) as u32,
         num_tokens: n as u64,
+        convert: quant.map_or(convert::NONE, |(code, _)| code),
+        k_scale: scale_ptr(op.quantize.map(|q| q.k_scale)) as *const f32,
+        v_scale: scale_ptr(op.quantize.and_then(|q| q.v_scale)) as *const f32,
+        scale_per_head: quant.is_some_and(|(_, per_head)| per_head) as u32,
         width: 0,
         shift: 0,
         errors: err_ptr(op.errors) as *mut u32,
     };
-    args.width = access_width(&[
-        args.src_k as u64,
-        args.src_v as u64,
-        args.dst_k as u64,
-        args.dst_v as u64,
-        args.src_token_stride,
-        args.src_head_stride,
-        args.dst_block_stride,
-        args.dst_token_stride,
-        args.dst_head_stride,
-        chunk,
-    ]);
-    args.shift = group_shift(chunk / args.width as u64, PER_LANE);
+    if quant.is_some() {
+        // Elements per span = fp8 bytes; 8-element units where both sides allow them.
+        let src_ok = [args.src_k as u64, args.src_v as u64]
+            .iter()
+            .chain(&[args.src_token_stride, args.src_head_stride])
+            .all(|v| v.is_multiple_of(16));
+        let dst_ok = [args.dst_k as u64, args.dst_v as u64]
+            .iter()
+            .chain(&[
+                args.dst_block_stride,
+                args.dst_token_stride,
+                args.dst_head_stride,
+            ])
+            .all(|v| v.is_multiple_of(8));
+        let vec = chunk.is_multiple_of(convert::VEC) && src_ok && dst_ok;
+        if !vec {
+            for (name, p) in [("key", args.src_k as u64), ("value", args.src_v as u64)] {
+                if !p.is_multiple_of(ie) {
+                    return Err(invalid(name, p, "misaligned for its element type"));
+                }
+            }
+        }
+        args.width = if vec { convert::VEC as u32 } else { 1 };
+        let units = if vec { chunk / convert::VEC } else { chunk };
+        // Converting is arithmetic, not just a copy: one unit per lane where a CTA has the
+        // lanes (a group may span several warps), so a decode-size update finishes in one
+        // unit's time.
+        let max_shift = BLOCK_THREADS.trailing_zeros();
+        args.shift = (0..=max_shift)
+            .find(|&s| 1u64 << s >= units)
+            .unwrap_or(max_shift);
+    } else {
+        args.width = access_width(&[
+            args.src_k as u64,
+            args.src_v as u64,
+            args.dst_k as u64,
+            args.dst_v as u64,
+            args.src_token_stride,
+            args.src_head_stride,
+            args.dst_block_stride,
+            args.dst_token_stride,
+            args.dst_head_stride,
+            chunk,
+        ]);
+        args.shift = group_shift(chunk / args.width as u64, PER_LANE);
+    }
     let parts = if op.value.is_some() { 2 } else { 1 };
     // The kernel iterates over this many items: refuse a count that would wrap.
     let items = (n as u64)
@@ -154,7 +269,16 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
         upload: None,
         launch: Launch {
             kernel: Kernel::Slots(args),
-            grid: grid_for(items, BLOCK_THREADS, args.shift, target.caps.slots),
+            grid: grid_for(
+                items,
+                BLOCK_THREADS,
+                args.shift,
+                if quant.is_some() {
+                    target.caps.slots_fp8
+                } else {
+                    target.caps.slots
+                },
+            ),
             threads: BLOCK_THREADS,
         },
     })
@@ -169,8 +293,8 @@ pub(crate) fn slices<'a>(op: &SliceUpdate<'_>, target: &Target<'_>) -> Result<Pl
     let src_ext = op.input.extent("input")?;
     let dst_ext = op.layout.extent("layout")?;
     same_shape(&op.input, &op.layout)?;
-    fits("new_kv", src_ext, &op.new_kv)?;
-    fits("cache", dst_ext, &op.cache)?;
+    fits("new_kv", src_ext, op.new_kv.len())?;
+    fits("cache", dst_ext, op.cache.len())?;
     let (l, i) = (&op.layout, &op.input);
     if !(l.num_heads == 1 || l.head_stride == l.head_dim)
         || !(i.num_heads == 1 || i.head_stride == i.head_dim)
@@ -194,8 +318,8 @@ pub(crate) fn slices<'a>(op: &SliceUpdate<'_>, target: &Target<'_>) -> Result<Pl
     let table = (op.padded as u64)
         .checked_mul(12)
         .ok_or(Error::Overflow { name: "slices" })?;
-    fits("slices", table, &op.slices)?;
-    fits("num_slices", 4, &op.num_slices)?;
+    fits("slices", table, op.slices.len())?;
+    fits("num_slices", 4, op.num_slices.len())?;
     if !op.slices.ptr().is_multiple_of(4) {
         return Err(invalid("slices", op.slices.ptr(), "must be 4-byte aligned"));
     }
@@ -264,6 +388,7 @@ mod tests {
     use super::*;
     use crate::alloc::MemoryKind;
     use crate::launch::GridCap;
+    use crate::mem::{DeviceBytes, DeviceBytesMut};
     use crate::write::SlotMapping;
 
     fn target(cap: u32) -> Target<'static> {
@@ -307,25 +432,28 @@ mod tests {
         }
     }
 
-    fn bytes(ptr: u64, len: usize) -> DeviceBytes {
+    fn bytes(ptr: u64, len: usize) -> DeviceBytes<'static> {
         // SAFETY: these views are only validated, never used.
         unsafe { DeviceBytes::from_raw(ptr, len) }
+    }
+
+    fn bytes_mut(ptr: u64, len: usize) -> DeviceBytesMut<'static> {
+        // SAFETY: as above.
+        unsafe { DeviceBytesMut::from_raw(ptr, len) }
     }
 
     fn slot_op<'a>(cache: PagedLayout, n: usize) -> SlotUpdate<'a> {
         let input = TokenLayout::contiguous(n, cache.num_heads, cache.head_dim, cache.elem_bytes);
         let ext = cache.extent("c").unwrap() as usize;
         let src = input.extent("i").unwrap() as usize;
-        SlotUpdate {
-            key: bytes(0x1000_0000, src),
-            value: Some(bytes(0x2000_0000, src)),
+        SlotUpdate::new(
+            bytes(0x1000_0000, src),
             input,
-            key_cache: bytes(0x4000_0000, ext),
-            value_cache: Some(bytes(0x8000_0000, ext)),
+            bytes_mut(0x4000_0000, ext),
             cache,
-            slots: SlotMapping::I64(bytes(0x3000_0000, n * 8)),
-            errors: None,
-        }
+            SlotMapping::I64(bytes(0x3000_0000, n * 8)),
+        )
+        .value(bytes(0x2000_0000, src), bytes_mut(0x8000_0000, ext))
     }
 
     #[test]
@@ -350,7 +478,7 @@ mod tests {
     fn slot_update_rejections() {
         let base = slot_op(PagedLayout::nhd(8, 16, 8, 128, 2), 10);
         let mut op = base;
-        op.key_cache = bytes(0x4000_0000, 100);
+        op.key.dst = bytes_mut(0x4000_0000, 100);
         assert!(matches!(
             plan_slots(&op, 1),
             Err(Error::BufferTooSmall {
@@ -359,10 +487,10 @@ mod tests {
             })
         ));
         let mut op = base;
-        op.value = None;
+        op.value.as_mut().unwrap().src = bytes(0x2000_0000, 100);
         assert!(matches!(
             plan_slots(&op, 1),
-            Err(Error::InvalidArgument { name: "value", .. })
+            Err(Error::BufferTooSmall { name: "value", .. })
         ));
         let mut op = base;
         op.slots = SlotMapping::I64(bytes(0x3000_0000, 11 * 8));
@@ -377,7 +505,7 @@ mod tests {
             Err(Error::InvalidArgument { name: "slots", .. })
         ));
         let mut op = base;
-        op.value_cache = Some(op.key_cache);
+        op.value.as_mut().unwrap().dst = op.key.dst;
         assert!(matches!(
             plan_slots(&op, 1),
             Err(Error::InvalidArgument {
@@ -405,11 +533,12 @@ mod tests {
         cache.block_stride = bs * 2 * h * d;
         let mut op = slot_op(cache, 5);
         let total = nb * bs * 2 * h * d * 2;
-        op.key_cache = bytes(0x4000_0000, total);
-        op.value_cache = Some(bytes(0x4000_0000 + (h * d * 2) as u64, total - h * d * 2));
+        let kv = bytes_mut(0x4000_0000, total);
+        op.key.dst = kv;
+        op.value.as_mut().unwrap().dst = kv.slice(h * d * 2, total - h * d * 2).unwrap();
         assert!(plan_slots(&op, 1).is_ok());
         // V shifted by one element only: overlaps K.
-        op.value_cache = Some(bytes(0x4000_0000 + 2, total - 2));
+        op.value.as_mut().unwrap().dst = kv.slice(2, total - 2).unwrap();
         assert!(plan_slots(&op, 1).is_err());
     }
 
@@ -419,7 +548,7 @@ mod tests {
         SliceUpdate {
             new_kv: bytes(0x1000_0000, input.extent("i").unwrap() as usize),
             input,
-            cache: bytes(0x4000_0000, layout.extent("l").unwrap() as usize),
+            cache: bytes_mut(0x4000_0000, layout.extent("l").unwrap() as usize),
             layout,
             slices: bytes(0x2000_0000, padded * 12),
             padded,
@@ -468,16 +597,17 @@ mod tests {
         input.token_stride = 0;
         let src = input.extent("i").unwrap() as usize;
         let ext = cache.extent("c").unwrap() as usize;
-        let op = SlotUpdate {
-            key: bytes(0x1000_0000, src),
-            value: Some(bytes(0x2000_0000_0000, src)),
+        let op = SlotUpdate::new(
+            bytes(0x1000_0000, src),
             input,
-            key_cache: bytes(0x4000_0000_0000, ext),
-            value_cache: Some(bytes(0x8000_0000_0000, ext)),
+            bytes_mut(0x4000_0000_0000, ext),
             cache,
-            slots: SlotMapping::I32(bytes(0x3000_0000, n * 4)),
-            errors: None,
-        };
+            SlotMapping::I32(bytes(0x3000_0000, n * 4)),
+        )
+        .value(
+            bytes(0x2000_0000_0000, src),
+            bytes_mut(0x8000_0000_0000, ext),
+        );
         assert!(matches!(
             plan_slots(&op, 132),
             Err(Error::Overflow { name: "slots" })

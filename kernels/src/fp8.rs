@@ -1,0 +1,304 @@
+//! fp8 quantize-on-write, vLLM semantics: `cache = fp8(x / scale)` with `x` widened to f32
+//! exactly, `scale` an f32 and IEEE (round-to-nearest) f32 division, then the conversion of
+//! CUDA's `__nv_cvt_float_to_fp8(v, __NV_SATFINITE, kind)`, i.e. PTX
+//! `cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32`:
+//!
+//! - round to nearest, ties to even (on the fp8 code: the even code wins), fp8 subnormals
+//!   included; f32 subnormal inputs are converted exactly too (they all round to ±0);
+//! - finite values beyond the largest finite fp8 value and ±inf saturate to ±max finite
+//!   (448 for e4m3fn, 57344 for e5m2); e5m2's infinity codes are never produced;
+//! - NaN → [`NAN`] (`0x7f`) in both formats, whatever the NaN's sign and payload;
+//! - the sign is kept for everything else: −0 → `0x80`, and a negative value that rounds to
+//!   zero gives `0x80` as well.
+//!
+//! Two bit-identical implementations: [`soft`] (integer bit manipulation, branch-light, for
+//! sm_80 and the CPU) and, on nvptx built for sm_90 or later (kvio's sm_90 PTX), `hw` (one
+//! `cvt.rn.satfinite.*x2.f32` per pair of values). The functions at the top of this module pick
+//! `hw` where it is compiled in (cfg `all(target_arch = "nvptx64", target_feature = "sm_90")`,
+//! which rustc sets for `-Ctarget-cpu=sm_90` and above) and `soft` everywhere else. sm_89 has
+//! the instruction too, but only from PTX ISA 8.1 (ptxas 12.9: "cvt with .e4m3x2/.e5m2x2 on
+//! sm_89 requires PTX ISA .version 8.1"), while rustc's sm_89 PTX is `.version 7.8`; so sm_89
+//! builds take the software path.
+//!
+//! NaN encoding. The PTX ISA only says, for `.satfinite` with `.e4m3x2`/`.e5m2x2` destinations:
+//! "if the input value is NaN, then the result is NaN in the specified destination format", and
+//! for `.relu`: "NaN results are converted to canonical NaN". CUDA's own host fallback of
+//! `__nv_cvt_float_to_fp8` (cuda_fp8.hpp, used where the instruction is unavailable) first
+//! replaces any NaN input by `0x7FFFFFFF` and then returns `0x7F` for e4m3 and
+//! `0x7E | mantissa = 0x7F` for e5m2, sign dropped; vLLM's notes give NaN → `0x7F`. [`soft`]
+//! does the same: `0x7f` for every NaN, both formats. Whether the instruction keeps a
+//! NaN's sign (`0xff`) has not been observed here (no GPU); the hardware path passes the
+//! instruction's bits through untouched.
+//!
+//! Pairs: `*x2` functions take `(lo, hi)` and return `lo`'s code in bits 0..8 and `hi`'s in
+//! bits 8..16, i.e. the little-endian memory order of two consecutive fp8 elements (`lo` at
+//! the lower address). PTX's `cvt...x2.f32 d, a, b` puts `a` in the *upper* byte, so the
+//! hardware path passes `hi` first.
+//!
+//! A kernel quantizing a span calls [`quantize_e4m3x2`] (or the e5m2 one) on consecutive pairs
+//! of widened inputs ([`bf16_to_f32`], [`f16_to_f32`], or f32 as is) and stores the `u16`s;
+//! `kvio_fp8_probe` (nvptx only) keeps both paths in the PTX until such a kernel exists.
+
+/// The NaN code both conversions produce (positive sign, all exponent and mantissa bits set).
+pub const NAN: u8 = 0x7f;
+
+/// Largest finite e4m3fn value (code `0x7e`).
+pub const E4M3_MAX: f32 = 448.0;
+
+/// Largest finite e5m2 value (code `0x7b`).
+pub const E5M2_MAX: f32 = 57344.0;
+
+/// An fp8 format of the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fp8 {
+    /// `float8_e4m3fn`: bias 7, 3 mantissa bits, max 448, no infinities, NaN `0x7f`/`0xff`.
+    E4m3,
+    /// `float8_e5m2`: bias 15, 2 mantissa bits, max 57344, infinities `0x7c`/`0xfc`.
+    E5m2,
+}
+
+impl Fp8 {
+    /// `x` converted to this format (see the module docs).
+    #[inline(always)]
+    pub fn from_f32(self, x: f32) -> u8 {
+        match self {
+            Fp8::E4m3 => f32_to_e4m3(x),
+            Fp8::E5m2 => f32_to_e5m2(x),
+        }
+    }
+
+    /// `lo` and `hi` converted to this format, `lo` in the low byte.
+    #[inline(always)]
+    pub fn from_f32x2(self, lo: f32, hi: f32) -> u16 {
+        match self {
+            Fp8::E4m3 => f32x2_to_e4m3x2(lo, hi),
+            Fp8::E5m2 => f32x2_to_e5m2x2(lo, hi),
+        }
+    }
+
+    /// `x / scale` converted to this format (vLLM's `scaled_convert`).
+    #[inline(always)]
+    pub fn quantize(self, x: f32, scale: f32) -> u8 {
+        self.from_f32(x / scale)
+    }
+
+    /// `lo / scale` and `hi / scale` converted to this format, `lo` in the low byte.
+    #[inline(always)]
+    pub fn quantize_x2(self, lo: f32, hi: f32, scale: f32) -> u16 {
+        self.from_f32x2(lo / scale, hi / scale)
+    }
+}
+
+/// bf16 (raw bits) widened to f32: exact, NaN payload and sign kept.
+#[inline(always)]
+pub const fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// IEEE binary16 (raw bits) widened to f32: exact for every input (subnormals normalised),
+/// ±inf kept, NaN sign and payload kept (payload shifted into the top of the f32 mantissa,
+/// quiet bit included).
+#[inline(always)]
+pub const fn f16_to_f32(bits: u16) -> f32 {
+    let h = bits as u32;
+    let sign = (h & 0x8000) << 16;
+    let exp = (h >> 10) & 0x1f;
+    let man = h & 0x3ff;
+    let mag = if exp == 0x1f {
+        // inf / NaN
+        0x7f80_0000 | (man << 13)
+    } else if exp != 0 {
+        // normal: rebias 15 -> 127
+        ((exp + 112) << 23) | (man << 13)
+    } else if man == 0 {
+        0
+    } else {
+        // subnormal: man * 2^-24 with man in 1..1024; its leading one is bit `p` (0..=9),
+        // so the value is 2^(p-24) * (1 + rest / 2^p).
+        let p = 31 - man.leading_zeros();
+        ((p + 103) << 23) | ((man << (23 - p)) & 0x7f_ffff)
+    };
+    f32::from_bits(sign | mag)
+}
+
+/// `x` converted to e4m3fn (see the module docs for rounding, saturation and NaN).
+#[inline(always)]
+pub fn f32_to_e4m3(x: f32) -> u8 {
+    f32x2_to_e4m3x2(x, 0.0) as u8
+}
+
+/// `x` converted to e5m2 (see the module docs for rounding, saturation and NaN).
+#[inline(always)]
+pub fn f32_to_e5m2(x: f32) -> u8 {
+    f32x2_to_e5m2x2(x, 0.0) as u8
+}
+
+/// `lo` and `hi` converted to e4m3fn, `lo`'s code in the low byte.
+#[inline(always)]
+pub fn f32x2_to_e4m3x2(lo: f32, hi: f32) -> u16 {
+    #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90"))]
+    {
+        hw::f32x2_to_e4m3x2(lo, hi)
+    }
+    #[cfg(not(all(target_arch = "nvptx64", target_feature = "sm_90")))]
+    {
+        soft::f32x2_to_e4m3x2(lo, hi)
+    }
+}
+
+/// `lo` and `hi` converted to e5m2, `lo`'s code in the low byte.
+#[inline(always)]
+pub fn f32x2_to_e5m2x2(lo: f32, hi: f32) -> u16 {
+    #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90"))]
+    {
+        hw::f32x2_to_e5m2x2(lo, hi)
+    }
+    #[cfg(not(all(target_arch = "nvptx64", target_feature = "sm_90")))]
+    {
+        soft::f32x2_to_e5m2x2(lo, hi)
+    }
+}
+
+/// `x / scale` (IEEE f32 division) converted to e4m3fn.
+#[inline(always)]
+pub fn quantize_e4m3(x: f32, scale: f32) -> u8 {
+    f32_to_e4m3(x / scale)
+}
+
+/// `x / scale` (IEEE f32 division) converted to e5m2.
+#[inline(always)]
+pub fn quantize_e5m2(x: f32, scale: f32) -> u8 {
+    f32_to_e5m2(x / scale)
+}
+
+/// `lo / scale` and `hi / scale` converted to e4m3fn, `lo`'s code in the low byte.
+#[inline(always)]
+pub fn quantize_e4m3x2(lo: f32, hi: f32, scale: f32) -> u16 {
+    f32x2_to_e4m3x2(lo / scale, hi / scale)
+}
+
+/// `lo / scale` and `hi / scale` converted to e5m2, `lo`'s code in the low byte.
+#[inline(always)]
+pub fn quantize_e5m2x2(lo: f32, hi: f32, scale: f32) -> u16 {
+    f32x2_to_e5m2x2(lo / scale, hi / scale)
+}
+
+/// The software conversion: integer operations only, no data-dependent branches (the two
+/// range cases are selects), usable on every GPU and on the CPU.
+pub mod soft {
+    /// `x` converted to e4m3fn (bias 7, 3 mantissa bits, max code `0x7e` = 448).
+    #[inline(always)]
+    pub const fn f32_to_e4m3(x: f32) -> u8 {
+        convert::<3, 7, 0x7e>(x)
+    }
+
+    /// `x` converted to e5m2 (bias 15, 2 mantissa bits, max code `0x7b` = 57344).
+    #[inline(always)]
+    pub const fn f32_to_e5m2(x: f32) -> u8 {
+        convert::<2, 15, 0x7b>(x)
+    }
+
+    /// `lo` and `hi` converted to e4m3fn, `lo`'s code in the low byte.
+    #[inline(always)]
+    pub const fn f32x2_to_e4m3x2(lo: f32, hi: f32) -> u16 {
+        f32_to_e4m3(lo) as u16 | (f32_to_e4m3(hi) as u16) << 8
+    }
+
+    /// `lo` and `hi` converted to e5m2, `lo`'s code in the low byte.
+    #[inline(always)]
+    pub const fn f32x2_to_e5m2x2(lo: f32, hi: f32) -> u16 {
+        f32_to_e5m2(lo) as u16 | (f32_to_e5m2(hi) as u16) << 8
+    }
+
+    /// f32 → fp8 with `M` mantissa bits, exponent bias `BIAS` and largest finite magnitude code
+    /// `MAX` (the format's exponent width follows from `MAX`).
+    ///
+    /// fp8 magnitude codes are ordered like the values, as are f32 magnitude bits, so the
+    /// conversion is "scale the magnitude so that one fp8 unit in the last place becomes 1,
+    /// round to nearest even, clamp to `MAX`":
+    /// - normal fp8 result (|x| ≥ 2^(1-BIAS)): rebias the f32 exponent field from 127 to `BIAS`
+    ///   in place and drop the low `23 - M` bits; a carry out of the mantissa bumps the
+    ///   exponent, as it should;
+    /// - subnormal fp8 result (|x| < 2^(1-BIAS), f32 subnormals included): the significand
+    ///   with its implicit bit, shifted right so that one unit is 2^(1-BIAS-M).
+    #[inline(always)]
+    const fn convert<const M: u32, const BIAS: u32, const MAX: u32>(x: f32) -> u8 {
+        let bits = x.to_bits();
+        let sign = (bits >> 24) & 0x80;
+        let mag = bits & 0x7fff_ffff;
+        let exp = mag >> 23;
+        // f32 exponent field of the smallest normal fp8 value 2^(1 - BIAS).
+        let min_normal = 128 - BIAS;
+        let (v, shift) = if exp >= min_normal {
+            (mag - ((127 - BIAS) << 23), 23 - M)
+        } else {
+            // value = sig * 2^(e - 150) with e = max(exp, 1); in units of 2^(1 - BIAS - M)
+            // that is sig >> (151 - BIAS - M - e). Past 31 the result is 0 anyway (sig < 2^24).
+            let e = if exp == 0 { 1 } else { exp };
+            let sig = (mag & 0x7f_ffff) | ((exp != 0) as u32) << 23;
+            let s = 151 - BIAS - M - e;
+            (sig, if s > 31 { 31 } else { s })
+        };
+        // Round to nearest, ties to even: add just under half a unit, plus one when the kept
+        // part is odd. No overflow: v < 2^31 and half < 2^30.
+        let half = 1u32 << (shift - 1);
+        let code = (v + (half - 1) + ((v >> shift) & 1)) >> shift;
+        // Saturate finite overflow and ±inf (whose rebased bits are far above MAX).
+        let code = if code > MAX { MAX } else { code };
+        if mag > 0x7f80_0000 {
+            super::NAN
+        } else {
+            (sign | code) as u8
+        }
+    }
+}
+
+/// The hardware conversion: sm_90 and later (PTX ISA 7.8), one `cvt.rn.satfinite` per pair.
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90"))]
+pub mod hw {
+    /// `lo` and `hi` converted to e4m3fn by `cvt.rn.satfinite.e4m3x2.f32`, `lo` in the low byte
+    /// (the instruction's first source goes to the upper byte).
+    #[inline(always)]
+    pub fn f32x2_to_e4m3x2(lo: f32, hi: f32) -> u16 {
+        let d: u16;
+        // SAFETY: a register-only conversion; sm_90+ is guaranteed by the cfg.
+        unsafe {
+            core::arch::asm!(
+                "cvt.rn.satfinite.e4m3x2.f32 {d}, {a}, {b};",
+                d = out(reg16) d,
+                a = in(reg32) hi,
+                b = in(reg32) lo,
+                options(pure, nomem, nostack),
+            );
+        }
+        d
+    }
+
+    /// `lo` and `hi` converted to e5m2 by `cvt.rn.satfinite.e5m2x2.f32`, `lo` in the low byte.
+    #[inline(always)]
+    pub fn f32x2_to_e5m2x2(lo: f32, hi: f32) -> u16 {
+        let d: u16;
+        // SAFETY: as above.
+        unsafe {
+            core::arch::asm!(
+                "cvt.rn.satfinite.e5m2x2.f32 {d}, {a}, {b};",
+                d = out(reg16) d,
+                a = in(reg32) hi,
+                b = in(reg32) lo,
+                options(pure, nomem, nostack),
+            );
+        }
+        d
+    }
+}
+
+/// Not a kernel: a device function that keeps the conversions (the hardware one in the sm_90
+/// PTX, the software one in the sm_80 PTX) in the generated PTX, so `ptxas` checks them
+/// before any kernel calls them. Returns the e4m3 pair of `(a/scale, b/scale)` in bits 0..16
+/// and the e5m2 pair in bits 16..32.
+#[cfg(target_arch = "nvptx64")]
+#[no_mangle]
+#[inline(never)]
+pub fn kvio_fp8_probe(a: f32, b: f32, scale: f32) -> u32 {
+    quantize_e4m3x2(a, b, scale) as u32 | (quantize_e5m2x2(a, b, scale) as u32) << 16
+}

@@ -1,0 +1,469 @@
+//! The sm_90 hardware fp8 conversion (`fp8::hw`, reached through the `kvio_fp8_probe` device
+//! function in kvio's sm_90 PTX) against the software path (`fp8::soft`, what sm_80 and the
+//! CPU run) for all 2^16 bf16 inputs, both formats, both byte positions, several scales.
+//! No kernel converts yet: a small entry appended to the PTX here calls the probe.
+
+use cust::launch;
+use cust::memory::{CopyDestination, DeviceBuffer};
+use cust::module::Module;
+use cust::stream::{Stream, StreamFlags};
+use kvio_kernels::fp8::{self, soft};
+
+/// An entry point appended to the sm_90 PTX at run time: thread i writes
+/// kvio_fp8_probe(bf16(i), bf16(i + 1), scale) to out[i].
+const CHECK_ENTRY: &str = r#"
+.visible .entry kvio_fp8_check(.param .u64 out_p, .param .f32 scale_p)
+{
+    .reg .b32 %cr<12>;
+    .reg .b64 %crd<5>;
+    mov.u32 %cr1, %ctaid.x;
+    mov.u32 %cr2, %ntid.x;
+    mov.u32 %cr3, %tid.x;
+    mad.lo.u32 %cr4, %cr1, %cr2, %cr3;
+    shl.b32 %cr5, %cr4, 16;
+    add.u32 %cr6, %cr4, 1;
+    shl.b32 %cr6, %cr6, 16;
+    ld.param.b32 %cr7, [scale_p];
+    {
+        .param .b32 a0;
+        .param .b32 a1;
+        .param .b32 a2;
+        .param .b32 rv;
+        st.param.b32 [a0], %cr5;
+        st.param.b32 [a1], %cr6;
+        st.param.b32 [a2], %cr7;
+        call.uni (rv), kvio_fp8_probe, (a0, a1, a2);
+        ld.param.b32 %cr8, [rv];
+    }
+    ld.param.u64 %crd1, [out_p];
+    cvta.to.global.u64 %crd2, %crd1;
+    mul.wide.u32 %crd3, %cr4, 4;
+    add.s64 %crd4, %crd2, %crd3;
+    st.global.u32 [%crd4], %cr8;
+    ret;
+}
+"#;
+
+#[test]
+fn hw_fp8_equals_soft_for_all_bf16() {
+    let Some(_gpu) = kvio_suite::gpu("hw_fp8_equals_soft_for_all_bf16") else {
+        return;
+    };
+    let ptx = format!("{}\n{}", kvio::PTX_SM90, CHECK_ENTRY);
+    let module = Module::from_ptx(&ptx, &[]).expect("load sm_90 PTX + check entry");
+    let check = module.get_function("kvio_fp8_check").unwrap();
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
+    let out = DeviceBuffer::<u32>::zeroed(1 << 16).unwrap();
+    let mut bad = 0usize;
+    for scale in [1.0f32, 0.0213, 3.7, 1e-30, 1e30, -1.5] {
+        unsafe {
+            launch!(check<<<256, 256, 0, stream>>>(out.as_device_ptr(), scale)).unwrap();
+        }
+        stream.synchronize().unwrap();
+        let mut got = vec![0u32; 1 << 16];
+        out.copy_to(&mut got[..]).unwrap();
+        for i in 0..=u16::MAX {
+            let (a, b) = (fp8::bf16_to_f32(i), fp8::bf16_to_f32(i.wrapping_add(1)));
+            let want = soft::f32x2_to_e4m3x2(a / scale, b / scale) as u32
+                | (soft::f32x2_to_e5m2x2(a / scale, b / scale) as u32) << 16;
+            let g = got[i as usize];
+            if g != want {
+                if bad < 20 {
+                    eprintln!(
+                        "scale {scale:e} bf16 {i:#06x} ({a:e}), next ({b:e}): hw {g:#010x} soft {want:#010x} \
+                         (bytes: e4m3 lo/hi, e5m2 lo/hi)"
+                    );
+                }
+                bad += 1;
+            }
+        }
+    }
+    // What the instruction does with NaNs of either sign (bf16 0x7fc0 / 0xffc0), for the record.
+    let mut got = vec![0u32; 1 << 16];
+    unsafe {
+        launch!(check<<<256, 256, 0, stream>>>(out.as_device_ptr(), 1.0f32)).unwrap();
+    }
+    stream.synchronize().unwrap();
+    out.copy_to(&mut got[..]).unwrap();
+    eprintln!(
+        "hw NaN codes: +NaN {:#010x}, -NaN {:#010x} (e4m3 in bits 0..8, e5m2 in bits 16..24)",
+        got[0x7fc0], got[0xffc0]
+    );
+    assert_eq!(bad, 0, "{bad} mismatches between hw and soft");
+}
+
+// ---- fp8 quantize-on-write: slot updates ---------------------------------------------------
+
+use kvio::{
+    reference, CacheWrite, DeviceBytes, DeviceBytesMut, DeviceErrors, ErrorCounts, Fp8,
+    PagedLayout, Quantize, Scale, SlotMapping, SlotUpdate, SrcType, StreamRef, TokenLayout,
+};
+use kvio_suite::{assert_same, download, random_bytes, upload, Rng};
+
+/// One quantizing slot update: shapes, formats and the host data it runs on.
+struct QCase {
+    name: String,
+    src: SrcType,
+    fp8: Fp8,
+    per_head: bool,
+    input: TokenLayout,
+    cache: PagedLayout,
+    keys: Vec<u8>,
+    values: Vec<u8>,
+    scales_k: Vec<f32>,
+    scales_v: Vec<f32>,
+    slots: Vec<i64>,
+    /// Both caches, K then V, poisoned.
+    poison: Vec<u8>,
+    bad_slots: u32,
+}
+
+/// Source elements covering every class: random bit patterns (NaN, ±inf, subnormals, huge and
+/// tiny values all occur) and, for f32, values spread over the fp8 ranges.
+fn source(n: usize, src: SrcType, rng: &mut Rng) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n * src.bytes());
+    for i in 0..n {
+        let r = rng.next_u64();
+        match src {
+            SrcType::Bf16 | SrcType::F16 => out.extend((r as u16).to_le_bytes()),
+            SrcType::F32 => {
+                let x = match (i % 16, r % 4) {
+                    (0, _) => [f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY]
+                        [(r >> 8) as usize % 4],
+                    (1, _) => [0.0, -0.0, 1e-40, -1e-45, 448.0, 464.0, 57344.0, 61440.0]
+                        [(r >> 8) as usize % 8],
+                    (_, 0) => f32::from_bits(r as u32),
+                    _ => {
+                        let e = ((r >> 8) % 44) as i32 - 22;
+                        let m = 1.0 + ((r >> 16) % 4096) as f32 / 4096.0;
+                        if r & (1 << 40) != 0 {
+                            -m * 2f32.powi(e)
+                        } else {
+                            m * 2f32.powi(e)
+                        }
+                    }
+                };
+                out.extend(x.to_le_bytes());
+            }
+        }
+    }
+    out
+}
+
+fn qcase(
+    src: SrcType,
+    fp8: Fp8,
+    per_head: bool,
+    hnd: bool,
+    bs: usize,
+    d: usize,
+    seed: u64,
+) -> QCase {
+    let (t, h, nb) = (37, 4, (256 / bs).max(2));
+    let mut rng = Rng::new(seed);
+    let input = TokenLayout::contiguous(t, h, d, src.bytes());
+    let cache = if hnd {
+        PagedLayout::hnd(nb, bs, h, d, 1)
+    } else {
+        PagedLayout::nhd(nb, bs, h, d, 1)
+    };
+    let n_scales = if per_head { h } else { 1 };
+    let scale = |rng: &mut Rng| 0.01 + (rng.below(10_000) as f32) / 1000.0;
+    let scales_k: Vec<f32> = (0..n_scales).map(|_| scale(&mut rng)).collect();
+    let scales_v: Vec<f32> = (0..n_scales).map(|_| scale(&mut rng)).collect();
+    let num_slots = (nb * bs) as u64;
+    let mut free: Vec<i64> = (0..num_slots as i64).collect();
+    rng.shuffle(&mut free);
+    let mut bad_slots = 0;
+    let slots: Vec<i64> = (0..t)
+        .map(|i| match i % 9 {
+            4 => -1,
+            7 => {
+                bad_slots += 1;
+                num_slots as i64 + rng.below(1000) as i64
+            }
+            _ => free[i],
+        })
+        .collect();
+    let ext = cache.extent("cache").unwrap() as usize;
+    QCase {
+        name: format!(
+            "{src:?}->{fp8:?} {} {} bs={bs} D={d}",
+            if per_head { "per-head" } else { "per-tensor" },
+            if hnd { "HND" } else { "NHD" }
+        ),
+        src,
+        fp8,
+        per_head,
+        keys: source(t * h * d, src, &mut rng),
+        values: source(t * h * d, src, &mut rng),
+        input,
+        cache,
+        scales_k,
+        scales_v,
+        slots,
+        poison: random_bytes(2 * ext, seed ^ 0xF8),
+        bad_slots,
+    }
+}
+
+impl QCase {
+    fn ext(&self) -> usize {
+        self.cache.extent("cache").unwrap() as usize
+    }
+
+    /// The caches (K then V) as the reference computes them.
+    fn expected(&self) -> Vec<u8> {
+        let q = |rows: &[u8], scales: &[f32]| {
+            reference::quantize_rows(rows, &self.input, self.src, self.fp8, scales)
+        };
+        let (qk, qv) = (
+            q(&self.keys, &self.scales_k),
+            q(&self.values, &self.scales_v),
+        );
+        let one_byte = TokenLayout::contiguous(
+            self.input.num_tokens,
+            self.input.num_heads,
+            self.input.head_dim,
+            1,
+        );
+        let mut want = self.poison.clone();
+        let c = reference::update_slots(
+            &qk,
+            Some(&qv),
+            &one_byte,
+            &mut want,
+            0,
+            Some(self.ext()),
+            &self.cache,
+            &self.slots,
+        );
+        assert_eq!(
+            c.bad_slots, self.bad_slots,
+            "{}: reference count",
+            self.name
+        );
+        want
+    }
+
+    /// The update over these views.
+    fn op<'a>(
+        &self,
+        keys: DeviceBytes<'a>,
+        values: DeviceBytes<'a>,
+        caches: DeviceBytesMut<'a>,
+        slots: DeviceBytes<'a>,
+        (sk, sv): (DeviceBytes<'a>, DeviceBytes<'a>),
+    ) -> SlotUpdate<'a> {
+        let (kc, vc) = caches.split_at(self.ext()).unwrap();
+        let wrap = |b| {
+            if self.per_head {
+                Scale::PerHead(b)
+            } else {
+                Scale::PerTensor(b)
+            }
+        };
+        SlotUpdate {
+            key: CacheWrite { src: keys, dst: kc },
+            value: Some(CacheWrite {
+                src: values,
+                dst: vc,
+            }),
+            input: self.input,
+            cache: self.cache,
+            slots: SlotMapping::I64(slots),
+            errors: None,
+            quantize: Some(Quantize::new(self.src, self.fp8, wrap(sk)).value_scale(wrap(sv))),
+        }
+    }
+}
+
+fn qcases(full: bool) -> Vec<QCase> {
+    let mut v = Vec::new();
+    let mut seed = 1;
+    for src in [SrcType::Bf16, SrcType::F16, SrcType::F32] {
+        for fp8 in [Fp8::E4m3, Fp8::E5m2] {
+            for per_head in [false, true] {
+                for (hnd, bs, d) in [
+                    (false, 16, 128),
+                    (true, 1, 64),
+                    (false, 128, 256),
+                    (true, 16, 20),
+                ] {
+                    if full || (bs, d) != (128, 256) {
+                        v.push(qcase(src, fp8, per_head, hnd, bs, d, seed));
+                    }
+                    seed += 1;
+                }
+                if full {
+                    for (hnd, bs, d) in [
+                        (false, 1, 64),
+                        (true, 128, 128),
+                        (false, 16, 256),
+                        (true, 128, 256),
+                    ] {
+                        v.push(qcase(src, fp8, per_head, hnd, bs, d, seed));
+                        seed += 1;
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
+/// Host view of a vector's bytes (the emulation reads and writes host memory).
+fn host<T>(v: &[T]) -> DeviceBytes<'_> {
+    // SAFETY: the vector outlives the (synchronous) emulated call.
+    unsafe { DeviceBytes::from_raw(v.as_ptr() as u64, std::mem::size_of_val(v)) }
+}
+
+/// The same plans the GPU runs, executed on the CPU: every format, source type, scale kind,
+/// both cache orders, vector (D % 8 == 0) and element-wise (D = 20) spans, against the
+/// reference's element-by-element quantization.
+#[test]
+fn emulated_quantized_slot_updates_match_reference() {
+    for c in qcases(false) {
+        let mut caches = c.poison.clone();
+        let (sk, sv) = (host(&c.scales_k), host(&c.scales_v));
+        // SAFETY: host memory, exclusively ours for the call.
+        let dst = unsafe { DeviceBytesMut::from_raw(caches.as_mut_ptr() as u64, caches.len()) };
+        let op = c.op(
+            host(&c.keys),
+            host(&c.values),
+            dst,
+            host(&c.slots),
+            (sk, sv),
+        );
+        // SAFETY: every view is live host memory of its length.
+        unsafe { kvio::emulate::update_slots(&op) }.unwrap_or_else(|e| panic!("{}: {e}", c.name));
+        assert_same(&c.name, &caches, &c.expected());
+    }
+}
+
+/// The same on the GPU (sm_90: the hardware conversion), every case, with the error word.
+#[test]
+fn gpu_quantized_slot_updates_match_reference() {
+    let Some(g) = kvio_suite::gpu("fp8 slot updates") else {
+        return;
+    };
+    let stream = g.stream();
+    let errors = DeviceErrors::new().unwrap();
+    let cases = qcases(true);
+    for c in &cases {
+        let (k, v, s) = (upload(&c.keys), upload(&c.values), upload(&c.slots));
+        let (sk, sv) = (upload(&c.scales_k), upload(&c.scales_v));
+        let mut caches = upload(&c.poison);
+        errors.reset(StreamRef::from(&stream)).unwrap();
+        let scales = (DeviceBytes::of(&sk), DeviceBytes::of(&sv));
+        let op = c
+            .op(
+                DeviceBytes::of(&k),
+                DeviceBytes::of(&v),
+                DeviceBytesMut::of(&mut caches),
+                DeviceBytes::of(&s),
+                scales,
+            )
+            .errors(&errors);
+        g.kv.update_slots(&op, stream.sref())
+            .unwrap_or_else(|e| panic!("{}: {e}", c.name));
+        assert_same(&c.name, &download(&caches, &stream), &c.expected());
+        let counts = errors.read(stream.sref()).unwrap();
+        let want = ErrorCounts {
+            bad_slots: c.bad_slots,
+            ..Default::default()
+        };
+        assert_eq!(counts, want, "{}", c.name);
+    }
+    println!("{} quantizing slot updates bit-exact", cases.len());
+}
+
+/// Bad quantization arguments are refused before launch, typed.
+#[test]
+fn quantize_arguments_are_checked() {
+    let c = qcase(SrcType::Bf16, Fp8::E4m3, true, false, 16, 128, 99);
+    let mut caches = c.poison.clone();
+    // SAFETY: host memory; validation refuses every op below before touching it.
+    let dst = unsafe { DeviceBytesMut::from_raw(caches.as_mut_ptr() as u64, caches.len()) };
+    let (sk, sv) = (host(&c.scales_k), host(&c.scales_v));
+    let good = c.op(
+        host(&c.keys),
+        host(&c.values),
+        dst,
+        host(&c.slots),
+        (sk, sv),
+    );
+    let check = |op: SlotUpdate<'_>, name: &str| {
+        // SAFETY: as above.
+        match unsafe { kvio::emulate::update_slots(&op) } {
+            Err(kvio::Error::InvalidArgument { name: n, .. })
+            | Err(kvio::Error::BufferTooSmall { name: n, .. })
+                if n == name => {}
+            other => panic!("{name}: expected a typed error naming it, got {other:?}"),
+        }
+    };
+    let q = good.quantize.unwrap();
+    // Per-head scales shorter than H f32.
+    let short = Scale::PerHead(sk.slice(0, 4 * 3).unwrap());
+    check(
+        SlotUpdate {
+            quantize: Some(Quantize {
+                k_scale: short,
+                ..q
+            }),
+            ..good
+        },
+        "k_scale",
+    );
+    // V written without a V scale, and K and V scales of different kinds.
+    check(
+        SlotUpdate {
+            quantize: Some(Quantize { v_scale: None, ..q }),
+            ..good
+        },
+        "v_scale",
+    );
+    let mixed = Quantize {
+        v_scale: Some(Scale::PerTensor(sv)),
+        ..q
+    };
+    check(
+        SlotUpdate {
+            quantize: Some(mixed),
+            ..good
+        },
+        "v_scale",
+    );
+    // A cache wider than one byte, an input whose element size is not the source type's.
+    let mut wide = good;
+    wide.cache.elem_bytes = 2;
+    check(wide, "cache");
+    check(
+        SlotUpdate {
+            quantize: Some(Quantize {
+                src: SrcType::F32,
+                ..q
+            }),
+            ..good
+        },
+        "input",
+    );
+    // Misaligned scales.
+    let long = [1.0f32; 8];
+    let odd = Scale::PerHead(host(&long).slice(1, 16).unwrap());
+    let bad = Quantize {
+        k_scale: odd,
+        v_scale: Some(Scale::PerHead(sv)),
+        ..q
+    };
+    check(
+        SlotUpdate {
+            quantize: Some(bad),
+            ..good
+        },
+        "k_scale",
+    );
+    // The good one runs.
+    // SAFETY: as above (it writes `caches`, which is ours).
+    unsafe { kvio::emulate::update_slots(&good) }.unwrap();
+}
