@@ -69,12 +69,12 @@ use ::cudarc::driver::{CudaContext, CudaStream};
 use cust::sys as cu;
 
 use crate::alloc::LayerTable;
-use crate::blocks::{Bases, BlockCopy, BlockMap, BlockPool};
+use crate::blocks::{BlockCopy, BlockMap, BlockPool};
 use crate::cudarc::{self as kc, Access};
 use crate::driver::check;
 use crate::error::{invalid, Error, Result};
 use crate::layout::{PagedLayout, TokenLayout};
-use crate::mem::DeviceBytes;
+use crate::mem::{DeviceBytes, DeviceBytesMut};
 use crate::module::Kvio;
 use crate::write::{SlotMapping, SlotUpdate};
 
@@ -95,14 +95,17 @@ pub struct CandleKvio {
     // context they live in.
     table: Mutex<Option<CachedTable>>,
     kv: Kvio,
-    ctx: Arc<CudaContext>,
+    _ctx: Arc<CudaContext>,
 }
 
 /// The device pointer table of the last [`CandleKvio::copy_blocks`] caches.
 #[derive(Debug)]
 struct CachedTable {
-    entries: Vec<DeviceBytes>,
-    table: LayerTable,
+    /// `(address, length)` of each cache, to recognise the same caches on the next call.
+    entries: Vec<(u64, usize)>,
+    /// Built from write views of the caches' memory; used only while the caller passes caches
+    /// at exactly these addresses (live tensors), never dereferenced otherwise.
+    table: LayerTable<'static>,
 }
 
 impl CandleKvio {
@@ -117,7 +120,7 @@ impl CandleKvio {
         Ok(CandleKvio {
             table: Mutex::new(None),
             kv,
-            ctx,
+            _ctx: ctx,
         })
     }
 
@@ -273,8 +276,8 @@ impl CandleKvio {
         let s_acc = access(cuda("slot_mapping", &s_st)?, &stream);
         let k = at_offset("key", &k_acc, key.layout(), elem)?;
         let v = at_offset("value", &v_acc, value.layout(), elem)?;
-        let kc_bytes = at_offset("key_cache", &kc_acc, key_cache.layout(), elem)?;
-        let vc_bytes = at_offset("value_cache", &vc_acc, value_cache.layout(), elem)?;
+        let kc_bytes = written("key_cache", &kc_acc, key_cache.layout(), elem)?;
+        let vc_bytes = written("value_cache", &vc_acc, value_cache.layout(), elem)?;
         let slots =
             at_offset("slot_mapping", &s_acc, sl, slot_bytes)?.slice(0, n_slots * slot_bytes)?;
         let slots = if slot_bytes == 8 {
@@ -390,24 +393,28 @@ impl CandleKvio {
         }
         let mut entries = Vec::with_capacity(caches.len());
         for ((name, t), acc) in caches.iter().zip(&accesses) {
-            entries.push(at_offset(name, acc, t.layout(), dtype.size_in_bytes())?);
+            let v = at_offset(name, acc, t.layout(), dtype.size_in_bytes())?;
+            entries.push((v.ptr(), v.len()));
         }
 
         let mut cached = self.table.lock().unwrap_or_else(|e| e.into_inner());
         if cached.as_ref().is_none_or(|c| c.entries != entries) {
-            if cached.take().is_some() {
-                // Work enqueued on the old table may still read it: wait before freeing it.
-                self.ctx
-                    .synchronize()
-                    .map_err(|e| kc::driver_error("cuCtxSynchronize", e))?;
-            }
-            let table = LayerTable::new(&entries, 2)?;
+            // Dropping the old table waits for the work that may still read it.
+            drop(cached.take());
+            let views: Vec<DeviceBytesMut<'static>> = entries
+                .iter()
+                // SAFETY: the caches are candle device memory, written in place through shared
+                // tensors as mistral.rs' own kernels do (host code cannot reach it); the table
+                // is used only by calls passing these same live caches (checked above).
+                .map(|&(ptr, len)| unsafe { DeviceBytesMut::from_raw(ptr, len) })
+                .collect();
+            let table = LayerTable::new(&views, 2)?;
             *cached = Some(CachedTable { entries, table });
         }
         let table = &cached.as_ref().expect("table built above").table;
         let pool = BlockPool::layer_separate(table, layout);
         self.kv.copy_blocks(
-            &BlockCopy::new(pool, pool, BlockMap::Host(&pairs)),
+            &BlockCopy::within(pool, BlockMap::Host(&pairs)),
             kc::stream(&stream),
         )?;
         Ok(())
@@ -480,19 +487,9 @@ impl CandleKvio {
                 let s_acc = access(cuda("src", &s_st)?, &stream);
                 let d_acc = access(cuda("dst", &d_st)?, &stream);
                 let e = dtype.size_in_bytes();
-                let pool = |mem, layout| BlockPool {
-                    bases: Bases::Strided {
-                        mem,
-                        layer_stride: 0,
-                        part_stride: 0,
-                    },
-                    layers: 1,
-                    parts: 1,
-                    layout,
-                };
                 let op = BlockCopy::new(
-                    pool(at_offset("src", &s_acc, src.layout(), e)?, s_layout),
-                    pool(at_offset("dst", &d_acc, dst.layout(), e)?, d_layout),
+                    BlockPool::strided(at_offset("src", &s_acc, src.layout(), e)?, 0, 0, 1, 1, s_layout),
+                    BlockPool::strided(written("dst", &d_acc, dst.layout(), e)?, 0, 0, 1, 1, d_layout),
                     BlockMap::Host(&pairs),
                 );
                 self.kv.copy_blocks(&op, kc::stream(&stream))?;
@@ -705,7 +702,12 @@ fn cpu_bytes(s: &CpuStorage) -> &[u8] {
 }
 
 /// The view from the layout's start offset (in elements of `elem` bytes) to the storage's end.
-fn at_offset(name: &'static str, a: &Access<'_>, l: &Layout, elem: usize) -> Result<DeviceBytes> {
+fn at_offset<'a>(
+    name: &'static str,
+    a: &'a Access<'_>,
+    l: &Layout,
+    elem: usize,
+) -> Result<DeviceBytes<'a>> {
     let whole = a.bytes();
     let off = l
         .start_offset()
@@ -719,6 +721,23 @@ fn at_offset(name: &'static str, a: &Access<'_>, l: &Layout, elem: usize) -> Res
         });
     }
     whole.slice(off, whole.len() - off)
+}
+
+/// [`at_offset`] as a write view: candle hands out its storage through shared handles and
+/// mistral.rs' calls write caches given as `&Tensor`, as its own CUDA kernels do. cudarc's
+/// event for the storage then records a read: order other streams that read the caches after
+/// the call yourself (mistral.rs runs everything on the device's one stream).
+fn written<'a>(
+    name: &'static str,
+    a: &'a Access<'_>,
+    l: &Layout,
+    elem: usize,
+) -> Result<DeviceBytesMut<'a>> {
+    let v = at_offset(name, a, l, elem)?;
+    // SAFETY: candle device memory (no host reference to it can exist), kept alive by the
+    // tensor's storage guard and the Access while the call is enqueued; cudarc frees it in
+    // stream order after its recorded events.
+    Ok(unsafe { DeviceBytesMut::from_raw(v.ptr(), v.len()) })
 }
 
 /// Bytes per element of a dtype the write path copies (1, 2 or 4).
