@@ -76,6 +76,8 @@
 
 mod alloc;
 pub mod blocks;
+#[cfg(feature = "candle")]
+pub mod candle;
 #[cfg(feature = "cudarc")]
 pub mod cudarc;
 mod driver;
