@@ -237,13 +237,21 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
         }
         args.width = if vec { convert::VEC as u32 } else { 1 };
         let units = if vec { chunk / convert::VEC } else { chunk };
-        // Converting is arithmetic, not just a copy: one unit per lane where a CTA has the
-        // lanes (a group may span several warps), so a decode-size update finishes in one
-        // unit's time.
+        // Converting is arithmetic, not just a copy. When the whole update fits in the
+        // resident grid at one unit per lane (decode sizes), give each item that many lanes
+        // (a group may span several warps): it finishes in one unit's time. Larger updates
+        // stream with a few units per lane, as copies do.
         let max_shift = BLOCK_THREADS.trailing_zeros();
-        args.shift = (0..=max_shift)
+        let wide = (0..=max_shift)
             .find(|&s| 1u64 << s >= units)
             .unwrap_or(max_shift);
+        let items = n as u64 * if op.value.is_some() { 2 } else { 1 } * heads;
+        let resident = target.caps.slots_fp8 as u64 * BLOCK_THREADS as u64;
+        args.shift = if items.saturating_mul(1 << wide) <= resident {
+            wide
+        } else {
+            group_shift(units, PER_LANE)
+        };
     } else {
         args.width = access_width(&[
             args.src_k as u64,
