@@ -159,7 +159,22 @@ fn qcase(
     d: usize,
     seed: u64,
 ) -> QCase {
-    let (t, h, nb) = (37, 4, (256 / bs).max(2));
+    qcase_t(37, src, fp8, per_head, hnd, bs, d, seed)
+}
+
+/// [`qcase`] with `t` tokens.
+#[allow(clippy::too_many_arguments)]
+fn qcase_t(
+    t: usize,
+    src: SrcType,
+    fp8: Fp8,
+    per_head: bool,
+    hnd: bool,
+    bs: usize,
+    d: usize,
+    seed: u64,
+) -> QCase {
+    let (h, nb) = (4, (2 * t).max(256).div_ceil(bs));
     let mut rng = Rng::new(seed);
     let input = TokenLayout::contiguous(t, h, d, src.bytes());
     let cache = if hnd {
@@ -188,7 +203,7 @@ fn qcase(
     let ext = cache.extent("cache").unwrap() as usize;
     QCase {
         name: format!(
-            "{src:?}->{fp8:?} {} {} bs={bs} D={d}",
+            "{src:?}->{fp8:?} {} {} bs={bs} D={d} T={t}",
             if per_head { "per-head" } else { "per-tensor" },
             if hnd { "HND" } else { "NHD" }
         ),
@@ -305,6 +320,10 @@ fn qcases(full: bool) -> Vec<QCase> {
                         v.push(qcase(src, fp8, per_head, hnd, bs, d, seed));
                         seed += 1;
                     }
+                    // Prefill size: more work than the resident grid at one unit per lane
+                    // (the streaming regime, several units per lane).
+                    v.push(qcase_t(4000, src, fp8, per_head, false, 16, 128, seed));
+                    seed += 1;
                 }
             }
         }
