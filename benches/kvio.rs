@@ -565,6 +565,94 @@ fn fp8_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, c
     grp.finish();
 }
 
+/// Buffers of one MLA write benchmark: `[T, 576]` bf16 rows (latent 512 + rope 64, one
+/// tensor split as vLLM does), an NHD cache of 64-token pages.
+struct MlaSetup {
+    input: DeviceBuffer<u8>,
+    cache: Mem,
+    layout: PagedLayout,
+    scale: DeviceBuffer<f32>,
+    slots: DeviceBuffer<i64>,
+    t: usize,
+}
+
+impl MlaSetup {
+    fn new(t: usize, fp8: bool, seed: u64) -> MlaSetup {
+        let bs = 64;
+        let blocks = t.div_ceil(bs) + 8;
+        let layout = PagedLayout::nhd(blocks, bs, 1, 576, if fp8 { 1 } else { 2 });
+        let mut rng = Rng::new(seed);
+        let mut all: Vec<i64> = (0..(blocks * bs) as i64).collect();
+        rng.shuffle(&mut all);
+        let ext = layout.extent("c").unwrap() as usize;
+        let mut cache = Mem::new(false, ext);
+        cache.fill(&random_bytes(ext, seed + 1));
+        MlaSetup {
+            input: upload(&activations(t * 576, seed + 2)),
+            cache,
+            layout,
+            scale: upload(&[0.37f32]),
+            slots: upload(&all[..t]),
+            t,
+        }
+    }
+
+    fn op(&self) -> kvio::MlaUpdate<'_> {
+        let mut lk = TokenLayout::contiguous(self.t, 1, 512, 2);
+        let mut lp = TokenLayout::contiguous(self.t, 1, 64, 2);
+        (lk.token_stride, lp.token_stride) = (576, 576);
+        let input = DeviceBytes::of(&self.input);
+        let op = kvio::MlaUpdate::new(
+            input,
+            lk,
+            input.slice(1024, input.len() - 1024).unwrap(),
+            lp,
+            self.cache.bytes_mut(),
+            self.layout,
+            SlotMapping::I64(DeviceBytes::of(&self.slots)),
+        );
+        if self.layout.elem_bytes == 1 {
+            let scale = kvio::Scale::PerTensor(DeviceBytes::of(&self.scale));
+            op.quantize(kvio::Quantize::new(
+                kvio::SrcType::Bf16,
+                kvio::Fp8::E4m3,
+                scale,
+            ))
+        } else {
+            op
+        }
+    }
+}
+
+/// MLA cache writes (vLLM `concat_and_cache_mla`), bf16 copied and quantized to e4m3; bytes =
+/// bf16 read + cache bytes written. vLLM's anchor on this GPU: bf16 1,013 / 735 GB/s, fp8 732 /
+/// 532 GB/s at T = 16,384 / 65,536.
+fn mla_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
+    let mut grp = c.benchmark_group("mla-update");
+    for fp8 in [false, true] {
+        let variant = if fp8 { "kvio-fp8-e4m3" } else { "kvio-bf16" };
+        for t in [1usize, 16, 256, 4096, 16384, 65536] {
+            let s = MlaSetup::new(t, fp8, 700 + t as u64);
+            let u = s.op();
+            let bytes = (t * 576 * (2 + if fp8 { 1 } else { 2 })) as u64;
+            measure(
+                &mut grp,
+                rec,
+                "mla-update/T",
+                t,
+                variant,
+                bytes,
+                stream,
+                || {
+                    g.kv.update_mla(&u, StreamRef::from(stream))
+                        .expect("update_mla")
+                },
+            );
+        }
+    }
+    grp.finish();
+}
+
 fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
     let mut grp = c.benchmark_group("slice-update");
     // vLLM TPU layout: rows of K and V heads together (H' = 2H), flat cache.
@@ -1085,6 +1173,9 @@ fn main() {
     }
     if cfg.wants("fp8-update") {
         fp8_update(&mut c, &rec, g, &stream, &cfg);
+    }
+    if cfg.wants("mla-update") {
+        mla_update(&mut c, &rec, g, &stream);
     }
     if cfg.wants("copy-blocks") {
         copy_blocks(&mut c, &rec, g, &stream, &cfg);

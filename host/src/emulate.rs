@@ -14,7 +14,7 @@ use crate::blocks::{self, Backend, BlockCopy};
 use crate::error::Result;
 use crate::launch::GridCap;
 use crate::plan::{Kernel, Plan, Staging, Target};
-use crate::write::{plan as write_plan, SliceUpdate, SlotUpdate};
+use crate::write::{plan as write_plan, MlaUpdate, SliceUpdate, SlotUpdate};
 
 /// The pretend device: two multiprocessors' worth of CTAs for every kernel (it only sizes the
 /// grid), all memory device memory, scratch for host maps (a host vector here).
@@ -45,6 +45,18 @@ pub unsafe fn update_slots(op: &SlotUpdate<'_>) -> Result<()> {
 pub unsafe fn update_slices(op: &SliceUpdate<'_>) -> Result<()> {
     // SAFETY: forwarded.
     unsafe { run(&write_plan::slices(op, &EMULATED)?) };
+    Ok(())
+}
+
+/// [`Kvio::update_mla`](crate::Kvio::update_mla) on host memory.
+///
+/// See the example of [`crate::MlaUpdate`].
+///
+/// # Safety
+/// As [`update_slots`].
+pub unsafe fn update_mla(op: &MlaUpdate<'_>) -> Result<()> {
+    // SAFETY: forwarded.
+    unsafe { run(&write_plan::mla(op, &EMULATED)?) };
     Ok(())
 }
 

@@ -107,7 +107,9 @@ pub use layout::{PagedLayout, TokenLayout};
 pub use mem::{DeviceBytes, DeviceBytesMut};
 pub use module::Kvio;
 pub use ptx::{ptx, Arch, KERNELS, PTX_SM80, PTX_SM90};
-pub use write::{CacheWrite, Fp8, Quantize, Scale, SliceUpdate, SlotMapping, SlotUpdate, SrcType};
+pub use write::{
+    CacheWrite, Fp8, MlaUpdate, Quantize, Scale, SliceUpdate, SlotMapping, SlotUpdate, SrcType,
+};
 
 /// The README's example, compiled as a doctest so it cannot drift from the API.
 #[doc = include_str!("../../README.md")]

@@ -129,8 +129,12 @@ kernel! {
         block_size: u64,
         /// Head chunks per token (1 when merged).
         heads: u64,
-        /// Bytes per chunk.
+        /// Bytes per chunk (K's; converting: fp8 bytes, one per element).
         chunk_bytes: u64,
+        /// Bytes per chunk of V (equal to K's, except for an MLA row's rope part).
+        chunk_bytes_v: u64,
+        /// Bytes between input tokens of V (equal to K's, except for MLA's `k_pe`).
+        src_token_stride_v: u64,
         /// Slot per token (i32 or i64).
         slots: *const u8,
         /// Non-zero: slots are i64.

@@ -120,7 +120,7 @@ unsafe fn slots_body<const CONVERT: bool>(a: &SlotArgs, g: Group) {
     let items = a.num_tokens * parts * a.heads;
     // Spans a group holds in registers are loaded before the slot is read, so the two
     // memory latencies overlap (decode-size updates are latency-bound).
-    let units = a.chunk_bytes / 16;
+    let units = a.chunk_bytes.max(a.chunk_bytes_v) / 16;
     let conv = CONVERT && a.convert != convert::NONE;
     let vec = a.width as u64 == convert::VEC;
     // Only in the latency regime (at most one item per group); large updates keep the
@@ -130,13 +130,15 @@ unsafe fn slots_body<const CONVERT: bool>(a: &SlotArgs, g: Group) {
     let mut item = g.first;
     while item < items {
         let (tok, part, head) = index::split3(item, parts, a.heads);
-        let (src, dst) = if part == 0 {
-            (a.src_k, a.dst_k)
+        // K and V may differ in width and input stride (an MLA row: latent then rope part).
+        let (src, dst, chunk, sts) = if part == 0 {
+            (a.src_k, a.dst_k, a.chunk_bytes, a.src_token_stride)
         } else {
-            (a.src_v, a.dst_v)
+            (a.src_v, a.dst_v, a.chunk_bytes_v, a.src_token_stride_v)
         };
         // SAFETY: tok < num_tokens and head < heads: inside the (host-validated) source.
-        let s = unsafe { src.add((tok * a.src_token_stride + head * a.src_head_stride) as usize) };
+        let s = unsafe { src.add((tok * sts + head * a.src_head_stride) as usize) };
+        let units = chunk / 16;
         let held = if staged {
             // SAFETY: as above; staged implies 16-byte alignment and `units` units.
             unsafe { load_staged(s, units, g.lane, g.lanes) }
@@ -155,7 +157,7 @@ unsafe fn slots_body<const CONVERT: bool>(a: &SlotArgs, g: Group) {
             let scale = unsafe { *scales.add(at) };
             let held8 = if preloaded {
                 // SAFETY: as above; `vec` implies the vector units' alignment.
-                Some(unsafe { convert::preload(s, a.chunk_bytes, g.lane, a.convert) })
+                Some(unsafe { convert::preload(s, chunk, g.lane, a.convert) })
             } else {
                 None
             };
@@ -188,7 +190,7 @@ unsafe fn slots_body<const CONVERT: bool>(a: &SlotArgs, g: Group) {
                             + offset * a.dst_token_stride
                             + head * a.dst_head_stride) as usize,
                     );
-                    let (n, c) = (a.chunk_bytes, a.convert);
+                    let (n, c) = (chunk, a.convert);
                     if staged {
                         store_staged(d, &held, units, g.lane, g.lanes);
                     } else if let Some(h) = &held8 {

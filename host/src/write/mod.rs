@@ -269,6 +269,100 @@ impl<'a> SlotUpdate<'a> {
     }
 }
 
+/// Arguments of [`Kvio::update_mla`] (vLLM `concat_and_cache_mla`, DeepSeek-style MLA caches):
+/// token `t < slots.len()` gets one cache row at slot `slots[t]`, its latent `kv_c` (e.g. 512
+/// elements) followed by its rope part `k_pe` (e.g. 64). The cache has one head whose width is
+/// the sum of the two; negative slots are skipped, slots past the cache counted, as in every
+/// write. Optionally quantized to fp8 with one per-tensor scale for the whole row (vLLM's
+/// `scale`): give a [`Quantize`] with `k_scale` only.
+///
+/// ```
+/// use kvio::{DeviceBytes, DeviceBytesMut, MlaUpdate, PagedLayout, SlotMapping, TokenLayout};
+/// // Two tokens of a 4 + 2 element row (f32), into 2 pages of 2 slots.
+/// let kv_c: Vec<f32> = (0..8).map(|x| x as f32).collect();
+/// let k_pe = [100f32, 101., 102., 103.];
+/// let mut cache = vec![0f32; 2 * 2 * 6];
+/// let slots = [3i64, 0];
+/// // SAFETY: host memory, used by the emulation only.
+/// let op = unsafe {
+///     MlaUpdate::new(
+///         DeviceBytes::from_raw(kv_c.as_ptr() as u64, 32),
+///         TokenLayout::contiguous(2, 1, 4, 4),
+///         DeviceBytes::from_raw(k_pe.as_ptr() as u64, 16),
+///         TokenLayout::contiguous(2, 1, 2, 4),
+///         DeviceBytesMut::from_raw(cache.as_mut_ptr() as u64, 96),
+///         PagedLayout::nhd(2, 2, 1, 6, 4),
+///         SlotMapping::I64(DeviceBytes::from_raw(slots.as_ptr() as u64, 16)),
+///     )
+/// };
+/// // SAFETY: every view is live host memory of its length.
+/// unsafe { kvio::emulate::update_mla(&op) }.unwrap();
+/// assert_eq!(cache[18..24], [0., 1., 2., 3., 100., 101.]); // slot 3: token 0
+/// assert_eq!(cache[0..6], [4., 5., 6., 7., 102., 103.]); // slot 0: token 1
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct MlaUpdate<'a> {
+    /// Latent rows `[T, 1, kv_lora_rank]`.
+    pub kv_c: DeviceBytes<'a>,
+    /// Layout of `kv_c` (one head; its token stride may skip other columns).
+    pub kv_c_layout: TokenLayout,
+    /// Rope rows `[T, 1, rope_dim]`.
+    pub k_pe: DeviceBytes<'a>,
+    /// Layout of `k_pe`.
+    pub k_pe_layout: TokenLayout,
+    /// The cache, written in place.
+    pub cache: DeviceBytesMut<'a>,
+    /// Layout of the cache: one head of `kv_lora_rank + rope_dim` elements per slot.
+    pub layout: PagedLayout,
+    /// Slot per token.
+    pub slots: SlotMapping<'a>,
+    /// Where to count slots past the end of the cache (`None`: skipped, not counted).
+    pub errors: Option<&'a DeviceErrors>,
+    /// fp8 quantize-on-write with one per-tensor scale (`k_scale`; no `v_scale`).
+    pub quantize: Option<Quantize<'a>>,
+}
+
+impl<'a> MlaUpdate<'a> {
+    /// An MLA update with no error word and no quantization.
+    pub fn new(
+        kv_c: DeviceBytes<'a>,
+        kv_c_layout: TokenLayout,
+        k_pe: DeviceBytes<'a>,
+        k_pe_layout: TokenLayout,
+        cache: DeviceBytesMut<'a>,
+        layout: PagedLayout,
+        slots: SlotMapping<'a>,
+    ) -> Self {
+        MlaUpdate {
+            kv_c,
+            kv_c_layout,
+            k_pe,
+            k_pe_layout,
+            cache,
+            layout,
+            slots,
+            errors: None,
+            quantize: None,
+        }
+    }
+
+    /// Counts slots past the end of the cache in `errors`.
+    pub fn errors(self, errors: &'a DeviceErrors) -> Self {
+        MlaUpdate {
+            errors: Some(errors),
+            ..self
+        }
+    }
+
+    /// Quantizes the row to fp8 (`k_scale` per tensor, no `v_scale`).
+    pub fn quantize(self, quantize: Quantize<'a>) -> Self {
+        MlaUpdate {
+            quantize: Some(quantize),
+            ..self
+        }
+    }
+}
+
 /// Arguments of [`Kvio::update_slices`] (vLLM TPU `kv_cache_update` semantics).
 ///
 /// `slices` is `[3, padded]` `i32` in struct-of-arrays form: row 0 the first cache slot, row 1
@@ -424,5 +518,11 @@ impl Kvio {
     /// ```
     pub fn update_slices(&self, op: &SliceUpdate<'_>, stream: StreamRef<'_>) -> Result<()> {
         self.run(&plan::slices(op, &self.target())?, stream)
+    }
+
+    /// Writes MLA cache rows (latent and rope part side by side) by slot mapping. See
+    /// [`MlaUpdate`]; one launch, like [`Kvio::update_slots`].
+    pub fn update_mla(&self, op: &MlaUpdate<'_>, stream: StreamRef<'_>) -> Result<()> {
+        self.run(&plan::mla(op, &self.target())?, stream)
     }
 }

@@ -5,7 +5,7 @@ use kvio_kernels::index::{access_width, group_shift};
 
 use kvio_kernels::convert;
 
-use super::{Fp8, Quantize, Scale, SliceUpdate, SlotUpdate, SrcType};
+use super::{Fp8, MlaUpdate, Quantize, Scale, SliceUpdate, SlotMapping, SlotUpdate, SrcType};
 use crate::error::{invalid, Error, Result};
 use crate::error_word::DeviceErrors;
 use crate::launch::{grid_for, BLOCK_THREADS, PER_LANE};
@@ -152,28 +152,9 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
             }
         }
     }
-    let (slots, w) = op.slots.parts();
-    if slots.len() % w != 0 {
-        return Err(invalid(
-            "slots",
-            slots.len(),
-            "byte length is not a multiple of the slot size",
-        ));
-    }
-    if slots.ptr() % w as u64 != 0 {
-        return Err(invalid(
-            "slots",
-            slots.ptr(),
-            "misaligned for its element type",
-        ));
-    }
-    let n = op.slots.len();
-    if n > op.input.num_tokens {
-        return Err(invalid("slots", n, "more slots than input tokens"));
-    }
-    if n == 0 {
+    let Some((slots, w, n)) = slot_list(&op.slots, op.input.num_tokens)? else {
         return Ok(Plan::Nothing);
-    }
+    };
     let e = op.cache.elem_bytes as u64;
     let ie = op.input.elem_bytes as u64;
     let (c, i) = (&op.cache, &op.input);
@@ -187,8 +168,7 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
     } else {
         (c.num_heads as u64, c.chunk_bytes() as u64)
     };
-    let (slots, w) = op.slots.parts();
-    let mut args = SlotArgs {
+    let args = SlotArgs {
         src_k: op.key.src.ptr() as *const u8,
         src_v: op.value.map_or(0, |v| v.src.ptr()) as *const u8,
         src_token_stride: i.token_stride as u64 * ie,
@@ -202,7 +182,9 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
         block_size: c.block_size as u64,
         heads,
         chunk_bytes: chunk,
-        slots: slots.ptr() as *const u8,
+        chunk_bytes_v: chunk,
+        src_token_stride_v: i.token_stride as u64 * ie,
+        slots: slots as *const u8,
         slot_is_i64: (w == 8) as u32,
         num_tokens: n as u64,
         convert: quant.map_or(convert::NONE, |(code, _)| code),
@@ -213,11 +195,139 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
         shift: 0,
         errors: err_ptr(op.errors) as *mut u32,
     };
-    if quant.is_some() {
+    slot_launch(args, ie, target)
+}
+
+/// Validates an MLA update into one launch of the slot kernel: K is the latent part, V the
+/// rope part of the same row (their own widths and input strides), one head.
+pub(crate) fn mla<'a>(op: &MlaUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
+    let (lk, lp, c) = (&op.kv_c_layout, &op.k_pe_layout, &op.layout);
+    if lk.num_heads != 1 || lp.num_heads != 1 || c.num_heads != 1 {
+        return Err(invalid(
+            "layout",
+            (lk.num_heads, lp.num_heads, c.num_heads),
+            "MLA rows have one head (kv_c, k_pe and the cache)",
+        ));
+    }
+    if lk.head_dim.checked_add(lp.head_dim) != Some(c.head_dim) {
+        return Err(invalid(
+            "k_pe_layout",
+            (lk.head_dim, lp.head_dim, c.head_dim),
+            "kv_c and k_pe widths do not add up to the cache row",
+        ));
+    }
+    if lk.elem_bytes != lp.elem_bytes {
+        return Err(invalid(
+            "k_pe_layout",
+            (lk.elem_bytes, lp.elem_bytes),
+            "kv_c and k_pe differ in element size",
+        ));
+    }
+    let quant = match &op.quantize {
+        Some(q) => {
+            if q.v_scale.is_some() || matches!(q.k_scale, Scale::PerHead(_)) {
+                return Err(invalid(
+                    "quantize",
+                    "v_scale or per-head",
+                    "an MLA row has one per-tensor scale (k_scale only)",
+                ));
+            }
+            let mut row = *lk;
+            row.head_dim = c.head_dim;
+            Some(check_quantize(q, &row, c, false)?.0)
+        }
+        None => {
+            if lk.elem_bytes != c.elem_bytes {
+                return Err(invalid(
+                    "kv_c_layout",
+                    (lk.elem_bytes, c.elem_bytes),
+                    "elem_bytes differs from the cache's",
+                ));
+            }
+            None
+        }
+    };
+    fits("kv_c", lk.extent("kv_c_layout")?, op.kv_c.len())?;
+    fits("k_pe", lp.extent("k_pe_layout")?, op.k_pe.len())?;
+    fits("cache", c.extent("layout")?, op.cache.len())?;
+    let tokens = lk.num_tokens.min(lp.num_tokens);
+    let Some((slots, w, n)) = slot_list(&op.slots, tokens)? else {
+        return Ok(Plan::Nothing);
+    };
+    let (e, ie) = (c.elem_bytes as u64, lk.elem_bytes as u64);
+    let scale = scale_ptr(op.quantize.map(|q| q.k_scale)) as *const f32;
+    let args = SlotArgs {
+        src_k: op.kv_c.ptr() as *const u8,
+        src_v: op.k_pe.ptr() as *const u8,
+        src_token_stride: lk.token_stride as u64 * ie,
+        src_head_stride: 0,
+        dst_k: op.cache.ptr() as *mut u8,
+        dst_v: (op.cache.ptr() + lk.head_dim as u64 * e) as *mut u8,
+        dst_block_stride: c.block_stride as u64 * e,
+        dst_token_stride: c.token_stride as u64 * e,
+        dst_head_stride: 0,
+        num_blocks: c.num_blocks as u64,
+        block_size: c.block_size as u64,
+        heads: 1,
+        chunk_bytes: lk.head_dim as u64 * e,
+        chunk_bytes_v: lp.head_dim as u64 * e,
+        src_token_stride_v: lp.token_stride as u64 * ie,
+        slots: slots as *const u8,
+        slot_is_i64: (w == 8) as u32,
+        num_tokens: n as u64,
+        convert: quant.unwrap_or(convert::NONE),
+        k_scale: scale,
+        v_scale: scale,
+        scale_per_head: 0,
+        width: 0,
+        shift: 0,
+        errors: err_ptr(op.errors) as *mut u32,
+    };
+    slot_launch(args, ie, target)
+}
+
+/// A slot mapping's `(address, slot size, count)`, checked (length, alignment, at most
+/// `num_tokens` slots); `None` when it holds no slot.
+fn slot_list(slots: &SlotMapping<'_>, num_tokens: usize) -> Result<Option<(u64, usize, usize)>> {
+    let (bytes, w) = slots.parts();
+    if bytes.len() % w != 0 {
+        return Err(invalid(
+            "slots",
+            bytes.len(),
+            "byte length is not a multiple of the slot size",
+        ));
+    }
+    if bytes.ptr() % w as u64 != 0 {
+        return Err(invalid(
+            "slots",
+            bytes.ptr(),
+            "misaligned for its element type",
+        ));
+    }
+    let n = slots.len();
+    if n > num_tokens {
+        return Err(invalid("slots", n, "more slots than input tokens"));
+    }
+    Ok((n > 0).then_some((bytes.ptr(), w, n)))
+}
+
+/// The launch of a slot update whose addresses, strides and chunks are filled in: access
+/// width and lanes per item (copying, or converting from `ie`-byte source elements), grid.
+fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<Plan<'a>> {
+    let n = args.num_tokens;
+    let parts = if args.src_v.is_null() { 1 } else { 2 };
+    let heads = args.heads;
+    let chunk = args.chunk_bytes.max(args.chunk_bytes_v);
+    let converting = args.convert != convert::NONE;
+    if converting {
         // Elements per span = fp8 bytes; 8-element units where both sides allow them.
         let src_ok = [args.src_k as u64, args.src_v as u64]
             .iter()
-            .chain(&[args.src_token_stride, args.src_head_stride])
+            .chain(&[
+                args.src_token_stride,
+                args.src_token_stride_v,
+                args.src_head_stride,
+            ])
             .all(|v| v.is_multiple_of(16));
         let dst_ok = [args.dst_k as u64, args.dst_v as u64]
             .iter()
@@ -227,7 +337,10 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
                 args.dst_head_stride,
             ])
             .all(|v| v.is_multiple_of(8));
-        let vec = chunk.is_multiple_of(convert::VEC) && src_ok && dst_ok;
+        let vec = args.chunk_bytes.is_multiple_of(convert::VEC)
+            && args.chunk_bytes_v.is_multiple_of(convert::VEC)
+            && src_ok
+            && dst_ok;
         if !vec {
             for (name, p) in [("key", args.src_k as u64), ("value", args.src_v as u64)] {
                 if !p.is_multiple_of(ie) {
@@ -245,7 +358,7 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
         let wide = (0..=max_shift)
             .find(|&s| 1u64 << s >= units)
             .unwrap_or(max_shift);
-        let items = n as u64 * if op.value.is_some() { 2 } else { 1 } * heads;
+        let items = n * parts * heads;
         let resident = target.caps.slots_fp8 as u64 * BLOCK_THREADS as u64;
         args.shift = if items.saturating_mul(1 << wide) <= resident {
             wide
@@ -259,34 +372,31 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
             args.dst_k as u64,
             args.dst_v as u64,
             args.src_token_stride,
+            args.src_token_stride_v,
             args.src_head_stride,
             args.dst_block_stride,
             args.dst_token_stride,
             args.dst_head_stride,
-            chunk,
+            args.chunk_bytes,
+            args.chunk_bytes_v,
         ]);
         args.shift = group_shift(chunk / args.width as u64, PER_LANE);
     }
-    let parts = if op.value.is_some() { 2 } else { 1 };
     // The kernel iterates over this many items: refuse a count that would wrap.
-    let items = (n as u64)
+    let items = n
         .checked_mul(parts)
         .and_then(|v| v.checked_mul(heads))
         .ok_or(Error::Overflow { name: "slots" })?;
+    let cap = if converting {
+        target.caps.slots_fp8
+    } else {
+        target.caps.slots
+    };
     Ok(Plan::Kernel {
         upload: None,
         launch: Launch {
             kernel: Kernel::Slots(args),
-            grid: grid_for(
-                items,
-                BLOCK_THREADS,
-                args.shift,
-                if quant.is_some() {
-                    target.caps.slots_fp8
-                } else {
-                    target.caps.slots
-                },
-            ),
+            grid: grid_for(items, BLOCK_THREADS, args.shift, cap),
             threads: BLOCK_THREADS,
         },
     })
