@@ -296,3 +296,148 @@ fn mla_arguments_are_checked() {
     // SAFETY: as above (writes `cache`, which is ours).
     unsafe { kvio::emulate::update_mla(&good) }.unwrap();
 }
+
+// ---- MLA pools: one part per layer, moved between layouts -----------------------------------
+
+use kvio::reference::PoolImage;
+use kvio::{BlockCopy, BlockMap, BlockPool, PoolMemory};
+use kvio_suite::{random_pairs, Mem};
+
+const POOL_LAYERS: usize = 3;
+const POOL_BS: usize = 16;
+
+/// The one-part pools of these tests over `mem`: cross-layer `(NB, L, bs, 576)` or layer-first
+/// `(L, NB, bs, 576)` (each layer's cache after the previous one), bf16.
+fn mla_pool<'a, M: PoolMemory<'a>>(mem: M, nb: usize, cross: bool) -> BlockPool<'a, M::Access> {
+    let row = LORA + ROPE;
+    if cross {
+        BlockPool::cross_layer_one_part(mem, nb, POOL_LAYERS, POOL_BS, 1, row, 2)
+    } else {
+        let layout = PagedLayout::nhd(nb, POOL_BS, 1, row, 2);
+        let cache = layout.extent("layout").unwrap() as usize;
+        BlockPool::strided(mem, cache, 0, POOL_LAYERS, 1, layout)
+    }
+}
+
+fn pool_bytes(nb: usize) -> usize {
+    nb * POOL_LAYERS * POOL_BS * (LORA + ROPE) * 2
+}
+
+/// Offload (device cross-layer → pinned cross-layer) then onload into a layer-first device
+/// pool, on the GPU (default backend: kvio's scratch takes the host maps), each step compared
+/// with the reference.
+#[test]
+fn gpu_mla_pools_offload_and_onload() {
+    let Some(g) = kvio_suite::gpu("MLA pools") else {
+        return;
+    };
+    let stream = g.stream();
+    let (nb_dev, nb_host) = (24, 40);
+    let mut rng = Rng::new(5);
+    let mut dev = Mem::new(false, pool_bytes(nb_dev));
+    let mut host = Mem::new(true, pool_bytes(nb_host));
+    let mut back = Mem::new(false, pool_bytes(nb_dev));
+    let (dev0, host0, back0) = (
+        random_bytes(pool_bytes(nb_dev), 1),
+        random_bytes(pool_bytes(nb_host), 2),
+        random_bytes(pool_bytes(nb_dev), 3),
+    );
+    dev.fill(&dev0);
+    host.fill(&host0);
+    back.fill(&back0);
+    let off = random_pairs(17, nb_dev, nb_host, 5, &mut rng);
+    let on = random_pairs(13, nb_host, nb_dev, 5, &mut rng);
+    let image = |nb, cross| {
+        // SAFETY: a description only.
+        PoolImage::of(&mla_pool(
+            unsafe { DeviceBytes::from_raw(0, pool_bytes(nb)) },
+            nb,
+            cross,
+        ))
+        .unwrap()
+    };
+
+    let op = BlockCopy::new(
+        mla_pool(dev.bytes(), nb_dev, true),
+        mla_pool(host.bytes_mut(), nb_host, true),
+        BlockMap::Host(&off),
+    );
+    g.kv.copy_blocks(&op, stream.sref()).unwrap();
+    stream.synchronize().unwrap();
+    let mut want_host = host0.clone();
+    reference::copy_blocks(
+        &image(nb_dev, true),
+        &dev0,
+        &image(nb_host, true),
+        &mut want_host,
+        &off,
+    );
+    assert_same("MLA offload", &host.read(), &want_host);
+
+    let op = BlockCopy::new(
+        mla_pool(host.bytes(), nb_host, true),
+        mla_pool(back.bytes_mut(), nb_dev, false),
+        BlockMap::Host(&on),
+    );
+    g.kv.copy_blocks(&op, stream.sref()).unwrap();
+    stream.synchronize().unwrap();
+    let mut want_back = back0.clone();
+    reference::copy_blocks(
+        &image(nb_host, true),
+        &want_host,
+        &image(nb_dev, false),
+        &mut want_back,
+        &on,
+    );
+    assert_same("MLA onload into layer-first", &back.read(), &want_back);
+}
+
+/// The same moves in the CPU emulation (cross-layer → cross-layer → layer-first).
+#[test]
+fn emulated_mla_pools_move_between_layouts() {
+    let (nb_a, nb_b) = (12, 20);
+    let mut rng = Rng::new(9);
+    let a0 = random_bytes(pool_bytes(nb_a), 11);
+    let mut b = random_bytes(pool_bytes(nb_b), 12);
+    let mut c = random_bytes(pool_bytes(nb_a), 13);
+    let (b0, c0) = (b.clone(), c.clone());
+    let ab = random_pairs(9, nb_a, nb_b, 4, &mut rng);
+    let bc = random_pairs(7, nb_b, nb_a, 4, &mut rng);
+    let raw_mut = |v: &mut Vec<u8>| {
+        // SAFETY: host memory, ours for the emulated call.
+        unsafe { DeviceBytesMut::from_raw(v.as_mut_ptr() as u64, v.len()) }
+    };
+    let op = BlockCopy::new(
+        mla_pool(host(&a0), nb_a, true),
+        mla_pool(raw_mut(&mut b), nb_b, true),
+        BlockMap::Host(&ab),
+    );
+    // SAFETY: every view is live host memory of its length.
+    unsafe { kvio::emulate::copy_blocks(&op) }.unwrap();
+    let image = |v: &[u8], nb, cross| PoolImage::of(&mla_pool(host(v), nb, cross)).unwrap();
+    let mut want_b = b0.clone();
+    reference::copy_blocks(
+        &image(&a0, nb_a, true),
+        &a0,
+        &image(&b0, nb_b, true),
+        &mut want_b,
+        &ab,
+    );
+    assert_same("cross-layer to cross-layer", &b, &want_b);
+    let op = BlockCopy::new(
+        mla_pool(host(&b), nb_b, true),
+        mla_pool(raw_mut(&mut c), nb_a, false),
+        BlockMap::Host(&bc),
+    );
+    // SAFETY: as above.
+    unsafe { kvio::emulate::copy_blocks(&op) }.unwrap();
+    let mut want_c = c0.clone();
+    reference::copy_blocks(
+        &image(&b, nb_b, true),
+        &b,
+        &image(&c0, nb_a, false),
+        &mut want_c,
+        &bc,
+    );
+    assert_same("cross-layer to layer-first", &c, &want_c);
+}

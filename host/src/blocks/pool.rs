@@ -217,6 +217,37 @@ impl<'a, A: Copy> BlockPool<'a, A> {
         }
     }
 
+    /// Cross-layer blocks of one part per layer, `(NB, L, bs, H, D)`: an MLA cache (one head of
+    /// `kv_lora_rank + rope_dim` elements, DeepSeek) or a combined K|V cache, every layer of a
+    /// block together. Its bytes: `num_blocks * layers * block_size * heads * head_dim * elem`.
+    ///
+    /// ```
+    /// # fn main() -> kvio::Result<()> {
+    /// let (nb, l, bs, row, e) = (10, 4, 64, 576, 2); // MLA: 512 + 64 elements a token
+    /// # let mem = unsafe { kvio::DeviceBytes::from_raw(0x1000, nb * l * bs * row * e) };
+    /// let pool = kvio::BlockPool::cross_layer_one_part(mem, nb, l, bs, 1, row, e);
+    /// assert_eq!((pool.parts, pool.layout.block_stride), (1, l * bs * row));
+    /// let (c, v, _) = pool.layer_view(1)?; // layer 1's cache, for `MlaUpdate`
+    /// assert_eq!((c.ptr(), v), (0x1000 + (bs * row * e) as u64, None));
+    /// # Ok(()) }
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn cross_layer_one_part<M: PoolMemory<'a, Access = A>>(
+        mem: M,
+        num_blocks: usize,
+        layers: usize,
+        block_size: usize,
+        heads: usize,
+        head_dim: usize,
+        elem_bytes: usize,
+    ) -> Self {
+        let part = block_size.saturating_mul(heads).saturating_mul(head_dim);
+        let mut layout = PagedLayout::nhd(num_blocks, block_size, heads, head_dim, elem_bytes);
+        layout.block_stride = sat(&[layers, part]);
+        let layer_stride = sat(&[part, elem_bytes]);
+        Self::strided(mem, layer_stride, 0, layers, 1, layout)
+    }
+
     /// Cross-layer blocks in vLLM's FlashAttention NHD order `(NB, L, 2, bs, H, D)`: one block
     /// holds all layers, K then V, contiguously (vLLM #27743).
     ///
