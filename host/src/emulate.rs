@@ -106,7 +106,7 @@ unsafe fn run(plan: &Plan<'_>) {
             // SAFETY: arguments validated like a launch; the memory is host memory (caller).
             ops::emulate(launch.grid, launch.threads, kernel.shift(), |g| unsafe {
                 match &kernel {
-                    Kernel::Slots(a) if a.convert != 0 => ops::update_slots_fp8(a, g),
+                    Kernel::Slots(a) if a.general() => ops::update_slots_general(a, g),
                     Kernel::Slots(a) => ops::update_slots(a, g),
                     Kernel::Slices(a) => ops::update_slices(a, g),
                     Kernel::Copy(a) | Kernel::Transfer(a) => ops::copy_blocks(a, g),

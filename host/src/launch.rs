@@ -23,8 +23,8 @@ pub const DEFAULT_TRANSFER_CTAS: u32 = 4;
 pub(crate) struct GridCap {
     /// `kvio_update_slots` at [`BLOCK_THREADS`].
     pub(crate) slots: u32,
-    /// `kvio_update_slots_fp8` at [`BLOCK_THREADS`].
-    pub(crate) slots_fp8: u32,
+    /// `kvio_update_slots_general` at [`BLOCK_THREADS`].
+    pub(crate) slots_general: u32,
     /// `kvio_update_slices` at [`BLOCK_THREADS`].
     pub(crate) slices: u32,
     /// `kvio_copy_blocks` at [`BLOCK_THREADS`].
@@ -38,7 +38,7 @@ impl GridCap {
     pub(crate) const fn uniform(cap: u32) -> Self {
         GridCap {
             slots: cap,
-            slots_fp8: cap,
+            slots_general: cap,
             slices: cap,
             copy: cap,
             transfer: cap,

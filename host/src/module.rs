@@ -29,7 +29,7 @@ pub struct Kvio {
     ctx: cu::CUcontext,
     module: cu::CUmodule,
     update_slots: cu::CUfunction,
-    update_slots_fp8: cu::CUfunction,
+    update_slots_general: cu::CUfunction,
     update_slices: cu::CUfunction,
     copy_blocks: cu::CUfunction,
     transfer_blocks: cu::CUfunction,
@@ -88,7 +88,7 @@ impl Kvio {
             ctx,
             module,
             update_slots: ptr::null_mut(),
-            update_slots_fp8: ptr::null_mut(),
+            update_slots_general: ptr::null_mut(),
             update_slices: ptr::null_mut(),
             copy_blocks: ptr::null_mut(),
             transfer_blocks: ptr::null_mut(),
@@ -100,7 +100,7 @@ impl Kvio {
             scratch: None,
         };
         this.update_slots = this.function("kvio_update_slots")?;
-        this.update_slots_fp8 = this.function("kvio_update_slots_fp8")?;
+        this.update_slots_general = this.function("kvio_update_slots_general")?;
         this.update_slices = this.function("kvio_update_slices")?;
         this.copy_blocks = this.function("kvio_copy_blocks")?;
         this.transfer_blocks = this.function("kvio_transfer_blocks")?;
@@ -108,7 +108,7 @@ impl Kvio {
         let sms = this.sm_count;
         this.grid_cap = GridCap {
             slots: resident_ctas(this.update_slots, BLOCK_THREADS, sms)?,
-            slots_fp8: resident_ctas(this.update_slots_fp8, BLOCK_THREADS, sms)?,
+            slots_general: resident_ctas(this.update_slots_general, BLOCK_THREADS, sms)?,
             slices: resident_ctas(this.update_slices, BLOCK_THREADS, sms)?,
             copy: resident_ctas(this.copy_blocks, BLOCK_THREADS, sms)?,
             transfer: resident_ctas(this.transfer_blocks, TRANSFER_THREADS, sms)?,
@@ -132,7 +132,7 @@ impl Kvio {
     /// The entry point that runs `k`.
     pub(crate) fn entry(&self, k: &Kernel) -> cu::CUfunction {
         match k {
-            Kernel::Slots(a) if a.convert != 0 => self.update_slots_fp8,
+            Kernel::Slots(a) if a.general() => self.update_slots_general,
             Kernel::Slots(_) => self.update_slots,
             Kernel::Slices(_) => self.update_slices,
             Kernel::Copy(_) => self.copy_blocks,

@@ -102,9 +102,10 @@ macro_rules! kernel {
 
 kernel! {
     /// Arguments of the slot-mapping update (see [`crate::ops::update_slots`]), for two entry
-    /// points: `kvio_update_slots` (bytes copied) and `kvio_update_slots_fp8` (quantized on
-    /// the way, [`crate::ops::update_slots_fp8`]), so the copying kernel keeps its registers.
-    kvio_update_slots | kvio_update_slots_fp8 [crate::ops::update_slots_fp8] (SlotArgs) => crate::ops::update_slots {
+    /// points: `kvio_update_slots` (bytes copied, K and V alike) and
+    /// `kvio_update_slots_general` (also quantized on the way, or K and V of different widths:
+    /// [`crate::ops::update_slots_general`]), so the plain copy keeps its registers.
+    kvio_update_slots | kvio_update_slots_general [crate::ops::update_slots_general] (SlotArgs) => crate::ops::update_slots {
         /// New keys.
         src_k: *const u8,
         /// New values (null: K only).
@@ -156,6 +157,16 @@ kernel! {
         shift: u32,
         /// Error word (may be null).
         errors: *mut u32,
+    }
+}
+
+impl SlotArgs {
+    /// Whether this update needs the general entry point (`kvio_update_slots_general`): it
+    /// converts, or its K and V parts differ in width or input stride.
+    pub fn general(&self) -> bool {
+        self.convert != crate::convert::NONE
+            || self.chunk_bytes_v != self.chunk_bytes
+            || self.src_token_stride_v != self.src_token_stride
     }
 }
 

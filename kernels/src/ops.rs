@@ -99,29 +99,34 @@ pub unsafe fn update_slots(a: &SlotArgs, g: Group) {
     unsafe { slots_body::<false>(a, g) }
 }
 
-/// [`update_slots`] for converting updates (`a.convert` set): the same body with the
-/// conversion compiled in, as its own entry point.
+/// [`update_slots`] for converting updates (`a.convert` set) and for K and V parts of
+/// different widths or input strides (MLA rows): the same body with those compiled in, as its
+/// own entry point, so the plain copy keeps its registers.
 ///
 /// # Safety
 /// As [`update_slots`].
 #[inline(always)]
-pub unsafe fn update_slots_fp8(a: &SlotArgs, g: Group) {
+pub unsafe fn update_slots_general(a: &SlotArgs, g: Group) {
     // SAFETY: forwarded.
     unsafe { slots_body::<true>(a, g) }
 }
 
-/// The slot update, with (`CONVERT`) or without the conversion path.
+/// The slot update: plain copies, or (`GENERAL`) also conversions and per-part widths.
 ///
 /// # Safety
 /// As [`update_slots`].
 #[inline(always)]
-unsafe fn slots_body<const CONVERT: bool>(a: &SlotArgs, g: Group) {
+unsafe fn slots_body<const GENERAL: bool>(a: &SlotArgs, g: Group) {
     let parts = if a.src_v.is_null() { 1 } else { 2 };
     let items = a.num_tokens * parts * a.heads;
     // Spans a group holds in registers are loaded before the slot is read, so the two
     // memory latencies overlap (decode-size updates are latency-bound).
-    let units = a.chunk_bytes.max(a.chunk_bytes_v) / 16;
-    let conv = CONVERT && a.convert != convert::NONE;
+    let units = if GENERAL {
+        a.chunk_bytes.max(a.chunk_bytes_v)
+    } else {
+        a.chunk_bytes
+    } / 16;
+    let conv = GENERAL && a.convert != convert::NONE;
     let vec = a.width as u64 == convert::VEC;
     // Only in the latency regime (at most one item per group); large updates keep the
     // streaming path. Converting updates preload their first units instead.
@@ -130,11 +135,14 @@ unsafe fn slots_body<const CONVERT: bool>(a: &SlotArgs, g: Group) {
     let mut item = g.first;
     while item < items {
         let (tok, part, head) = index::split3(item, parts, a.heads);
-        // K and V may differ in width and input stride (an MLA row: latent then rope part).
+        // In the general entry K and V may differ in width and input stride (an MLA row:
+        // latent then rope part); the copying entry keeps one of each.
         let (src, dst, chunk, sts) = if part == 0 {
             (a.src_k, a.dst_k, a.chunk_bytes, a.src_token_stride)
-        } else {
+        } else if GENERAL {
             (a.src_v, a.dst_v, a.chunk_bytes_v, a.src_token_stride_v)
+        } else {
+            (a.src_v, a.dst_v, a.chunk_bytes, a.src_token_stride)
         };
         // SAFETY: tok < num_tokens and head < heads: inside the (host-validated) source.
         let s = unsafe { src.add((tok * sts + head * a.src_head_stride) as usize) };

@@ -359,7 +359,7 @@ fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<P
             .find(|&s| 1u64 << s >= units)
             .unwrap_or(max_shift);
         let items = n * parts * heads;
-        let resident = target.caps.slots_fp8 as u64 * BLOCK_THREADS as u64;
+        let resident = target.caps.slots_general as u64 * BLOCK_THREADS as u64;
         args.shift = if items.saturating_mul(1 << wide) <= resident {
             wide
         } else {
@@ -387,8 +387,8 @@ fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<P
         .checked_mul(parts)
         .and_then(|v| v.checked_mul(heads))
         .ok_or(Error::Overflow { name: "slots" })?;
-    let cap = if converting {
-        target.caps.slots_fp8
+    let cap = if args.general() {
+        target.caps.slots_general
     } else {
         target.caps.slots
     };
