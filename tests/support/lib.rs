@@ -46,7 +46,14 @@ pub fn gpu_required() -> bool {
 pub fn gpu(test: &str) -> Option<&'static Gpu> {
     let g = GPU.get_or_init(|| {
         let ctx = PrimaryContext::retain(0).map_err(|e| format!("no usable CUDA device: {e}"))?;
-        let kv = Kvio::load().map_err(|e| format!("loading kvio failed: {e}"))?;
+        // KVIO_TEST_ARCH=sm80 runs the sm_80 PTX on a newer GPU (its software fp8 path, ...).
+        let kv = match std::env::var("KVIO_TEST_ARCH").as_deref() {
+            Ok("sm80") => Kvio::load_arch(kvio::Arch::Sm80),
+            Ok("sm90") => Kvio::load_arch(kvio::Arch::Sm90),
+            Ok(other) => panic!("KVIO_TEST_ARCH={other}: expected sm80 or sm90"),
+            Err(_) => Kvio::load(),
+        }
+        .map_err(|e| format!("loading kvio failed: {e}"))?;
         Ok(Gpu { ctx, kv })
     });
     match g {
