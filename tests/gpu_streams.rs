@@ -133,3 +133,110 @@ fn device_alloc_copies_are_stream_ordered() {
         Err(kvio::Error::BufferTooSmall { .. })
     ));
 }
+
+/// The host side of a pinned pool cannot race a transfer: right after an offload into it is
+/// enqueued (nothing synchronised), `as_slice` waits and sees every block; after an onload
+/// reads it, `as_mut_slice` waits before the host may overwrite it. Slow transfers on the
+/// kernel backend with one CTA, so that a read that did not wait would see poison.
+#[test]
+fn pinned_host_access_waits_for_transfers() {
+    let Some(g) = gpu("streams") else { return };
+    let stream = g.stream();
+    let s = Shape {
+        blocks: 64,
+        layers: 32,
+        bs: 16,
+        heads: 8,
+        dim: 128,
+        elem: 2,
+    }; // 128 MiB
+    let data = kvio_suite::random_bytes(s.bytes(), 41);
+    let poison = kvio_suite::random_bytes(s.bytes(), 42);
+    let mut dev = kvio::DeviceAlloc::new(s.bytes()).unwrap();
+    dev.write(0, &data, stream.sref()).unwrap();
+    stream.synchronize().unwrap();
+    let mut host = kvio::PinnedHost::alloc(s.bytes()).unwrap();
+    host.as_mut_slice().unwrap().copy_from_slice(&poison);
+    let pairs: Vec<[i64; 2]> = (0..s.blocks as i64).map(|b| [b, b]).collect();
+
+    // Offload, then read on the host at once: as_slice waits for it.
+    let op = BlockCopy::new(
+        s.pool(Kind::CrossNhd, dev.bytes()),
+        s.pool(Kind::CrossNhd, host.bytes_mut()),
+        BlockMap::Host(&pairs),
+    )
+    .backend(Backend::Kernel)
+    .max_ctas(1);
+    g.kv.copy_blocks(&op, stream.sref()).unwrap();
+    assert_same(
+        "offloaded pool, read at once",
+        host.as_slice().unwrap(),
+        &data,
+    );
+
+    // Onload back into poisoned device memory, then overwrite the pool on the host at once:
+    // as_mut_slice waits until the onload has read it.
+    dev.write(0, &poison, stream.sref()).unwrap();
+    let op = BlockCopy::new(
+        s.pool(Kind::CrossNhd, host.bytes()),
+        s.pool(Kind::CrossNhd, dev.bytes_mut()),
+        BlockMap::Host(&pairs),
+    )
+    .backend(Backend::Kernel)
+    .max_ctas(1);
+    g.kv.copy_blocks(&op, stream.sref()).unwrap();
+    host.as_mut_slice().unwrap().fill(0x5A);
+    let mut back = vec![0u8; s.bytes()];
+    dev.read(0, &mut back, stream.sref()).unwrap();
+    assert_same("onloaded pool, host overwrote it at once", &back, &data);
+}
+
+/// The control for [`pinned_host_access_waits_for_transfers`]: the same offload, read with
+/// `as_slice_unchecked` (no wait) right after it is enqueued, is expected to see poison, which
+/// shows the checked test would notice a missing wait. Timing-dependent, so ignored; run it
+/// with `--ignored`.
+#[test]
+#[ignore]
+fn pinned_host_access_without_waiting_races() {
+    let Some(g) = gpu("streams") else { return };
+    let stream = g.stream();
+    let s = Shape {
+        blocks: 64,
+        layers: 32,
+        bs: 16,
+        heads: 8,
+        dim: 128,
+        elem: 2,
+    };
+    let data = kvio_suite::random_bytes(s.bytes(), 41);
+    let poison = kvio_suite::random_bytes(s.bytes(), 42);
+    let mut dev = kvio::DeviceAlloc::new(s.bytes()).unwrap();
+    dev.write(0, &data, stream.sref()).unwrap();
+    stream.synchronize().unwrap();
+    let mut host = kvio::PinnedHost::alloc(s.bytes()).unwrap();
+    host.as_mut_slice().unwrap().copy_from_slice(&poison);
+    let pairs: Vec<[i64; 2]> = (0..s.blocks as i64).map(|b| [b, b]).collect();
+    // The host address, taken while nothing is in flight.
+    // SAFETY: no transfer uses the pool yet.
+    let p = unsafe { host.as_slice_unchecked() }.as_ptr();
+    let op = BlockCopy::new(
+        s.pool(Kind::CrossNhd, dev.bytes()),
+        s.pool(Kind::CrossNhd, host.bytes_mut()),
+        BlockMap::Host(&pairs),
+    )
+    .backend(Backend::Kernel)
+    .max_ctas(1);
+    g.kv.copy_blocks(&op, stream.sref()).unwrap();
+    // Deliberately not waited for: volatile reads (as of any memory a device writes
+    // concurrently), the values only compared; this is the race the checked accessor prevents.
+    // SAFETY: `p` addresses the pool's `s.bytes()` bytes, alive while `host` is.
+    let seen: Vec<u8> = (0..s.bytes())
+        .map(|i| unsafe { std::ptr::read_volatile(p.add(i)) })
+        .collect();
+    stream.synchronize().unwrap();
+    assert_ne!(
+        seen, data,
+        "the unchecked read saw the finished transfer: no race shown"
+    );
+    assert_same("after synchronising", host.as_slice().unwrap(), &data);
+}
