@@ -136,8 +136,10 @@ fn device_alloc_copies_are_stream_ordered() {
 
 /// The host side of a pinned pool cannot race a transfer: right after an offload into it is
 /// enqueued (nothing synchronised), `as_slice` waits and sees every block; after an onload
-/// reads it, `as_mut_slice` waits before the host may overwrite it. Slow transfers on the
-/// kernel backend with one CTA, so that a read that did not wait would see poison.
+/// reads it, `as_mut_slice` waits before the host may overwrite it (transfers on the kernel
+/// backend with one CTA). This checks what the accessors hand out; it does not show that a
+/// read without the wait would fail here: a byte-wise volatile read without it, tried on the
+/// H200, lagged the transfer and saw it finished.
 #[test]
 fn pinned_host_access_waits_for_transfers() {
     let Some(g) = gpu("streams") else { return };
