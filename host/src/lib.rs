@@ -9,13 +9,21 @@
 //! Write path:
 //! - [`Kvio::update_slots`]: slot-mapping update (vLLM `reshape_and_cache_flash`, Habana's flat
 //!   layout); i32 or i64 slots, negative = skip; NHD, HND or any strided cache view.
+//!   Optionally quantized to fp8 on the way ([`Quantize`]: bf16/f16/f32 → e4m3/e5m2, scales
+//!   per tensor or per head, read on the device).
+//! - [`Kvio::update_mla`]: MLA rows (vLLM `concat_and_cache_mla`): latent and rope part side by
+//!   side in one cache row, bf16 or fp8.
 //! - [`Kvio::update_slices`]: slice-based update (vLLM TPU `kv_cache_update`) with a
 //!   device-resident slice count.
 //!
-//!
 //! Block copies ([`Kvio::copy_blocks`]): whole blocks inside the GPU, GPU → pinned host and
-//! back, for layer-separate ([`LayerTable`]) and cross-layer ([`BlockPool::cross_layer_nhd`])
-//! pools, converting layouts on the way, by DMA or by an SM kernel ([`Backend`]).
+//! back, for layer-separate ([`LayerTable`]) and cross-layer ([`BlockPool::cross_layer_nhd`],
+//! one part per layer: [`BlockPool::cross_layer_one_part`]) pools, converting layouts on the
+//! way, by DMA or by an SM kernel ([`Backend`]).
+//!
+//! With feature `candle`, `kvio::candle` runs mistral.rs' `reshape_and_cache`, `copy_blocks`
+//! and `swap_blocks` on candle tensors; with feature `cudarc`, `kvio::cudarc` makes kvio's
+//! views from cudarc's slices and streams.
 //!
 //! Every operation is validated once on the host into a plan (typed [`Error`] on a bad
 //! argument, nothing enqueued), which one runner executes on the caller's stream: it allocates
