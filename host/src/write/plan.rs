@@ -24,28 +24,10 @@ fn fits(name: &'static str, needed: u64, len: usize) -> Result<()> {
     }
 }
 
-fn same_shape(input: &TokenLayout, cache: &PagedLayout) -> Result<()> {
-    if input.num_heads != cache.num_heads
-        || input.head_dim != cache.head_dim
-        || input.elem_bytes != cache.elem_bytes
-    {
-        return Err(invalid(
-            "input",
-            (input.num_heads, input.head_dim, input.elem_bytes),
-            "(num_heads, head_dim, elem_bytes) differ from the cache's",
-        ));
-    }
-    Ok(())
-}
-
-/// A quantizing update's element sizes and scales: the kernel's conversion code and whether
-/// the scales are per head.
-fn check_quantize(
-    q: &Quantize<'_>,
-    input: &TokenLayout,
-    cache: &PagedLayout,
-    with_value: bool,
-) -> Result<(u32, bool)> {
+/// The input and the cache agree on heads and head size, and their element sizes are what
+/// the update stores: the same when copying, the source type's and one byte when quantizing
+/// with `q`.
+fn same_shape(input: &TokenLayout, cache: &PagedLayout, q: Option<&Quantize<'_>>) -> Result<()> {
     if input.num_heads != cache.num_heads || input.head_dim != cache.head_dim {
         return Err(invalid(
             "input",
@@ -53,20 +35,36 @@ fn check_quantize(
             "(num_heads, head_dim) differ from the cache's",
         ));
     }
-    if input.elem_bytes != q.src.bytes() {
-        return Err(invalid(
-            "input",
-            input.elem_bytes,
+    elem_sizes("input", input.elem_bytes, cache.elem_bytes, q)
+}
+
+/// Element sizes of new rows (`name`, `input` bytes) and cache: equal when copying; the source
+/// type's and one byte when quantizing with `q`.
+fn elem_sizes(
+    name: &'static str,
+    input: usize,
+    cache: usize,
+    q: Option<&Quantize<'_>>,
+) -> Result<()> {
+    match q {
+        None if input != cache => Err(invalid(name, input, "elem_bytes differs from the cache's")),
+        Some(q) if input != q.src.bytes() => Err(invalid(
+            name,
+            input,
             "elem_bytes differs from the quantized source type's size",
-        ));
-    }
-    if cache.elem_bytes != 1 {
-        return Err(invalid(
+        )),
+        Some(_) if cache != 1 => Err(invalid(
             "cache",
-            cache.elem_bytes,
+            cache,
             "an fp8 cache has one byte per element",
-        ));
+        )),
+        _ => Ok(()),
     }
+}
+
+/// A quantizing update's scales (`heads` heads; V's given exactly when the update writes V):
+/// the kernel's conversion code and whether the scales are per head.
+fn check_scales(q: &Quantize<'_>, heads: usize, with_value: bool) -> Result<(u32, bool)> {
     if with_value != q.v_scale.is_some() {
         return Err(invalid(
             "v_scale",
@@ -88,7 +86,7 @@ fn check_quantize(
                 "K and V scales must both be per tensor or per head",
             ));
         }
-        let need = if head { 4 * input.num_heads as u64 } else { 4 };
+        let need = if head { 4 * heads as u64 } else { 4 };
         fits(name, need, bytes.len())?;
         if !bytes.ptr().is_multiple_of(4) {
             return Err(invalid(name, bytes.ptr(), "must be 4-byte aligned (f32)"));
@@ -123,12 +121,10 @@ fn err_ptr(e: Option<&DeviceErrors>) -> u64 {
 pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     let src_ext = op.input.extent("input")?;
     let dst_ext = op.cache.extent("cache")?;
+    same_shape(&op.input, &op.cache, op.quantize.as_ref())?;
     let quant = match &op.quantize {
-        Some(q) => Some(check_quantize(q, &op.input, &op.cache, op.value.is_some())?),
-        None => {
-            same_shape(&op.input, &op.cache)?;
-            None
-        }
+        Some(q) => Some(check_scales(q, op.input.num_heads, op.value.is_some())?),
+        None => None,
     };
     fits("key", src_ext, op.key.src.len())?;
     fits("key_cache", dst_ext, op.key.dst.len())?;
@@ -223,29 +219,22 @@ pub(crate) fn mla<'a>(op: &MlaUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a
             "kv_c and k_pe differ in element size",
         ));
     }
+    elem_sizes(
+        "kv_c_layout",
+        lk.elem_bytes,
+        c.elem_bytes,
+        op.quantize.as_ref(),
+    )?;
     let quant = match &op.quantize {
-        Some(q) => {
-            if q.v_scale.is_some() || matches!(q.k_scale, Scale::PerHead(_)) {
-                return Err(invalid(
-                    "quantize",
-                    "v_scale or per-head",
-                    "an MLA row has one per-tensor scale (k_scale only)",
-                ));
-            }
-            let mut row = *lk;
-            row.head_dim = c.head_dim;
-            Some(check_quantize(q, &row, c, false)?.0)
+        Some(q) if q.v_scale.is_some() || matches!(q.k_scale, Scale::PerHead(_)) => {
+            return Err(invalid(
+                "quantize",
+                "v_scale or per-head",
+                "an MLA row has one per-tensor scale (k_scale only)",
+            ))
         }
-        None => {
-            if lk.elem_bytes != c.elem_bytes {
-                return Err(invalid(
-                    "kv_c_layout",
-                    (lk.elem_bytes, c.elem_bytes),
-                    "elem_bytes differs from the cache's",
-                ));
-            }
-            None
-        }
+        Some(q) => Some(check_scales(q, 1, false)?.0),
+        None => None,
     };
     fits("kv_c", lk.extent("kv_c_layout")?, op.kv_c.len())?;
     fits("k_pe", lp.extent("k_pe_layout")?, op.k_pe.len())?;
@@ -314,9 +303,13 @@ fn slot_list(slots: &SlotMapping<'_>, num_tokens: usize) -> Result<Option<(u64, 
 /// The launch of a slot update whose addresses, strides and chunks are filled in: access
 /// width and lanes per item (copying, or converting from `ie`-byte source elements), grid.
 fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<Plan<'a>> {
-    let n = args.num_tokens;
     let parts = if args.src_v.is_null() { 1 } else { 2 };
-    let heads = args.heads;
+    // The kernel iterates over this many items: refuse a count that would wrap.
+    let items = args
+        .num_tokens
+        .checked_mul(parts)
+        .and_then(|v| v.checked_mul(args.heads))
+        .ok_or(Error::Overflow { name: "slots" })?;
     let chunk = args.chunk_bytes.max(args.chunk_bytes_v);
     let converting = args.convert != convert::NONE;
     if converting {
@@ -358,7 +351,6 @@ fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<P
         let wide = (0..=max_shift)
             .find(|&s| 1u64 << s >= units)
             .unwrap_or(max_shift);
-        let items = n * parts * heads;
         let resident = target.caps.slots_general as u64 * BLOCK_THREADS as u64;
         args.shift = if items.saturating_mul(1 << wide) <= resident {
             wide
@@ -382,11 +374,6 @@ fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<P
         ]);
         args.shift = group_shift(chunk / args.width as u64, PER_LANE);
     }
-    // The kernel iterates over this many items: refuse a count that would wrap.
-    let items = n
-        .checked_mul(parts)
-        .and_then(|v| v.checked_mul(heads))
-        .ok_or(Error::Overflow { name: "slots" })?;
     let cap = if args.general() {
         target.caps.slots_general
     } else {
@@ -410,7 +397,7 @@ const SLICE_ITEM_BYTES: usize = 8192;
 pub(crate) fn slices<'a>(op: &SliceUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     let src_ext = op.input.extent("input")?;
     let dst_ext = op.layout.extent("layout")?;
-    same_shape(&op.input, &op.layout)?;
+    same_shape(&op.input, &op.layout, None)?;
     fits("new_kv", src_ext, op.new_kv.len())?;
     fits("cache", dst_ext, op.cache.len())?;
     let (l, i) = (&op.layout, &op.input);
