@@ -84,14 +84,9 @@ impl SrcType {
     }
 }
 
-/// fp8 format of a quantized cache (one byte per element).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fp8 {
-    /// `float8_e4m3fn` (vLLM `fp8`, `fp8_e4m3`): max 448, no infinities.
-    E4m3,
-    /// `float8_e5m2` (vLLM `fp8_e5m2`): max 57344.
-    E5m2,
-}
+/// fp8 format of a quantized cache (one byte per element): the kernels' own enum,
+/// `E4m3` (`float8_e4m3fn`, vLLM `fp8` / `fp8_e4m3`) or `E5m2` (vLLM `fp8_e5m2`).
+pub use kvio_kernels::fp8::Fp8;
 
 /// Where a quantization scale lives: f32 on the device (read by the kernel at each launch, so
 /// a captured CUDA graph replays with whatever scale is there).
