@@ -241,11 +241,9 @@ impl<'a, A: Copy> BlockPool<'a, A> {
         head_dim: usize,
         elem_bytes: usize,
     ) -> Self {
-        let part = block_size.saturating_mul(heads).saturating_mul(head_dim);
-        let mut layout = PagedLayout::nhd(num_blocks, block_size, heads, head_dim, elem_bytes);
-        layout.block_stride = sat(&[layers, part]);
-        let layer_stride = sat(&[part, elem_bytes]);
-        Self::strided(mem, layer_stride, 0, layers, 1, layout)
+        Self::nhd_blocks(
+            mem, num_blocks, layers, 1, block_size, heads, head_dim, elem_bytes,
+        )
     }
 
     /// Cross-layer blocks in vLLM's FlashAttention NHD order `(NB, L, 2, bs, H, D)`: one block
@@ -265,10 +263,27 @@ impl<'a, A: Copy> BlockPool<'a, A> {
         head_dim: usize,
         elem_bytes: usize,
     ) -> Self {
+        Self::nhd_blocks(
+            mem, num_blocks, layers, 2, block_size, heads, head_dim, elem_bytes,
+        )
+    }
+
+    /// Cross-layer NHD blocks `(NB, L, parts, bs, H, D)`.
+    #[allow(clippy::too_many_arguments)]
+    fn nhd_blocks<M: PoolMemory<'a, Access = A>>(
+        mem: M,
+        num_blocks: usize,
+        layers: usize,
+        parts: usize,
+        block_size: usize,
+        heads: usize,
+        head_dim: usize,
+        elem_bytes: usize,
+    ) -> Self {
         let part = block_size.saturating_mul(heads).saturating_mul(head_dim);
         let mut layout = PagedLayout::nhd(num_blocks, block_size, heads, head_dim, elem_bytes);
-        layout.block_stride = sat(&[layers, 2, part]);
-        Self::cross_layer(mem, layers, part, layout)
+        layout.block_stride = sat(&[layers, parts, part]);
+        Self::cross_layer(mem, layers, parts, part, layout)
     }
 
     /// Cross-layer blocks in the HND order `(NB, H, L, 2, bs, D)`.
@@ -299,18 +314,27 @@ impl<'a, A: Copy> BlockPool<'a, A> {
             token_stride: head_dim,
             head_stride: sat(&[layers, 2, part]),
         };
-        Self::cross_layer(mem, layers, part, layout)
+        Self::cross_layer(mem, layers, 2, part, layout)
     }
 
-    /// A cross-layer pool: in each block, layer `l`'s K then V, `part` elements each.
+    /// A cross-layer pool: in each block, layer `l`'s `parts` parts (K then V), `part`
+    /// elements each.
     fn cross_layer<M: PoolMemory<'a, Access = A>>(
         mem: M,
         layers: usize,
+        parts: usize,
         part: usize,
         layout: PagedLayout,
     ) -> Self {
         let e = layout.elem_bytes;
-        Self::strided(mem, sat(&[2, part, e]), sat(&[part, e]), layers, 2, layout)
+        Self::strided(
+            mem,
+            sat(&[parts, part, e]),
+            sat(&[part, e]),
+            layers,
+            parts,
+            layout,
+        )
     }
 
     /// The K and V caches of layer `layer` of a strided pool as views the write path accepts
