@@ -304,20 +304,30 @@ struct WriteSetup {
     slot_host: Vec<i64>,
 }
 
+/// `t` distinct slots of a cache of `num_slots`, in random order.
+fn random_slots(num_slots: usize, t: usize, seed: u64) -> Vec<i64> {
+    let mut all: Vec<i64> = (0..num_slots as i64).collect();
+    Rng::new(seed).shuffle(&mut all);
+    all.truncate(t);
+    all
+}
+
+/// `len` bytes of device memory holding random bytes.
+fn random_mem(len: usize, seed: u64) -> Mem {
+    let mut m = Mem::new(false, len);
+    m.fill(&random_bytes(len, seed));
+    m
+}
+
 impl WriteSetup {
     fn new(cfg: &Cfg, t: usize, bs: usize, seed: u64) -> WriteSetup {
         let blocks = t.div_ceil(bs) + 8;
         let cache = PagedLayout::nhd(blocks, bs, cfg.heads, cfg.dim, cfg.elem);
         let input = TokenLayout::contiguous(t, cfg.heads, cfg.dim, cfg.elem);
         let n = input.extent("i").unwrap() as usize;
-        let mut rng = Rng::new(seed);
-        let mut all: Vec<i64> = (0..(blocks * bs) as i64).collect();
-        rng.shuffle(&mut all);
-        let slot_host = all[..t].to_vec();
-        let mut kc = Mem::new(false, cache.extent("c").unwrap() as usize);
-        let mut vc = Mem::new(false, cache.extent("c").unwrap() as usize);
-        kc.fill(&random_bytes(kc.bytes().len(), seed + 1));
-        vc.fill(&random_bytes(vc.bytes().len(), seed + 2));
+        let slot_host = random_slots(blocks * bs, t, seed);
+        let ext = cache.extent("c").unwrap() as usize;
+        let (kc, vc) = (random_mem(ext, seed + 1), random_mem(ext, seed + 2));
         WriteSetup {
             key: upload(&random_bytes(n, seed + 3)),
             value: upload(&random_bytes(n, seed + 4)),
@@ -479,20 +489,15 @@ impl Fp8Setup {
         let cache = PagedLayout::nhd(blocks, bs, h, d, 1);
         let input = TokenLayout::contiguous(t, h, d, 2);
         let n = input.extent("i").unwrap() as usize;
-        let mut rng = Rng::new(seed);
-        let mut all: Vec<i64> = (0..(blocks * bs) as i64).collect();
-        rng.shuffle(&mut all);
         let ext = cache.extent("c").unwrap() as usize;
-        let mut caches = Mem::new(false, 2 * ext);
-        caches.fill(&random_bytes(2 * ext, seed + 1));
         Fp8Setup {
             input,
             cache,
-            caches,
+            caches: random_mem(2 * ext, seed + 1),
             key: upload(&activations(n / 2, seed + 2)),
             value: upload(&activations(n / 2, seed + 3)),
             scales: upload(&[0.37f32, 1.9]),
-            slots: upload(&all[..t]),
+            slots: upload(&random_slots(blocks * bs, t, seed)),
         }
     }
 
@@ -581,18 +586,13 @@ impl MlaSetup {
         let bs = 64;
         let blocks = t.div_ceil(bs) + 8;
         let layout = PagedLayout::nhd(blocks, bs, 1, 576, if fp8 { 1 } else { 2 });
-        let mut rng = Rng::new(seed);
-        let mut all: Vec<i64> = (0..(blocks * bs) as i64).collect();
-        rng.shuffle(&mut all);
         let ext = layout.extent("c").unwrap() as usize;
-        let mut cache = Mem::new(false, ext);
-        cache.fill(&random_bytes(ext, seed + 1));
         MlaSetup {
             input: upload(&activations(t * 576, seed + 2)),
-            cache,
+            cache: random_mem(ext, seed + 1),
             layout,
             scale: upload(&[0.37f32]),
-            slots: upload(&all[..t]),
+            slots: upload(&random_slots(blocks * bs, t, seed)),
             t,
         }
     }

@@ -150,21 +150,9 @@ fn source(n: usize, src: SrcType, rng: &mut Rng) -> Vec<u8> {
     out
 }
 
-fn qcase(
-    src: SrcType,
-    fp8: Fp8,
-    per_head: bool,
-    hnd: bool,
-    bs: usize,
-    d: usize,
-    seed: u64,
-) -> QCase {
-    qcase_t(37, src, fp8, per_head, hnd, bs, d, seed)
-}
-
-/// [`qcase`] with `t` tokens.
+/// A case of `t` tokens.
 #[allow(clippy::too_many_arguments)]
-fn qcase_t(
+fn qcase(
     t: usize,
     src: SrcType,
     fp8: Fp8,
@@ -306,7 +294,7 @@ fn qcases(full: bool) -> Vec<QCase> {
                     (true, 16, 20),
                 ] {
                     if full || (bs, d) != (128, 256) {
-                        v.push(qcase(src, fp8, per_head, hnd, bs, d, seed));
+                        v.push(qcase(37, src, fp8, per_head, hnd, bs, d, seed));
                     }
                     seed += 1;
                 }
@@ -317,12 +305,12 @@ fn qcases(full: bool) -> Vec<QCase> {
                         (false, 16, 256),
                         (true, 128, 256),
                     ] {
-                        v.push(qcase(src, fp8, per_head, hnd, bs, d, seed));
+                        v.push(qcase(37, src, fp8, per_head, hnd, bs, d, seed));
                         seed += 1;
                     }
                     // Prefill size: more work than the resident grid at one unit per lane
                     // (the streaming regime, several units per lane).
-                    v.push(qcase_t(4000, src, fp8, per_head, false, 16, 128, seed));
+                    v.push(qcase(4000, src, fp8, per_head, false, 16, 128, seed));
                     seed += 1;
                 }
             }
@@ -400,7 +388,7 @@ fn gpu_quantized_slot_updates_match_reference() {
 /// Bad quantization arguments are refused before launch, typed.
 #[test]
 fn quantize_arguments_are_checked() {
-    let c = qcase(SrcType::Bf16, Fp8::E4m3, true, false, 16, 128, 99);
+    let c = qcase(37, SrcType::Bf16, Fp8::E4m3, true, false, 16, 128, 99);
     let mut caches = c.poison.clone();
     // SAFETY: host memory; validation refuses every op below before touching it.
     let dst = unsafe { DeviceBytesMut::from_raw(caches.as_mut_ptr() as u64, caches.len()) };
