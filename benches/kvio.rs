@@ -351,6 +351,7 @@ impl WriteSetup {
             }),
             input: self.input,
             cache: self.cache,
+            value_layout: None,
             slots: SlotMapping::I64(DeviceBytes::of(&self.slots)),
             errors: None,
             quantize: None,
@@ -566,6 +567,148 @@ fn fp8_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, c
             stream,
             || graph.launch(stream),
         );
+    }
+    grp.finish();
+}
+
+/// Buffers of one v0-layout update benchmark (vLLM `reshape_and_cache`, mistral.rs and
+/// candle-vllm paged attention): bf16 K and V `[T, H, D]` into a v0 key cache `[NB, H, D/x,
+/// bs, x]` and value cache `[NB, H, D, bs]`, bf16 or e4m3; tokens fill whole pages (prefill)
+/// or take random slots.
+struct V0Setup {
+    input: TokenLayout,
+    key_layout: PagedLayout,
+    value_layout: PagedLayout,
+    caches: Mem,
+    key: DeviceBuffer<u8>,
+    value: DeviceBuffer<u8>,
+    scales: DeviceBuffer<f32>,
+    slots: DeviceBuffer<i64>,
+    fp8: bool,
+}
+
+impl V0Setup {
+    fn new(t: usize, bs: usize, fp8: bool, pages: bool, cfg: &Cfg, seed: u64) -> V0Setup {
+        let (h, d) = (cfg.heads, cfg.dim);
+        let blocks = t.div_ceil(bs) + 8;
+        let e = if fp8 { 1 } else { 2 };
+        let key_layout = PagedLayout::v0_key(blocks, bs, h, d, e);
+        let value_layout = PagedLayout::v0_value(blocks, bs, h, d, e);
+        let input = TokenLayout::contiguous(t, h, d, 2);
+        let n = t * h * d;
+        let ext = key_layout.extent("c").unwrap() as usize;
+        let slots = if pages {
+            let mut order: Vec<i64> = (0..blocks as i64).collect();
+            Rng::new(seed).shuffle(&mut order);
+            (0..t)
+                .map(|i| order[i / bs] * bs as i64 + (i % bs) as i64)
+                .collect()
+        } else {
+            random_slots(blocks * bs, t, seed)
+        };
+        V0Setup {
+            input,
+            key_layout,
+            value_layout,
+            caches: random_mem(2 * ext, seed + 1),
+            key: upload(&activations(n, seed + 2)),
+            value: upload(&activations(n, seed + 3)),
+            scales: upload(&[0.37f32, 1.9]),
+            slots: upload(&slots),
+            fp8,
+        }
+    }
+
+    fn op(&self) -> SlotUpdate<'_> {
+        let all = self.caches.bytes_mut();
+        let (kc, vc) = all.split_at(all.len() / 2).unwrap();
+        let op = SlotUpdate::new(
+            DeviceBytes::of(&self.key),
+            self.input,
+            kc,
+            self.key_layout,
+            SlotMapping::I64(DeviceBytes::of(&self.slots)),
+        )
+        .value(DeviceBytes::of(&self.value), vc)
+        .value_layout(self.value_layout);
+        if !self.fp8 {
+            return op;
+        }
+        let sc = DeviceBytes::of(&self.scales);
+        op.quantize(
+            kvio::Quantize::new(
+                kvio::SrcType::Bf16,
+                kvio::Fp8::E4m3,
+                kvio::Scale::PerTensor(sc.slice(0, 4).unwrap()),
+            )
+            .value_scale(kvio::Scale::PerTensor(sc.slice(4, 4).unwrap())),
+        )
+    }
+
+    /// Bytes read (bf16) and written (cache elements), K and V.
+    fn bytes(&self) -> u64 {
+        let i = &self.input;
+        2 * (i.num_tokens * i.num_heads * i.head_dim * (2 + self.key_layout.elem_bytes)) as u64
+    }
+}
+
+/// vLLM's v0 paged layout (`reshape_and_cache`), bf16 and fp8 e4m3 caches: tokens filling
+/// whole pages (prefill; from T = 256, else random slots) per token count at page 16 and per
+/// page size at T = 16,384, then decode sizes in a CUDA graph beside the NHD update's latency
+/// measured the same way. vLLM's anchor on this GPU (`../shared/LAYOUTS.md`): bf16 324 / 170
+/// GB/s, fp8 362 / 169 GB/s at T = 16,384 / 65,536.
+fn v0_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
+    let mut grp = c.benchmark_group("v0-update");
+    let mut cases: Vec<(&str, usize, usize)> = [1usize, 16, 256, 4096, 16384, 65536]
+        .iter()
+        .map(|&t| ("v0-update/T", t, 16))
+        .collect();
+    cases.extend(
+        cfg.pages
+            .iter()
+            .map(|&bs| ("v0-update/page", 16384usize, bs)),
+    );
+    for fp8 in [false, true] {
+        let variant = if fp8 { "kvio-fp8-e4m3" } else { "kvio-bf16" };
+        for &(name, t, bs) in &cases {
+            let s = V0Setup::new(t, bs, fp8, t >= 256, cfg, 1100 + t as u64 + bs as u64);
+            let u = s.op();
+            let param = if name == "v0-update/T" { t } else { bs };
+            measure(
+                &mut grp,
+                rec,
+                name,
+                param,
+                variant,
+                s.bytes(),
+                stream,
+                || {
+                    g.kv.update_slots(&u, StreamRef::from(stream))
+                        .expect("update_slots")
+                },
+            );
+        }
+    }
+    for t in [1usize, 16, 64, 256] {
+        let s = V0Setup::new(t, 16, false, false, cfg, 1300 + t as u64);
+        let nhd = WriteSetup::new(cfg, t, 16, 1400 + t as u64);
+        for (variant, op) in [("kvio-v0-x100", s.op()), ("kvio-nhd-x100", nhd.op())] {
+            let graph = Graph::capture(stream, |st| {
+                for _ in 0..100 {
+                    g.kv.update_slots(&op, st).expect("update_slots");
+                }
+            });
+            measure(
+                &mut grp,
+                rec,
+                "v0-update/graph-latency",
+                t,
+                variant,
+                0,
+                stream,
+                || graph.launch(stream),
+            );
+        }
     }
     grp.finish();
 }
@@ -1176,6 +1319,9 @@ fn main() {
     }
     if cfg.wants("mla-update") {
         mla_update(&mut c, &rec, g, &stream);
+    }
+    if cfg.wants("v0-update") {
+        v0_update(&mut c, &rec, g, &stream, &cfg);
     }
     if cfg.wants("copy-blocks") {
         copy_blocks(&mut c, &rec, g, &stream, &cfg);

@@ -123,20 +123,30 @@ fn build_ptx(kernels: &Path, out: &Path) {
     }
 }
 
-/// PTX performance directives rustc cannot express: `kvio_transfer_blocks` runs in 1024-thread
-/// CTAs (few CTAs, many bytes in flight over PCIe), so ptxas must fit it in 64 registers.
+/// PTX performance directives rustc cannot express, per entry point:
+/// - `kvio_transfer_blocks` runs in 1024-thread CTAs (few CTAs, many bytes in flight over
+///   PCIe), so ptxas must fit it in 64 registers;
+/// - `kvio_update_tiles` holds eight tokens' rows per thread: at least two 256-thread CTAs
+///   per multiprocessor (≤ 128 registers) keep enough loads in flight.
+const DIRECTIVES: [(&str, &str); 2] = [
+    ("kvio_transfer_blocks", ".maxntid 1024, 1, 1\n"),
+    ("kvio_update_tiles", ".maxntid 256, 1, 1\n.minnctapersm 2\n"),
+];
+
 fn add_directives(path: &Path) {
-    let text = fs::read_to_string(path).expect("read ptx");
-    let entry = ".entry kvio_transfer_blocks(";
-    let start = text
-        .find(entry)
-        .unwrap_or_else(|| panic!("{}: no {entry}", path.display()));
-    let close = start + text[start..].find("\n)\n").expect("end of parameter list") + 3;
-    if text[close..].starts_with(".maxntid") {
-        return;
+    let mut text = fs::read_to_string(path).expect("read ptx");
+    for (name, directives) in DIRECTIVES {
+        let entry = format!(".entry {name}(");
+        let start = text
+            .find(&entry)
+            .unwrap_or_else(|| panic!("{}: no {entry}", path.display()));
+        let close = start + text[start..].find("\n)\n").expect("end of parameter list") + 3;
+        if text[close..].starts_with(".maxntid") {
+            continue;
+        }
+        text = format!("{}{directives}{}", &text[..close], &text[close..]);
     }
-    let patched = format!("{}.maxntid 1024, 1, 1\n{}", &text[..close], &text[close..]);
-    fs::write(path, patched).expect("write ptx");
+    fs::write(path, text).expect("write ptx");
 }
 
 /// A PTX module with unresolved `.extern` functions (a panic path, a libcall) cannot load.

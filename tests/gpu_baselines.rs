@@ -93,6 +93,7 @@ fn many_queued_launches() {
         value: None,
         input: kvio::TokenLayout::contiguous(1, 8, 128, 2),
         cache: kvio::PagedLayout::nhd(64, 16, 8, 128, 2),
+        value_layout: None,
         slots: kvio::SlotMapping::I64(DeviceBytes::of(&slots)),
         errors: None,
         quantize: None,

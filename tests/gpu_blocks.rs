@@ -548,6 +548,7 @@ fn cross_layer_views_feed_the_write_path() {
                     .map(|(src, dst)| kvio::CacheWrite { src, dst }),
                 input,
                 cache: layout,
+                value_layout: None,
                 slots: kvio::SlotMapping::I64(DeviceBytes::of(&sd)),
                 errors: None,
                 quantize: None,

@@ -160,6 +160,7 @@ fn cudarc_slot_update() {
                                 .map(|(src, dst)| kvio::CacheWrite { src, dst }),
                             input,
                             cache: layout,
+                            value_layout: None,
                             slots: if i64_slots {
                                 SlotMapping::I64(sl.bytes())
                             } else {
@@ -248,6 +249,7 @@ fn cudarc_cross_layer_views() {
                         .map(|(src, dst)| kvio::CacheWrite { src, dst }),
                     input,
                     cache: layout,
+                    value_layout: None,
                     slots: SlotMapping::I64(sl.bytes()),
                     errors: None,
                     quantize: None,
@@ -742,6 +744,7 @@ fn cudarc_event_tracking_across_streams_and_threads() {
                 value: None,
                 input,
                 cache: layout,
+                value_layout: None,
                 slots: SlotMapping::I64(s_.bytes()),
                 errors: None,
                 quantize: None,
@@ -785,6 +788,7 @@ fn cudarc_event_tracking_across_streams_and_threads() {
                         value: None,
                         input: inp,
                         cache: small,
+                        value_layout: None,
                         slots: SlotMapping::I64(s_.bytes()),
                         errors: None,
                         quantize: None,

@@ -274,6 +274,7 @@ impl QCase {
             }),
             input: self.input,
             cache: self.cache,
+            value_layout: None,
             slots: SlotMapping::I64(slots),
             errors: None,
             quantize: Some(Quantize::new(self.src, self.fp8, wrap(sk)).value_scale(wrap(sv))),

@@ -148,6 +148,7 @@ fn graph_serving_step_replays() {
                     .map(|(src, dst)| kvio::CacheWrite { src, dst }),
                 input,
                 cache: layout,
+                value_layout: None,
                 slots: SlotMapping::I64(DeviceBytes::of(&slots_d)),
                 errors: Some(&errors),
                 quantize: None,

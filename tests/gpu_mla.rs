@@ -117,6 +117,8 @@ impl Case {
             };
             let mut c = self.layout;
             c.head_dim = width;
+            c.piece_elems = width;
+            c.piece_stride = width;
             let e = c.elem_bytes;
             let counts =
                 reference::update_slots(&rows, None, &input, want, col * e, None, &c, &self.slots);

@@ -595,6 +595,7 @@ fn enqueue(
                     .map(|(src, dst)| kvio::CacheWrite { src, dst }),
                 input: TokenLayout::contiguous(n, HEADS, DIM, ELEM),
                 cache: layout,
+                value_layout: None,
                 slots,
                 errors: Some(sh.errors),
                 quantize: None,
@@ -837,6 +838,7 @@ fn submit_slots<S: kvio::plan::SlotIndex + cust::memory::DeviceCopy>(
                 .map(|(src, dst)| kvio::CacheWrite { src, dst }),
             input: TokenLayout::contiguous(n, HEADS, DIM, ELEM),
             cache: layout,
+            value_layout: None,
             slots: if i64s {
                 SlotMapping::I64(DeviceBytes::of(&dev))
             } else {
@@ -964,6 +966,7 @@ fn conflicting_targets_rejected_nothing_launched() {
             }),
             input: TokenLayout::contiguous(20, HEADS, DIM, ELEM),
             cache: layout,
+            value_layout: None,
             slots: SlotMapping::I64(DeviceBytes::of(&slots_d)),
             errors: Some(&errors),
             quantize: None,

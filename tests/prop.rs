@@ -927,6 +927,7 @@ fn run_slot_case(c: &SlotCase, x: &Exec) {
             .map(|(src, dst)| kvio::CacheWrite { src, dst }),
         input,
         cache: layout,
+        value_layout: None,
         slots: mapping(slot_view),
         errors: x.errors(),
         quantize: None,
@@ -1721,6 +1722,8 @@ fn place_pool(k: PoolKind, nb: usize, p: &PoolShape) -> PoolPlace {
                 block_stride: h * l * np * part + pad,
                 token_stride: d,
                 head_stride: l * np * part,
+                piece_elems: d,
+                piece_stride: d,
             };
             PoolPlace {
                 layout,

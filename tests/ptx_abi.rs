@@ -2,7 +2,7 @@
 //! same definition as the entry points) match the `.param` lists in the shipped PTX, for every
 //! kernel and architecture.
 
-use kvio_kernels::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs};
+use kvio_kernels::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs, TileArgs};
 
 /// Byte sizes of the `.param`s of entry `name` in `ptx`.
 fn param_sizes(ptx: &str, name: &str) -> Vec<usize> {
@@ -32,6 +32,7 @@ fn host_parameter_lists_match_the_ptx() {
         let mut all: Vec<(&str, Vec<usize>)> = vec![("kvio_noop", vec![])];
         for (entries, sizes) in [
             (SlotArgs::ENTRIES, SlotArgs::SIZES.to_vec()),
+            (TileArgs::ENTRIES, TileArgs::SIZES.to_vec()),
             (SliceArgs::ENTRIES, SliceArgs::SIZES.to_vec()),
             (CopyArgs::ENTRIES, CopyArgs::SIZES.to_vec()),
             (NaiveArgs::ENTRIES, NaiveArgs::SIZES.to_vec()),

@@ -124,6 +124,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
         }),
         input,
         cache,
+        value_layout: None,
         slots: if i64s {
             SlotMapping::I64(slot_view)
         } else {

@@ -95,6 +95,8 @@ pub fn paged_shape(hnd: bool, nb: usize, bs: usize, h: usize, d: usize, e: usize
     l.block_size = bs;
     l.num_heads = h;
     l.head_dim = d;
+    l.piece_elems = d;
+    l.piece_stride = d;
     l.elem_bytes = e;
     l
 }

@@ -811,6 +811,8 @@ fn paged_layout(name: &'static str, l: &Layout, elem: usize) -> Result<PagedLayo
         block_stride: s[0],
         token_stride: s[1],
         head_stride: s[2],
+        piece_elems: head_dim,
+        piece_stride: head_dim,
     })
 }
 
@@ -849,5 +851,7 @@ fn block_layout(name: &'static str, l: &Layout, dtype: DType) -> Result<PagedLay
         block_stride: if num_blocks > 1 { block_stride } else { block },
         token_stride: block,
         head_stride: block,
+        piece_elems: block,
+        piece_stride: block,
     })
 }

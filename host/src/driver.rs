@@ -409,7 +409,7 @@ unsafe impl Sync for PrimaryContext {}
 /// `CU_LAUNCH_PARAM_BUFFER_POINTER`: the driver copies exactly `len` bytes from one buffer and
 /// dereferences no per-parameter pointers.
 pub(crate) struct Params {
-    buf: [u64; 32],
+    buf: [u64; 64],
     len: usize,
 }
 
@@ -418,7 +418,7 @@ impl Params {
     pub(crate) fn new(words: &[u64], sizes: &[usize]) -> Self {
         const { assert!(cfg!(target_endian = "little")) };
         assert_eq!(words.len(), sizes.len(), "one size per parameter");
-        let mut bytes = [0u8; 256];
+        let mut bytes = [0u8; 512];
         let mut off = 0usize;
         for (w, &size) in words.iter().zip(sizes) {
             assert!(matches!(size, 1 | 2 | 4 | 8), "parameter size {size}");
@@ -426,7 +426,7 @@ impl Params {
             bytes[off..off + size].copy_from_slice(&w.to_le_bytes()[..size]);
             off += size;
         }
-        let mut buf = [0u64; 32];
+        let mut buf = [0u64; 64];
         for (i, chunk) in bytes.chunks_exact(8).enumerate() {
             buf[i] = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
         }
@@ -496,5 +496,20 @@ mod tests {
         let p = Params::new(&[u32::MAX as u64, 9], &[4, 8]);
         assert_eq!((p.len, p.buf[0], p.buf[1]), (16, u32::MAX as u64, 9));
         assert_eq!(Params::new(&[], &[]).len, 0);
+    }
+
+    #[test]
+    fn every_argument_list_fits_the_buffer() {
+        use kvio_kernels::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs, TileArgs};
+        for sizes in [
+            &SlotArgs::SIZES[..],
+            &TileArgs::SIZES[..],
+            &SliceArgs::SIZES[..],
+            &CopyArgs::SIZES[..],
+            &NaiveArgs::SIZES[..],
+        ] {
+            let p = Params::new(&vec![0; sizes.len()], sizes);
+            assert!(p.len <= 8 * p.buf.len() && p.len <= 4096, "{sizes:?}");
+        }
     }
 }

@@ -108,6 +108,9 @@ unsafe fn run(plan: &Plan<'_>) {
                 match &kernel {
                     Kernel::Slots(a) if a.general() => ops::update_slots_general(a, g),
                     Kernel::Slots(a) => ops::update_slots(a, g),
+                    Kernel::Tiles(a) if a.elem == 4 => ops::update_tiles_wide(a, g),
+                    Kernel::Tiles(a) if a.tile == 1 => ops::update_tiles_one(a, g),
+                    Kernel::Tiles(a) => ops::update_tiles(a, g),
                     Kernel::Slices(a) => ops::update_slices(a, g),
                     Kernel::Copy(a) | Kernel::Transfer(a) => ops::copy_blocks(a, g),
                 }

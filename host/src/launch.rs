@@ -8,6 +8,8 @@ use crate::error::Result;
 
 /// Threads per CTA of the write-path kernels and of device-side block copies.
 pub(crate) const BLOCK_THREADS: u32 = 256;
+/// Threads per CTA of the one-token-per-thread tiled update (`kvio_update_tiles_one`).
+pub(crate) const SMALL_CTA_THREADS: u32 = 64;
 /// Threads per CTA of block copies touching host memory (SGLang's transfer kernels use the
 /// same): few CTAs, many bytes in flight. The build gives that entry point `.maxntid 1024`.
 pub(crate) const TRANSFER_THREADS: u32 = 1024;
@@ -25,6 +27,12 @@ pub(crate) struct GridCap {
     pub(crate) slots: u32,
     /// `kvio_update_slots_general` at [`BLOCK_THREADS`].
     pub(crate) slots_general: u32,
+    /// `kvio_update_tiles` at [`BLOCK_THREADS`].
+    pub(crate) tiles: u32,
+    /// `kvio_update_tiles_one` at [`SMALL_CTA_THREADS`].
+    pub(crate) tiles_one: u32,
+    /// `kvio_update_tiles_wide` at [`BLOCK_THREADS`].
+    pub(crate) tiles_wide: u32,
     /// `kvio_update_slices` at [`BLOCK_THREADS`].
     pub(crate) slices: u32,
     /// `kvio_copy_blocks` at [`BLOCK_THREADS`].
@@ -39,6 +47,9 @@ impl GridCap {
         GridCap {
             slots: cap,
             slots_general: cap,
+            tiles: cap,
+            tiles_one: cap,
+            tiles_wide: cap,
             slices: cap,
             copy: cap,
             transfer: cap,

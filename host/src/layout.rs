@@ -93,11 +93,17 @@ impl TokenLayout {
 /// A paged cache of one of K or V: `num_blocks` blocks (pages) of `block_size` token slots,
 /// each `num_heads × head_dim` elements. Slot `s` is block `s / block_size`, position
 /// `s % block_size`; element `(b, t, h, d)` is at element offset
-/// `b * block_stride + t * token_stride + h * head_stride + d`.
+/// `b * block_stride + t * token_stride + h * head_stride + (d / piece_elems) * piece_stride +
+/// d % piece_elems`.
 ///
 /// [`PagedLayout::nhd`] (= the flat `[blocks * block_size, H, D]` layout) and
-/// [`PagedLayout::hnd`] build the usual ones; any strides may be given, so a view into a larger
-/// allocation (a layer of a cross-layer cache) is described exactly.
+/// [`PagedLayout::hnd`] build the usual ones, with each head vector contiguous (one piece of
+/// `head_dim` elements); [`PagedLayout::v0_key`] and [`PagedLayout::v0_value`] build vLLM's v0
+/// paged layout, whose head vectors are split into pieces. Any strides may be given, so a view
+/// into a larger allocation (a layer of a cross-layer cache) is described exactly.
+///
+/// Layouts with pieces (`piece_elems < head_dim`) are written by [`crate::Kvio::update_slots`];
+/// the other operations refuse them with a typed error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PagedLayout {
     /// Number of blocks.
@@ -116,6 +122,12 @@ pub struct PagedLayout {
     pub token_stride: usize,
     /// Elements between consecutive heads.
     pub head_stride: usize,
+    /// Contiguous elements of a head vector (`head_dim` when it is contiguous; must divide
+    /// `head_dim`).
+    pub piece_elems: usize,
+    /// Elements between consecutive pieces of a head vector (unused when `piece_elems ==
+    /// head_dim`).
+    pub piece_stride: usize,
 }
 
 impl PagedLayout {
@@ -144,6 +156,8 @@ impl PagedLayout {
                 .saturating_mul(head_dim),
             token_stride: num_heads.saturating_mul(head_dim),
             head_stride: head_dim,
+            piece_elems: head_dim,
+            piece_stride: head_dim,
         }
     }
 
@@ -171,7 +185,90 @@ impl PagedLayout {
                 .saturating_mul(head_dim),
             token_stride: head_dim,
             head_stride: block_size.saturating_mul(head_dim),
+            piece_elems: head_dim,
+            piece_stride: head_dim,
         }
+    }
+
+    /// vLLM's v0 paged key cache `[num_blocks, H, D / x, block_size, x]` with `x = 16 /
+    /// elem_bytes` (paged attention v1/v2; mistral.rs, candle-vllm): a token's head vector is
+    /// `D / x` pieces of 16 bytes, `16 * block_size` bytes apart. `head_dim` must be a multiple
+    /// of `x` ([`PagedLayout::extent`] checks).
+    ///
+    /// ```
+    /// let l = kvio::PagedLayout::v0_key(100, 16, 8, 128, 2); // bf16: x = 8
+    /// assert_eq!((l.token_stride, l.piece_elems, l.piece_stride), (8, 8, 16 * 8));
+    /// assert_eq!(l.extent("key_cache").unwrap(), 100 * 8 * 128 * 16 * 2);
+    /// assert!(kvio::PagedLayout::v0_key(100, 16, 8, 120, 1).extent("k").is_err()); // x = 16
+    /// ```
+    pub fn v0_key(
+        num_blocks: usize,
+        block_size: usize,
+        num_heads: usize,
+        head_dim: usize,
+        elem_bytes: usize,
+    ) -> Self {
+        let x = 16 / elem_bytes.clamp(1, 16);
+        let head = head_dim.saturating_mul(block_size);
+        PagedLayout {
+            num_blocks,
+            block_size,
+            num_heads,
+            head_dim,
+            elem_bytes,
+            block_stride: head.saturating_mul(num_heads),
+            token_stride: x,
+            head_stride: head,
+            piece_elems: x,
+            piece_stride: block_size.saturating_mul(x),
+        }
+    }
+
+    /// vLLM's v0 paged value cache `[num_blocks, H, D, block_size]`: transposed, a token's
+    /// `D` values are `block_size` elements apart (pieces of one element).
+    ///
+    /// ```
+    /// let l = kvio::PagedLayout::v0_value(100, 16, 8, 128, 2);
+    /// assert_eq!((l.token_stride, l.piece_elems, l.piece_stride), (1, 1, 16));
+    /// ```
+    pub fn v0_value(
+        num_blocks: usize,
+        block_size: usize,
+        num_heads: usize,
+        head_dim: usize,
+        elem_bytes: usize,
+    ) -> Self {
+        let head = head_dim.saturating_mul(block_size);
+        PagedLayout {
+            num_blocks,
+            block_size,
+            num_heads,
+            head_dim,
+            elem_bytes,
+            block_stride: head.saturating_mul(num_heads),
+            token_stride: 1,
+            head_stride: head,
+            piece_elems: 1,
+            piece_stride: block_size,
+        }
+    }
+
+    /// Whether head vectors are split into pieces (`piece_elems < head_dim`).
+    pub fn is_pieced(&self) -> bool {
+        self.piece_elems < self.head_dim
+    }
+
+    /// A typed error naming `name` unless head vectors are contiguous (operations that move
+    /// whole head chunks call this).
+    pub(crate) fn contiguous_heads(&self, name: &'static str) -> Result<()> {
+        if self.is_pieced() {
+            return Err(invalid(
+                name,
+                (self.piece_elems, self.head_dim),
+                "head vectors split into pieces (v0 layout) are supported by slot updates only",
+            ));
+        }
+        Ok(())
     }
 
     /// Total token slots (`num_blocks * block_size`).
@@ -210,9 +307,25 @@ impl PagedLayout {
         nonzero(name, "block_size", self.block_size)?;
         nonzero(name, "num_heads", self.num_heads)?;
         nonzero(name, "head_dim", self.head_dim)?;
+        nonzero(name, "piece_elems", self.piece_elems)?;
+        if !self.head_dim.is_multiple_of(self.piece_elems) {
+            return Err(invalid(
+                name,
+                (self.head_dim, self.piece_elems),
+                "head_dim is not a multiple of piece_elems (v0 layout: of x = 16 / elem_bytes)",
+            ));
+        }
+        // A contiguous head is one piece: its piece stride is never used.
+        let pieces = self.head_dim / self.piece_elems;
+        let piece_stride = if pieces == 1 { 0 } else { self.piece_stride };
         check_strides(
             name,
-            &[self.block_stride, self.token_stride, self.head_stride],
+            &[
+                self.block_stride,
+                self.token_stride,
+                self.head_stride,
+                piece_stride,
+            ],
             self.elem_bytes,
         )?;
         (self.num_heads as u64)
@@ -229,15 +342,19 @@ impl PagedLayout {
                 (self.num_blocks, self.block_stride),
                 (self.block_size, self.token_stride),
                 (self.num_heads, self.head_stride),
+                (pieces, piece_stride),
             ],
-            self.head_dim,
+            self.piece_elems,
             self.elem_bytes,
         )?;
-        if !chunks_disjoint(&self.dims(), self.chunk_bytes() as u64) {
+        let e = self.elem_bytes as u64;
+        let mut dims = self.dims().to_vec();
+        dims.push((pieces, piece_stride as u64 * e));
+        if !chunks_disjoint(&dims, self.piece_elems as u64 * e) {
             return Err(invalid(
                 name,
                 self,
-                "strides make two (block, slot, head) chunks share bytes",
+                "strides make two (block, slot, head, piece) chunks share bytes",
             ));
         }
         Ok(ext)

@@ -8,7 +8,7 @@ use cust::sys as cu;
 use crate::alloc::memory_kind;
 use crate::driver::{check, current_context, current_device, device_attribute, with_ctx};
 use crate::error::{Error, Result};
-use crate::launch::{resident_ctas, GridCap, BLOCK_THREADS, TRANSFER_THREADS};
+use crate::launch::{resident_ctas, GridCap, BLOCK_THREADS, SMALL_CTA_THREADS, TRANSFER_THREADS};
 use crate::plan::{Kernel, Target};
 use crate::ptx::{ptx, Arch};
 use crate::scratch::Scratch;
@@ -30,6 +30,9 @@ pub struct Kvio {
     module: cu::CUmodule,
     update_slots: cu::CUfunction,
     update_slots_general: cu::CUfunction,
+    update_tiles: cu::CUfunction,
+    update_tiles_one: cu::CUfunction,
+    update_tiles_wide: cu::CUfunction,
     update_slices: cu::CUfunction,
     copy_blocks: cu::CUfunction,
     transfer_blocks: cu::CUfunction,
@@ -89,6 +92,9 @@ impl Kvio {
             module,
             update_slots: ptr::null_mut(),
             update_slots_general: ptr::null_mut(),
+            update_tiles: ptr::null_mut(),
+            update_tiles_one: ptr::null_mut(),
+            update_tiles_wide: ptr::null_mut(),
             update_slices: ptr::null_mut(),
             copy_blocks: ptr::null_mut(),
             transfer_blocks: ptr::null_mut(),
@@ -101,6 +107,9 @@ impl Kvio {
         };
         this.update_slots = this.function("kvio_update_slots")?;
         this.update_slots_general = this.function("kvio_update_slots_general")?;
+        this.update_tiles = this.function("kvio_update_tiles")?;
+        this.update_tiles_one = this.function("kvio_update_tiles_one")?;
+        this.update_tiles_wide = this.function("kvio_update_tiles_wide")?;
         this.update_slices = this.function("kvio_update_slices")?;
         this.copy_blocks = this.function("kvio_copy_blocks")?;
         this.transfer_blocks = this.function("kvio_transfer_blocks")?;
@@ -109,6 +118,9 @@ impl Kvio {
         this.grid_cap = GridCap {
             slots: resident_ctas(this.update_slots, BLOCK_THREADS, sms)?,
             slots_general: resident_ctas(this.update_slots_general, BLOCK_THREADS, sms)?,
+            tiles: resident_ctas(this.update_tiles, BLOCK_THREADS, sms)?,
+            tiles_one: resident_ctas(this.update_tiles_one, SMALL_CTA_THREADS, sms)?,
+            tiles_wide: resident_ctas(this.update_tiles_wide, BLOCK_THREADS, sms)?,
             slices: resident_ctas(this.update_slices, BLOCK_THREADS, sms)?,
             copy: resident_ctas(this.copy_blocks, BLOCK_THREADS, sms)?,
             transfer: resident_ctas(this.transfer_blocks, TRANSFER_THREADS, sms)?,
@@ -134,6 +146,9 @@ impl Kvio {
         match k {
             Kernel::Slots(a) if a.general() => self.update_slots_general,
             Kernel::Slots(_) => self.update_slots,
+            Kernel::Tiles(a) if a.elem == 4 => self.update_tiles_wide,
+            Kernel::Tiles(a) if a.tile == 1 => self.update_tiles_one,
+            Kernel::Tiles(_) => self.update_tiles,
             Kernel::Slices(_) => self.update_slices,
             Kernel::Copy(_) => self.copy_blocks,
             Kernel::Transfer(_) => self.transfer_blocks,

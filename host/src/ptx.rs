@@ -19,6 +19,9 @@ pub const PTX_SM90: &str = include_str!(concat!(env!("OUT_DIR"), "/kvio_sm90.ptx
 pub const KERNELS: &[&str] = &[
     "kvio_update_slots",
     "kvio_update_slots_general",
+    "kvio_update_tiles",
+    "kvio_update_tiles_one",
+    "kvio_update_tiles_wide",
     "kvio_update_slices",
     "kvio_copy_blocks",
     "kvio_transfer_blocks",

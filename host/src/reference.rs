@@ -12,7 +12,8 @@ fn copy_elem(src: &[u8], s: usize, dst: &mut [u8], d: usize, e: usize) {
 }
 
 /// Slot-mapping update on host memory. `cache` is one host buffer that holds the K cache at
-/// byte `key_at` and, when `value` is given, the V cache at byte `value_at`.
+/// byte `key_at` and, when `value` is given, the V cache at byte `value_at`; both laid out as
+/// `layout` (call it once per part for K and V caches of different layouts, e.g. vLLM's v0).
 ///
 /// ```
 /// use kvio::{reference, PagedLayout, TokenLayout};
@@ -58,10 +59,13 @@ pub fn update_slots(
             for h in 0..layout.num_heads {
                 for d in 0..layout.head_dim {
                     let s = (t * input.token_stride + h * input.head_stride + d) * e;
+                    // A head vector in pieces (v0 layout): piece d / pe, element d % pe.
+                    let pe = layout.piece_elems;
                     let o = (block * layout.block_stride
                         + off * layout.token_stride
                         + h * layout.head_stride
-                        + d)
+                        + (d / pe) * layout.piece_stride
+                        + d % pe)
                         * e;
                     copy_elem(src, s, cache, at + o, e);
                 }

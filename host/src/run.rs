@@ -2,7 +2,7 @@
 //! (The CPU emulator, [`crate::emulate`], executes the same plans on host memory.)
 
 use cust::sys as cu;
-use kvio_kernels::args::{CopyArgs, SliceArgs, SlotArgs};
+use kvio_kernels::args::{CopyArgs, SliceArgs, SlotArgs, TileArgs};
 
 use crate::driver::{check, Params, StreamRef};
 use crate::error::{Error, Result};
@@ -69,6 +69,7 @@ impl Kvio {
     fn launch(&self, kernel: Kernel, launch: &Launch, stream: StreamRef<'_>) -> Result<()> {
         let mut params = match &kernel {
             Kernel::Slots(a) => Params::new(&a.to_words(), &SlotArgs::SIZES),
+            Kernel::Tiles(a) => Params::new(&a.to_words(), &TileArgs::SIZES),
             Kernel::Slices(a) => Params::new(&a.to_words(), &SliceArgs::SIZES),
             Kernel::Copy(a) | Kernel::Transfer(a) => Params::new(&a.to_words(), &CopyArgs::SIZES),
         };

@@ -171,6 +171,92 @@ impl SlotArgs {
 }
 
 kernel! {
+    /// Arguments of the tiled slot update (see [`crate::ops::update_tiles`]): the slot-mapping
+    /// update for caches whose head vectors are split into pieces (vLLM's v0 paged layout),
+    /// eight tokens per thread. K and V each have their own cache descriptor (byte strides,
+    /// piece size in elements, piece stride in bytes, elements per store). One token per
+    /// thread (decode sizes) runs `kvio_update_tiles_one`, caches of 4-byte elements
+    /// `kvio_update_tiles_wide`.
+    kvio_update_tiles | kvio_update_tiles_one [crate::ops::update_tiles_one] | kvio_update_tiles_wide [crate::ops::update_tiles_wide] (TileArgs) => crate::ops::update_tiles {
+        /// New keys.
+        src_k: *const u8,
+        /// New values (null: K only).
+        src_v: *const u8,
+        /// Bytes between input tokens.
+        src_token_stride: u64,
+        /// Bytes between input heads.
+        src_head_stride: u64,
+        /// Non-zero: every 8-element source group is aligned for vector loads.
+        src_vec: u32,
+        /// Key cache.
+        dst_k: *mut u8,
+        /// K: bytes between blocks.
+        block_stride_k: u64,
+        /// K: bytes between slots of a block.
+        token_stride_k: u64,
+        /// K: bytes between heads.
+        head_stride_k: u64,
+        /// K: elements per piece (1, 4, or a multiple of 8).
+        piece_k: u64,
+        /// K: bytes between pieces.
+        piece_stride_k: u64,
+        /// K: elements per store (8, 4 or 1).
+        unit_k: u32,
+        /// Value cache (null: K only).
+        dst_v: *mut u8,
+        /// V: bytes between blocks.
+        block_stride_v: u64,
+        /// V: bytes between slots of a block.
+        token_stride_v: u64,
+        /// V: bytes between heads.
+        head_stride_v: u64,
+        /// V: elements per piece.
+        piece_v: u64,
+        /// V: bytes between pieces.
+        piece_stride_v: u64,
+        /// V: elements per store.
+        unit_v: u32,
+        /// Bit 0 (K), bit 1 (V): eight aligned consecutive slots of a block may be stored as
+        /// one run (rows, or transposed columns for one element per piece); set only with
+        /// `src_vec`, 8-slot-aligned blocks and stores aligned for it.
+        runs: u32,
+        /// Blocks in the caches.
+        num_blocks: u64,
+        /// Slots per block.
+        block_size: u64,
+        /// Heads per token.
+        heads: u64,
+        /// 8-element groups per head (`head_dim / 8`).
+        groups: u64,
+        /// Bytes per cache element (1, 2 or 4).
+        elem: u32,
+        /// Slot per token (i32 or i64).
+        slots: *const u8,
+        /// Non-zero: slots are i64.
+        slot_is_i64: u32,
+        /// Tokens (slots) to process.
+        num_tokens: u64,
+        /// Conversion on the way (`convert::NONE`: copy; else a `convert::code`, `elem` 1).
+        convert: u32,
+        /// K's scale(s), f32 (converting updates only).
+        k_scale: *const f32,
+        /// V's scale(s), f32 (converting updates with V only).
+        v_scale: *const f32,
+        /// Non-zero: one scale per head.
+        scale_per_head: u32,
+        /// Tokens per tile: 8 (prefill: full tiles of consecutive slots are stored as runs) or
+        /// 1 (decode: one token per thread, nothing serialised).
+        tile: u32,
+        /// Tiles of one (part, head, group) handled by consecutive threads (1, 2 or 4).
+        subs: u32,
+        /// log2 of lanes per work item (always 0: one thread per item).
+        shift: u32,
+        /// Error word (may be null).
+        errors: *mut u32,
+    }
+}
+
+kernel! {
     /// Arguments of the slice-based update (see [`crate::ops::update_slices`]).
     kvio_update_slices(SliceArgs) => crate::ops::update_slices {
         /// New K/V rows.

@@ -56,7 +56,7 @@ pub fn format(code: u32) -> Fp8 {
 /// # Safety
 /// `src` holds element `i` of the code's source type, aligned for it.
 #[inline(always)]
-unsafe fn load(src: *const u8, i: u64, code: u32) -> f32 {
+pub(crate) unsafe fn load(src: *const u8, i: u64, code: u32) -> f32 {
     // SAFETY: forwarded from the caller.
     unsafe {
         match code & 0xf {
@@ -68,7 +68,7 @@ unsafe fn load(src: *const u8, i: u64, code: u32) -> f32 {
 }
 
 /// The raw bytes of one vector unit: one 16-byte access of bf16/f16, two of f32.
-type Raw = [V16; 2];
+pub(crate) type Raw = [V16; 2];
 
 /// The raw bytes of unit `u` (elements `8u..8u + 8`). Volatile, so a caller can issue it
 /// before an index lookup and the compiler cannot sink it past that lookup.
@@ -76,7 +76,7 @@ type Raw = [V16; 2];
 /// # Safety
 /// `src` holds elements `8u..8u + 8`, 16-byte aligned.
 #[inline(always)]
-unsafe fn load_raw(src: *const u8, u: u64, code: u32) -> Raw {
+pub(crate) unsafe fn load_raw(src: *const u8, u: u64, code: u32) -> Raw {
     // SAFETY: forwarded from the caller (one or two whole 16-byte units).
     unsafe {
         if code & 0xf == SRC_F32 {
@@ -94,7 +94,7 @@ unsafe fn load_raw(src: *const u8, u: u64, code: u32) -> Raw {
 
 /// A unit's eight elements widened to f32.
 #[inline(always)]
-fn widen(raw: &Raw, code: u32) -> [f32; 8] {
+pub(crate) fn widen(raw: &Raw, code: u32) -> [f32; 8] {
     let mut x = [0f32; 8];
     let (a, b) = (raw[0].to_array(), raw[1].to_array());
     let mut k = 0;
@@ -206,7 +206,7 @@ unsafe fn convert_units(
 
 /// Eight elements quantized, as the little-endian bytes of one u64 (element 0 first).
 #[inline(always)]
-fn pack8(x: &[f32; 8], fmt: Fp8, scale: f32) -> u64 {
+pub(crate) fn pack8(x: &[f32; 8], fmt: Fp8, scale: f32) -> u64 {
     let mut packed = 0u64;
     let mut k = 0;
     while k < 4 {

@@ -52,6 +52,17 @@ pub fn slot_target(slot: i64, block_size: u64, num_blocks: u64) -> SlotTarget {
     }
 }
 
+/// Byte offset of element `e` of a head vector stored in pieces of `piece` elements (of
+/// `elem` bytes), `piece_stride` bytes apart: `(e / piece) * piece_stride + (e % piece) *
+/// elem`. A contiguous head is one piece. vLLM's v0 key cache has pieces of `16 / elem`
+/// elements `16 * block_size` bytes apart, its value cache pieces of one element
+/// `elem * block_size` bytes apart. `piece` must be non-zero.
+#[inline(always)]
+pub fn piece_offset(e: u64, piece: u64, piece_stride: u64, elem: u64) -> u64 {
+    let p = div_u64(e, piece);
+    p * piece_stride + (e - p * piece) * elem
+}
+
 /// Verdict on one slice `(cache_start, new_kv_start, len)` of the slice-based update.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SliceCheck {

@@ -13,6 +13,46 @@
     feature(asm_experimental_arch)
 )]
 
+/// Runs `$body` eight times with `$i` bound to the constants `0..8`: the tile code indexes
+/// register arrays with `$i`, and only constant indices keep them out of local memory
+/// (LLVM does not always unroll such loops itself).
+macro_rules! unroll8 {
+    ($i:ident => $body:block) => {{
+        {
+            let $i: usize = 0;
+            $body
+        }
+        {
+            let $i: usize = 1;
+            $body
+        }
+        {
+            let $i: usize = 2;
+            $body
+        }
+        {
+            let $i: usize = 3;
+            $body
+        }
+        {
+            let $i: usize = 4;
+            $body
+        }
+        {
+            let $i: usize = 5;
+            $body
+        }
+        {
+            let $i: usize = 6;
+            $body
+        }
+        {
+            let $i: usize = 7;
+            $body
+        }
+    }};
+}
+
 #[macro_use]
 pub mod args;
 pub mod convert;
@@ -20,6 +60,7 @@ pub mod fp8;
 pub mod index;
 pub mod ops;
 pub mod span;
+pub mod tile;
 
 #[cfg(target_arch = "nvptx64")]
 mod entry;

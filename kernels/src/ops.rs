@@ -5,10 +5,11 @@
 
 use core::sync::atomic::{AtomicU32, Ordering};
 
-use crate::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs};
+use crate::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs, TileArgs};
 use crate::convert::{self, convert_span};
 use crate::index::{self, chunk_at, err, PairCheck, PoolSide, SliceCheck, SlotTarget, TablePtr};
 use crate::span::{copy_span, load_staged, store_staged, STAGE_UNITS, V16};
+use crate::tile::{self, Row, TILE};
 
 /// A thread's place in a grid split into groups of `1 << shift` lanes: each group owns one
 /// work item at a time (items `first`, `first + step`, ...), so two groups never write the
@@ -212,6 +213,288 @@ unsafe fn slots_body<const GENERAL: bool>(a: &SlotArgs, g: Group) {
             }
         }
         item += g.step;
+    }
+}
+
+/// Tiled slot update: [`update_slots`]'s semantics (negative slots skipped, slots past the
+/// cache skipped and counted, fp8 conversion with per-tensor or per-head scales) for caches
+/// whose head vectors are stored in pieces (vLLM's v0 paged layout). One item = eight
+/// consecutive tokens × one (part, head, 8-element group); consecutive threads take the
+/// `subs` tiles of one group, so their transposed stores fill whole sectors.
+///
+/// # Safety
+/// Host-validated arguments: every in-range target lies inside the destination caches, every
+/// token row inside the sources, `slots` holds `num_tokens` entries, each part's stores are
+/// aligned to `min(unit * elem, 16)` bytes (and to `min(8 * elem, 16)` where `runs` allows
+/// columns), and a converting update's scales hold one f32 (or one per head) per part.
+///
+/// This entry point serves caches of 1- and 2-byte elements; 4-byte ones run
+/// [`update_tiles_wide`] (twice the registers per row, so its own register budget).
+#[inline(always)]
+pub unsafe fn update_tiles(a: &TileArgs, g: Group) {
+    // SAFETY: forwarded.
+    unsafe {
+        if a.elem == 1 {
+            tiles_body::<1, true>(a, g)
+        } else {
+            tiles_body::<2, true>(a, g)
+        }
+    }
+}
+
+/// [`update_tiles`] for one token per thread (`a.tile == 1`, decode sizes), 1- and 2-byte
+/// elements: without the runs' unrolled code, so the short path a decode step takes stays
+/// small and contiguous (an update of a few tokens lands on cold instruction caches).
+///
+/// # Safety
+/// As [`update_tiles`], with `a.tile == 1`.
+#[inline(always)]
+pub unsafe fn update_tiles_one(a: &TileArgs, g: Group) {
+    // SAFETY: forwarded.
+    unsafe {
+        if a.elem == 1 {
+            tiles_body::<1, false>(a, g)
+        } else {
+            tiles_body::<2, false>(a, g)
+        }
+    }
+}
+
+/// [`update_tiles`] for caches of 4-byte elements.
+///
+/// # Safety
+/// As [`update_tiles`].
+#[inline(always)]
+pub unsafe fn update_tiles_wide(a: &TileArgs, g: Group) {
+    // SAFETY: forwarded.
+    unsafe { tiles_body::<4, true>(a, g) }
+}
+
+/// One cache part of a tiled update, as the stores see it.
+struct TilePart {
+    dst: *mut u8,
+    block: u64,
+    token: u64,
+    head: u64,
+    piece: u64,
+    piece_stride: u64,
+    unit: u64,
+    runs: bool,
+}
+
+/// The slot of token `t`.
+///
+/// # Safety
+/// `t < num_tokens`, the length of the slot array.
+#[inline(always)]
+unsafe fn tile_slot(a: &TileArgs, t: u64) -> i64 {
+    // SAFETY: forwarded.
+    unsafe {
+        if a.slot_is_i64 != 0 {
+            *(a.slots as *const i64).add(t as usize)
+        } else {
+            *(a.slots as *const i32).add(t as usize) as i64
+        }
+    }
+}
+
+/// One token's group (eight elements) as cache elements: loaded, and converted when the update
+/// converts.
+///
+/// # Safety
+/// `src` holds the group (see [`tile::load_copy`], [`tile::load_convert`]).
+#[inline(always)]
+unsafe fn tile_row<const E: usize>(a: &TileArgs, src: *const u8, vec: bool, scale: f32) -> Row {
+    // SAFETY: forwarded.
+    unsafe {
+        // Conversions produce fp8: only the 1-byte instance converts.
+        if E == 1 && a.convert != convert::NONE {
+            tile::load_convert(src, vec, a.convert, scale)
+        } else {
+            tile::load_copy::<E>(src, vec)
+        }
+    }
+}
+
+/// Stores one token's group (elements `e0..e0 + 8` of its head) at `d`, the token's head in
+/// the cache, in the part's pieces.
+///
+/// # Safety
+/// `d` is a valid target's head; the host checked the alignment of the part's stores.
+#[inline(always)]
+unsafe fn tile_store_row<const E: usize>(p: &TilePart, d: *mut u8, row: &Row, e0: u64) {
+    let e = E as u64;
+    // SAFETY: every element stored belongs to the target's head (forwarded).
+    unsafe {
+        if p.unit == 8 {
+            let off = index::piece_offset(e0, p.piece, p.piece_stride, e);
+            tile::store::<E>(d.add(off as usize), row, 0, 8);
+        } else if p.unit == 4 {
+            let off = index::piece_offset(e0, p.piece, p.piece_stride, e);
+            tile::store::<E>(d.add(off as usize), row, 0, 4);
+            let off = index::piece_offset(e0 + 4, p.piece, p.piece_stride, e);
+            tile::store::<E>(d.add(off as usize), row, 4, 4);
+        } else {
+            unroll8!(j => {
+                let x = e0 + j as u64;
+                let off = if p.piece == 1 {
+                    x * p.piece_stride
+                } else {
+                    index::piece_offset(x, p.piece, p.piece_stride, e)
+                };
+                tile::store::<E>(d.add(off as usize), row, j, 1);
+            });
+        }
+    }
+}
+
+/// [`update_tiles`] for caches of `E`-byte elements; `RUNS`: with the code for runs (tiles
+/// of eight tokens).
+///
+/// # Safety
+/// As [`update_tiles`]; without `RUNS`, `a.tile == 1`.
+#[inline(always)]
+unsafe fn tiles_body<const E: usize, const RUNS: bool>(a: &TileArgs, g: Group) {
+    let parts = if a.src_v.is_null() { 1 } else { 2 };
+    let (subs, tile) = (a.subs as u64, a.tile as u64);
+    let outer = a.num_tokens.div_ceil(tile * subs);
+    let items = outer * parts * a.heads * a.groups * subs;
+    let se = if a.convert != convert::NONE {
+        convert::src_bytes(a.convert)
+    } else {
+        E as u64
+    };
+    let mut item = g.first;
+    let mut ix = [0u64; 4];
+    while item < items {
+        let o = index::split_n(item, [parts, a.heads, a.groups, subs], &mut ix);
+        let [part, head, grp, sub] = ix;
+        item += g.step;
+        let t0 = (o * subs + sub) * tile;
+        if t0 >= a.num_tokens {
+            continue;
+        }
+        let n = (a.num_tokens - t0).min(tile);
+        let p = if part == 0 {
+            TilePart {
+                dst: a.dst_k,
+                block: a.block_stride_k,
+                token: a.token_stride_k,
+                head: a.head_stride_k,
+                piece: a.piece_k,
+                piece_stride: a.piece_stride_k,
+                unit: a.unit_k as u64,
+                runs: a.runs & 1 != 0,
+            }
+        } else {
+            TilePart {
+                dst: a.dst_v,
+                block: a.block_stride_v,
+                token: a.token_stride_v,
+                head: a.head_stride_v,
+                piece: a.piece_v,
+                piece_stride: a.piece_stride_v,
+                unit: a.unit_v as u64,
+                runs: a.runs & 2 != 0,
+            }
+        };
+        let src = if part == 0 { a.src_k } else { a.src_v };
+        // SAFETY: t0 < num_tokens, head < heads, grp < groups: inside the validated source.
+        let src = unsafe {
+            src.add((t0 * a.src_token_stride + head * a.src_head_stride + grp * 8 * se) as usize)
+        };
+        let scale = if a.convert != convert::NONE {
+            let scales = if part == 0 { a.k_scale } else { a.v_scale };
+            let at = if a.scale_per_head != 0 { head } else { 0 };
+            // SAFETY: the host checked one scale (or one per head) for each part written.
+            unsafe { *scales.add(at as usize) }
+        } else {
+            0.0
+        };
+        let counting = part == 0 && head == 0 && grp == 0;
+        let e0 = grp * TILE as u64;
+        // A full tile whose eight tokens fill eight aligned consecutive slots of one block is
+        // one run: rows at consecutive slots (K), or transposed columns (one element per
+        // piece: V). Anything else goes token by token.
+        if RUNS && p.runs && n == TILE as u64 {
+            // All sixteen loads (rows and slots) issued before any is used.
+            let mut rows: [Row; TILE] = [[0; 8]; TILE];
+            let mut slots = [0i64; TILE];
+            unroll8!(i => {
+                // SAFETY: the tile is full: token t0 + i's group lies in the source (runs
+                // imply vector-aligned sources) and its slot in the slot array.
+                unsafe {
+                    let s = src.add((i as u64 * a.src_token_stride) as usize);
+                    rows[i] = tile_row::<E>(a, s, true, scale);
+                    slots[i] = tile_slot(a, t0 + i as u64);
+                }
+            });
+            let (bs, nb) = (a.block_size, a.num_blocks);
+            let (block, offset, mut run) = match index::slot_target(slots[0], bs, nb) {
+                SlotTarget::At { block, offset } => (block, offset, offset % TILE as u64 == 0),
+                _ => (0, 0, false),
+            };
+            // Consecutive slots of one block: slot i = slot 0 + i, and slot 0 starts an
+            // aligned group of eight (block sizes are multiples of 8), so all stay inside.
+            unroll8!(i => {
+                run = run && slots[i] == slots[0] + i as i64;
+            });
+            if run {
+                let at0 = block * p.block + offset * p.token + head * p.head;
+                // SAFETY: the eight targets are valid consecutive slots of one block; the host
+                // checked the alignment of runs.
+                unsafe {
+                    if p.piece == 1 {
+                        unroll8!(j => {
+                            let d = p.dst.add((at0 + (e0 + j as u64) * p.piece_stride) as usize);
+                            tile::store::<E>(d, &tile::column::<E>(&rows, j), 0, TILE);
+                        });
+                    } else {
+                        // Pieces of 8k elements (one store per row) or of 4 (two): the host
+                        // gives runs no narrower stores.
+                        let e = E as u64;
+                        let off = index::piece_offset(e0, p.piece, p.piece_stride, e);
+                        let off4 = index::piece_offset(e0 + 4, p.piece, p.piece_stride, e);
+                        unroll8!(i => {
+                            let d = p.dst.add((at0 + i as u64 * p.token) as usize);
+                            if p.unit == 8 {
+                                tile::store::<E>(d.add(off as usize), &rows[i], 0, 8);
+                            } else {
+                                tile::store::<E>(d.add(off as usize), &rows[i], 0, 4);
+                                tile::store::<E>(d.add(off4 as usize), &rows[i], 4, 4);
+                            }
+                        });
+                    }
+                }
+                continue;
+            }
+        }
+        let mut i = 0;
+        while i < n {
+            // SAFETY: t0 + i < num_tokens: its group lies in the source; the row is loaded
+            // before the slot is read, so both latencies overlap.
+            let row = unsafe {
+                let s = src.add((i * a.src_token_stride) as usize);
+                tile_row::<E>(a, s, a.src_vec != 0, scale)
+            };
+            // SAFETY: as above.
+            let slot = unsafe { tile_slot(a, t0 + i) };
+            match index::slot_target(slot, a.block_size, a.num_blocks) {
+                SlotTarget::Skip => {}
+                SlotTarget::OutOfRange => {
+                    if counting {
+                        // SAFETY: see count_error.
+                        unsafe { count_error(a.errors, err::BAD_SLOT) };
+                    }
+                }
+                SlotTarget::At { block, offset } => {
+                    let at = block * p.block + offset * p.token + head * p.head;
+                    // SAFETY: a valid target's head.
+                    unsafe { tile_store_row::<E>(&p, p.dst.add(at as usize), &row, e0) };
+                }
+            }
+            i += 1;
+        }
     }
 }
 

@@ -313,6 +313,8 @@ impl<'a, A: Copy> BlockPool<'a, A> {
             block_stride: sat(&[heads, layers, 2, part]),
             token_stride: head_dim,
             head_stride: sat(&[layers, 2, part]),
+            piece_elems: head_dim,
+            piece_stride: head_dim,
         };
         Self::cross_layer(mem, layers, 2, part, layout)
     }
@@ -392,6 +394,7 @@ impl<'a, A: Copy> BlockPool<'a, A> {
     /// memory) and returns the byte extent of one layer/part cache.
     pub(crate) fn extent(&self, name: &'static str) -> Result<u64> {
         let ext = self.layout.extent(name)?;
+        self.layout.contiguous_heads(name)?;
         if self.layers == 0 || self.parts == 0 {
             return Err(invalid(
                 name,

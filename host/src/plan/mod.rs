@@ -10,7 +10,7 @@
 
 mod lists;
 
-use kvio_kernels::args::{CopyArgs, SliceArgs, SlotArgs};
+use kvio_kernels::args::{CopyArgs, SliceArgs, SlotArgs, TileArgs};
 
 pub use lists::{
     slices_to_table, slots_to_slices, validate_slices, validate_slots, Slice, SlotIndex,
@@ -84,6 +84,8 @@ pub(crate) struct Launch {
 pub(crate) enum Kernel {
     /// `kvio_update_slots`.
     Slots(SlotArgs),
+    /// `kvio_update_tiles` (`kvio_update_tiles_wide` for 4-byte cache elements).
+    Tiles(TileArgs),
     /// `kvio_update_slices`.
     Slices(SliceArgs),
     /// `kvio_copy_blocks` (device-side block copies).
@@ -113,6 +115,7 @@ impl Kernel {
     pub(crate) fn shift(&self) -> u32 {
         match self {
             Kernel::Slots(a) => a.shift,
+            Kernel::Tiles(a) => a.shift,
             Kernel::Slices(a) => a.shift,
             Kernel::Copy(a) | Kernel::Transfer(a) => a.shift,
         }

@@ -168,6 +168,7 @@ impl<'a> Quantize<'a> {
 ///         value: None,
 ///         input: TokenLayout::contiguous(2, 1, 4, 4),
 ///         cache: PagedLayout::nhd(2, 2, 1, 4, 4),
+///         value_layout: None,
 ///         slots: SlotMapping::I64(DeviceBytes::from_raw(slots.as_ptr() as u64, 16)),
 ///         errors: None,
 ///         quantize: None,
@@ -186,8 +187,12 @@ pub struct SlotUpdate<'a> {
     pub value: Option<CacheWrite<'a>>,
     /// Layout of the new keys and values.
     pub input: TokenLayout,
-    /// Layout of each cache.
+    /// Layout of the key cache (and of the value cache unless `value_layout` is given).
     pub cache: PagedLayout,
+    /// Layout of the value cache where it differs from the key cache's: vLLM's v0 paged
+    /// layout ([`PagedLayout::v0_key`] for `cache`, [`PagedLayout::v0_value`] here). `None`:
+    /// V is laid out as K. Both describe the same blocks, slots, heads and elements.
+    pub value_layout: Option<PagedLayout>,
     /// Slot per token; its length is the number of tokens written (`≤ input.num_tokens`).
     pub slots: SlotMapping<'a>,
     /// Where to count slots past the end of the cache (`None`: skipped, not counted).
@@ -230,9 +235,39 @@ impl<'a> SlotUpdate<'a> {
             value: None,
             input,
             cache,
+            value_layout: None,
             slots,
             errors: None,
             quantize: None,
+        }
+    }
+
+    /// Lays the value cache out as `layout` instead of as the key cache (vLLM's v0 paged
+    /// layout: [`PagedLayout::v0_value`]).
+    ///
+    /// ```
+    /// use kvio::{DeviceBytes, DeviceBytesMut, PagedLayout, SlotMapping, SlotUpdate, TokenLayout};
+    /// // mistral.rs / candle-vllm `reshape_and_cache`: bf16, 16-slot blocks, v0 caches.
+    /// let (t, h, d) = (4, 8, 128);
+    /// let len = 64 * 16 * h * d * 2;
+    /// // SAFETY: descriptions only.
+    /// let [k, v, s] = [0x1000u64, 0x2_0000, 0x3_0000].map(|p| unsafe { DeviceBytes::from_raw(p, 1 << 16) });
+    /// let [kc, vc] = [1u64 << 32, 2 << 32].map(|p| unsafe { DeviceBytesMut::from_raw(p, len) });
+    /// let op = SlotUpdate::new(
+    ///     k,
+    ///     TokenLayout::contiguous(t, h, d, 2),
+    ///     kc,
+    ///     PagedLayout::v0_key(64, 16, h, d, 2),
+    ///     SlotMapping::I64(s),
+    /// )
+    /// .value(v, vc)
+    /// .value_layout(PagedLayout::v0_value(64, 16, h, d, 2));
+    /// assert_eq!(op.value_layout.unwrap().piece_elems, 1);
+    /// ```
+    pub fn value_layout(self, layout: PagedLayout) -> Self {
+        SlotUpdate {
+            value_layout: Some(layout),
+            ..self
         }
     }
 

@@ -1,6 +1,6 @@
 //! Validation and launch planning of the write path: one [`Plan`] per update.
 
-use kvio_kernels::args::{SliceArgs, SlotArgs};
+use kvio_kernels::args::{SliceArgs, SlotArgs, TileArgs};
 use kvio_kernels::index::{access_width, group_shift};
 
 use kvio_kernels::convert;
@@ -8,7 +8,7 @@ use kvio_kernels::convert;
 use super::{Fp8, MlaUpdate, Quantize, Scale, SliceUpdate, SlotMapping, SlotUpdate, SrcType};
 use crate::error::{invalid, Error, Result};
 use crate::error_word::DeviceErrors;
-use crate::launch::{grid_for, BLOCK_THREADS, PER_LANE};
+use crate::launch::{grid_for, BLOCK_THREADS, PER_LANE, SMALL_CTA_THREADS};
 use crate::layout::{chunks_disjoint, PagedLayout, TokenLayout};
 use crate::plan::{Kernel, Launch, Plan, Target};
 
@@ -119,6 +119,9 @@ fn err_ptr(e: Option<&DeviceErrors>) -> u64 {
 /// Validates a slot update into one launch of `kvio_update_slots` ([`Plan::Nothing`] for no
 /// token).
 pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
+    if op.cache.is_pieced() || op.value_layout.is_some_and(|v| v != op.cache) {
+        return tiles(op, target);
+    }
     let src_ext = op.input.extent("input")?;
     let dst_ext = op.cache.extent("cache")?;
     same_shape(&op.input, &op.cache, op.quantize.as_ref())?;
@@ -194,6 +197,210 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
     slot_launch(args, ie, target)
 }
 
+/// How a tiled update stores one part: `(unit, runs)`, elements per store (8, 4 or 1, each
+/// store aligned to `min(unit * elem, 16)` bytes) and whether eight aligned consecutive slots
+/// may be written as one run (8-slot-aligned blocks; with one element per piece, as
+/// transposed columns of `8 * elem` bytes, which must be aligned too).
+fn tile_stores(name: &'static str, l: &PagedLayout, base: u64) -> Result<(u32, bool)> {
+    let e = l.elem_bytes as u64;
+    let pieced = l.is_pieced();
+    let mut at = vec![
+        base,
+        l.block_stride as u64 * e,
+        l.token_stride as u64 * e,
+        l.head_stride as u64 * e,
+    ];
+    if pieced {
+        at.push(l.piece_stride as u64 * e);
+    }
+    let aligned = |bytes: u64| at.iter().all(|v| v.is_multiple_of(bytes));
+    let pe = l.piece_elems;
+    if pieced && !(pe == 1 || pe == 4 || pe.is_multiple_of(8)) {
+        return Err(invalid(
+            name,
+            pe,
+            "piece_elems must be 1, 4 or a multiple of 8",
+        ));
+    }
+    let unit = [8u32, 4, 1]
+        .into_iter()
+        .find(|&u| pe.is_multiple_of(u as usize) && aligned((u as u64 * e).min(16)))
+        .ok_or_else(|| invalid(name, base, "misaligned for its element type"))?;
+    // A run starts at a slot that is a multiple of 8, so the token stride (one element for
+    // transposed columns) does not enter the columns' alignment.
+    let column = (8 * e).min(16);
+    let runs = l.block_size.is_multiple_of(8)
+        && if pe == 1 {
+            l.token_stride == 1
+                && [base, l.block_stride as u64 * e, l.head_stride as u64 * e]
+                    .into_iter()
+                    .chain(pieced.then_some(l.piece_stride as u64 * e))
+                    .all(|v| v.is_multiple_of(column))
+        } else {
+            unit > 1
+        };
+    Ok((unit, runs))
+}
+
+/// Token count from which a tiled update takes eight tokens per thread.
+const TILE_FROM: usize = 1024;
+
+/// Validates a slot update whose caches split head vectors into pieces (vLLM's v0 layout), or
+/// whose K and V caches are laid out differently, into one launch of `kvio_update_tiles`.
+fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
+    let (i, kl) = (&op.input, &op.cache);
+    let vl = op.value_layout.unwrap_or(*kl);
+    let src_ext = i.extent("input")?;
+    let k_ext = kl.extent("cache")?;
+    let v_ext = vl.extent("value_layout")?;
+    same_shape(i, kl, op.quantize.as_ref())?;
+    let shape = |l: &PagedLayout| {
+        (
+            l.num_blocks,
+            l.block_size,
+            l.num_heads,
+            l.head_dim,
+            l.elem_bytes,
+        )
+    };
+    if shape(&vl) != shape(kl) {
+        return Err(invalid(
+            "value_layout",
+            shape(&vl),
+            "(blocks, block size, heads, head_dim, elem_bytes) differ from the key cache's",
+        ));
+    }
+    if op.value.is_none() && op.value_layout.is_some() {
+        return Err(invalid(
+            "value_layout",
+            "without value",
+            "a value layout needs values and a value cache",
+        ));
+    }
+    if !kl.head_dim.is_multiple_of(8) {
+        return Err(invalid(
+            "cache",
+            kl.head_dim,
+            "updates of layouts with pieces (v0) need head_dim a multiple of 8",
+        ));
+    }
+    let quant = match &op.quantize {
+        Some(q) => Some(check_scales(q, i.num_heads, op.value.is_some())?),
+        None => None,
+    };
+    fits("key", src_ext, op.key.src.len())?;
+    fits("key_cache", k_ext, op.key.dst.len())?;
+    if let Some(v) = op.value {
+        fits("value", src_ext, v.src.len())?;
+        fits("value_cache", v_ext, v.dst.len())?;
+        let (k, vp) = (op.key.dst.ptr(), v.dst.ptr());
+        if k < vp + v_ext && vp < k + k_ext {
+            return Err(invalid(
+                "value_cache",
+                vp,
+                "overlaps key_cache: K and V writes would collide",
+            ));
+        }
+    }
+    let Some((slots, w, n)) = slot_list(&op.slots, i.num_tokens)? else {
+        return Ok(Plan::Nothing);
+    };
+    let (kv_dst, vv_dst) = (op.key.dst.ptr(), op.value.map_or(0, |v| v.dst.ptr()));
+    let (unit_k, runs_k) = tile_stores("key_cache", kl, kv_dst)?;
+    let (unit_v, runs_v) = if op.value.is_some() {
+        tile_stores("value_cache", &vl, vv_dst)?
+    } else {
+        (1, false)
+    };
+    let (e, ie) = (kl.elem_bytes as u64, i.elem_bytes as u64);
+    let (src_k, src_v) = (op.key.src.ptr(), op.value.map_or(0, |v| v.src.ptr()));
+    let src_at = [
+        src_k,
+        src_v,
+        i.token_stride as u64 * ie,
+        i.head_stride as u64 * ie,
+    ];
+    let src_vec = src_at.iter().all(|v| v.is_multiple_of((8 * ie).min(16)));
+    for (name, p) in [("key", src_k), ("value", src_v)] {
+        if !p.is_multiple_of(ie) {
+            return Err(invalid(name, p, "misaligned for its element type"));
+        }
+    }
+    // Prefill sizes: tiles of eight tokens (runs of whole pages stored wide); decode sizes:
+    // one token per thread, as latency-bound as the NHD update.
+    let tile: u64 = if n >= TILE_FROM { 8 } else { 1 };
+    let subs: u64 = match (tile, e) {
+        (1, _) => 1,
+        (_, 1) => 4,
+        (_, 2) => 2,
+        _ => 1,
+    };
+    let (runs_k, runs_v) = (runs_k && src_vec, runs_v && src_vec);
+    let parts = 1 + op.value.is_some() as u64;
+    let groups = kl.head_dim as u64 / 8;
+    let items = (n as u64)
+        .div_ceil(tile * subs)
+        .checked_mul(parts * subs)
+        .and_then(|v| v.checked_mul(kl.num_heads as u64))
+        .and_then(|v| v.checked_mul(groups))
+        .ok_or(Error::Overflow { name: "slots" })?;
+    let args = TileArgs {
+        src_k: src_k as *const u8,
+        src_v: src_v as *const u8,
+        src_token_stride: i.token_stride as u64 * ie,
+        src_head_stride: i.head_stride as u64 * ie,
+        src_vec: src_vec as u32,
+        dst_k: kv_dst as *mut u8,
+        block_stride_k: kl.block_stride as u64 * e,
+        token_stride_k: kl.token_stride as u64 * e,
+        head_stride_k: kl.head_stride as u64 * e,
+        piece_k: kl.piece_elems as u64,
+        piece_stride_k: kl.piece_stride as u64 * e,
+        unit_k,
+        dst_v: vv_dst as *mut u8,
+        block_stride_v: vl.block_stride as u64 * e,
+        token_stride_v: vl.token_stride as u64 * e,
+        head_stride_v: vl.head_stride as u64 * e,
+        piece_v: vl.piece_elems as u64,
+        piece_stride_v: vl.piece_stride as u64 * e,
+        unit_v,
+        runs: runs_k as u32 | (runs_v as u32) << 1,
+        num_blocks: kl.num_blocks as u64,
+        block_size: kl.block_size as u64,
+        heads: kl.num_heads as u64,
+        groups,
+        elem: e as u32,
+        slots: slots as *const u8,
+        slot_is_i64: (w == 8) as u32,
+        num_tokens: n as u64,
+        convert: quant.map_or(convert::NONE, |(code, _)| code),
+        k_scale: scale_ptr(op.quantize.map(|q| q.k_scale)) as *const f32,
+        v_scale: scale_ptr(op.quantize.and_then(|q| q.v_scale)) as *const f32,
+        scale_per_head: quant.is_some_and(|(_, per_head)| per_head) as u32,
+        tile: tile as u32,
+        subs: subs as u32,
+        shift: 0,
+        errors: err_ptr(op.errors) as *mut u32,
+    };
+    // One token per thread: small CTAs, so a decode step's scattered V stores (one sector
+    // per element) spread over many multiprocessors' load/store units.
+    let (cap, threads) = if e == 4 {
+        (target.caps.tiles_wide, BLOCK_THREADS)
+    } else if tile == 1 {
+        (target.caps.tiles_one, SMALL_CTA_THREADS)
+    } else {
+        (target.caps.tiles, BLOCK_THREADS)
+    };
+    Ok(Plan::Kernel {
+        upload: None,
+        launch: Launch {
+            kernel: Kernel::Tiles(args),
+            grid: grid_for(items, threads, 0, cap),
+            threads,
+        },
+    })
+}
+
 /// Validates an MLA update into one launch of the slot kernel: K is the latent part, V the
 /// rope part of the same row (their own widths and input strides), one head.
 pub(crate) fn mla<'a>(op: &MlaUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
@@ -239,6 +446,7 @@ pub(crate) fn mla<'a>(op: &MlaUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a
     fits("kv_c", lk.extent("kv_c_layout")?, op.kv_c.len())?;
     fits("k_pe", lp.extent("k_pe_layout")?, op.k_pe.len())?;
     fits("cache", c.extent("layout")?, op.cache.len())?;
+    c.contiguous_heads("layout")?;
     let tokens = lk.num_tokens.min(lp.num_tokens);
     let Some((slots, w, n)) = slot_list(&op.slots, tokens)? else {
         return Ok(Plan::Nothing);
@@ -397,6 +605,7 @@ const SLICE_ITEM_BYTES: usize = 8192;
 pub(crate) fn slices<'a>(op: &SliceUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     let src_ext = op.input.extent("input")?;
     let dst_ext = op.layout.extent("layout")?;
+    op.layout.contiguous_heads("layout")?;
     same_shape(&op.input, &op.layout, None)?;
     fits("new_kv", src_ext, op.new_kv.len())?;
     fits("cache", dst_ext, op.cache.len())?;
@@ -569,6 +778,49 @@ mod tests {
         let op = slot_op(PagedLayout::hnd(8, 16, 8, 128, 2), 10);
         let (p, _) = plan_slots(&op, 132).unwrap().unwrap();
         assert_eq!((p.heads, p.chunk_bytes), (8, 256));
+    }
+
+    /// v0 caches (bf16, fp8) at prefill size: tiles of eight tokens, K stored as whole
+    /// 16-byte (8-byte) pieces, V as transposed columns; decode size: one token per thread.
+    #[test]
+    fn v0_plans_store_runs() {
+        for e in [2usize, 1] {
+            let (nb, bs, h, d) = (200, 16, 8, 128);
+            let cache = PagedLayout::v0_key(nb, bs, h, d, e);
+            let mut op = slot_op(cache, 3000);
+            op.input = TokenLayout::contiguous(3000, h, d, e);
+            op.value_layout = Some(PagedLayout::v0_value(nb, bs, h, d, e));
+            let Plan::Kernel { launch, .. } = slots(&op, &target(132)).unwrap() else {
+                panic!("no launch")
+            };
+            let Kernel::Tiles(a) = launch.kernel else {
+                panic!("not a tiled update")
+            };
+            assert_eq!(
+                (a.tile, a.runs, a.unit_k, a.unit_v, a.src_vec),
+                (8, 3, 8, 1, 1),
+                "e={e}"
+            );
+            assert_eq!((a.piece_k, a.piece_v), ((16 / e) as u64, 1));
+            op.slots = SlotMapping::I64(bytes(0x3000_0000, 8 * 8));
+            let Plan::Kernel { launch, .. } = slots(&op, &target(132)).unwrap() else {
+                panic!("no launch")
+            };
+            let Kernel::Tiles(a) = launch.kernel else {
+                panic!("not a tiled update")
+            };
+            assert_eq!((a.tile, a.subs), (1, 1));
+        }
+        // A page size that is not a multiple of 8: no runs.
+        let mut op = slot_op(PagedLayout::v0_key(200, 12, 8, 128, 2), 3000);
+        op.value_layout = Some(PagedLayout::v0_value(200, 12, 8, 128, 2));
+        let Plan::Kernel { launch, .. } = slots(&op, &target(132)).unwrap() else {
+            panic!("no launch")
+        };
+        let Kernel::Tiles(a) = launch.kernel else {
+            panic!("not a tiled update")
+        };
+        assert_eq!(a.runs, 0);
     }
 
     #[test]

@@ -1,0 +1,220 @@
+//! Token tiles: eight tokens' eight-element groups held in registers, so a cache layout that
+//! splits a head vector into narrow pieces (vLLM's v0 paged layout: K in 16-byte pieces `bs`
+//! slots apart, V transposed with one element per piece) is written with wide stores. A
+//! thread loads the eight rows (one 8-element group of one head for eight consecutive input
+//! tokens), converts them if the cache is fp8, and stores them either row by row at each
+//! token's slot, or, when the eight tokens fill eight aligned consecutive slots of one block
+//! and the layout has one element per piece, as eight transposed columns of eight elements.
+//!
+//! A row is `[u32; 8]`: the group's eight cache elements of `E` bytes in little-endian order
+//! (`E = 1` uses words 0..2, `E = 2` words 0..4, `E = 4` all eight). Every index into a row is
+//! a compile-time constant once the fixed-count loops are unrolled, so rows stay in registers.
+
+use core::ptr::{read, read_volatile, write};
+
+use crate::convert;
+use crate::span::V16;
+
+/// Tokens (and elements) in a tile's side.
+pub const TILE: usize = 8;
+
+/// Eight cache elements of `E` bytes.
+pub type Row = [u32; 8];
+
+/// Element `j` of a row.
+#[inline(always)]
+pub fn get<const E: usize>(row: &Row, j: usize) -> u32 {
+    match E {
+        1 => (row[j / 4] >> (8 * (j % 4))) & 0xff,
+        2 => (row[j / 2] >> (16 * (j % 2))) & 0xffff,
+        _ => row[j],
+    }
+}
+
+/// Ors element `j` (already masked to `E` bytes) into a row whose element `j` is zero.
+#[inline(always)]
+fn put<const E: usize>(row: &mut Row, j: usize, v: u32) {
+    match E {
+        1 => row[j / 4] |= v << (8 * (j % 4)),
+        2 => row[j / 2] |= v << (16 * (j % 2)),
+        _ => row[j] = v,
+    }
+}
+
+/// The transposed column `j` of eight rows: element `i` is element `j` of row `i`.
+#[inline(always)]
+pub fn column<const E: usize>(rows: &[Row; TILE], j: usize) -> Row {
+    let mut col = [0u32; 8];
+    unroll8!(i => {
+        put::<E>(&mut col, i, get::<E>(&rows[i], j));
+    });
+    col
+}
+
+/// Loads eight elements of `E` bytes (copied as they are): vector accesses when `vec` (`src`
+/// aligned to `min(8E, 16)` bytes), else one access per element.
+///
+/// # Safety
+/// `src..src + 8E` readable, aligned for `E`-byte elements (and as above with `vec`).
+#[inline(always)]
+pub unsafe fn load_copy<const E: usize>(src: *const u8, vec: bool) -> Row {
+    let mut row = [0u32; 8];
+    // SAFETY: forwarded from the caller; each access stays inside the 8E bytes.
+    unsafe {
+        if vec {
+            match E {
+                1 => {
+                    let v = read_volatile(src as *const u64);
+                    row[0] = v as u32;
+                    row[1] = (v >> 32) as u32;
+                }
+                2 => {
+                    let v = read_volatile(src as *const V16).to_array();
+                    row[..4].copy_from_slice(&v);
+                }
+                _ => {
+                    let v = read_volatile(src as *const V16).to_array();
+                    let w = read_volatile((src as *const V16).add(1)).to_array();
+                    row[..4].copy_from_slice(&v);
+                    row[4..].copy_from_slice(&w);
+                }
+            }
+        } else {
+            unroll8!(j => {
+                let v = match E {
+                    1 => read(src.add(j)) as u32,
+                    2 => read((src as *const u16).add(j)) as u32,
+                    _ => read((src as *const u32).add(j)),
+                };
+                put::<E>(&mut row, j, v);
+            });
+        }
+    }
+    row
+}
+
+/// Loads eight source elements of conversion `code` and quantizes them to fp8 with `scale`
+/// (one byte each, `E = 1`): vector accesses when `vec` (`src` 16-byte aligned), else one
+/// access per element.
+///
+/// # Safety
+/// `src` holds eight source elements of `code`'s type, aligned for it (16 bytes with `vec`).
+#[inline(always)]
+pub unsafe fn load_convert(src: *const u8, vec: bool, code: u32, scale: f32) -> Row {
+    // SAFETY: forwarded from the caller.
+    let x = unsafe {
+        if vec {
+            convert::widen(&convert::load_raw(src, 0, code), code)
+        } else {
+            let mut x = [0f32; 8];
+            unroll8!(j => {
+                x[j] = convert::load(src, j as u64, code);
+            });
+            x
+        }
+    };
+    let packed = convert::pack8(&x, convert::format(code), scale);
+    let packed = u64::from_le(packed);
+    let mut row = [0u32; 8];
+    row[0] = packed as u32;
+    row[1] = (packed >> 32) as u32;
+    row
+}
+
+/// Stores elements `c..c + n` of a row (`n` = 8, 4 or 1 elements of `E` bytes; `c` a multiple
+/// of `n`) at `dst`, with accesses of at most 16 bytes.
+///
+/// # Safety
+/// `dst..dst + nE` writable and aligned to `min(nE, 16)` bytes.
+#[inline(always)]
+pub unsafe fn store<const E: usize>(dst: *mut u8, row: &Row, c: usize, n: usize) {
+    // SAFETY: forwarded from the caller; word indices are below 8 for every (E, c, n) used.
+    unsafe {
+        if n == 1 {
+            match E {
+                1 => write(dst, get::<E>(row, c) as u8),
+                2 => write(dst as *mut u16, get::<E>(row, c) as u16),
+                _ => write(dst as *mut u32, get::<E>(row, c)),
+            }
+            return;
+        }
+        // n ≥ 4 elements of ≥ 1 byte starting at a multiple of n: whole words.
+        let w0 = c * E / 4;
+        match n * E {
+            4 => write(dst as *mut u32, row[w0]),
+            8 => write(
+                dst as *mut u64,
+                (row[w0] as u64) | ((row[w0 + 1] as u64) << 32),
+            ),
+            16 => write(
+                dst as *mut V16,
+                V16::from_array([row[w0], row[w0 + 1], row[w0 + 2], row[w0 + 3]]),
+            ),
+            _ => {
+                // 32 bytes: a whole row of f32.
+                let d = dst as *mut V16;
+                write(d, V16::from_array([row[0], row[1], row[2], row[3]]));
+                write(d.add(1), V16::from_array([row[4], row[5], row[6], row[7]]));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_transpose_every_element_size() {
+        let mut rows = [[0u32; 8]; 8];
+        for (i, r) in rows.iter_mut().enumerate() {
+            for (w, x) in r.iter_mut().enumerate() {
+                *x = ((i * 8 + w) as u32).wrapping_mul(0x9E37_79B9);
+            }
+        }
+        fn check<const E: usize>(rows: &[Row; 8]) {
+            for j in 0..8 {
+                let col = column::<E>(rows, j);
+                for i in 0..8 {
+                    assert_eq!(get::<E>(&col, i), get::<E>(&rows[i], j), "E {E} ({i}, {j})");
+                }
+            }
+        }
+        check::<1>(&rows);
+        check::<2>(&rows);
+        check::<4>(&rows);
+    }
+
+    #[test]
+    fn loads_and_stores_round_trip() {
+        let src: [u8; 32] = core::array::from_fn(|i| (i as u8).wrapping_mul(37) ^ 0x5a);
+        let aligned: [V16; 2] = [
+            V16::from_array(core::array::from_fn(|k| {
+                u32::from_le_bytes(src[4 * k..4 * k + 4].try_into().unwrap())
+            })),
+            V16::from_array(core::array::from_fn(|k| {
+                u32::from_le_bytes(src[16 + 4 * k..20 + 4 * k].try_into().unwrap())
+            })),
+        ];
+        let p = aligned.as_ptr() as *const u8;
+        fn each<const E: usize>(p: *const u8, src: &[u8; 32]) {
+            for vec in [false, true] {
+                // SAFETY: 32 readable bytes, 16-byte aligned.
+                let row = unsafe { load_copy::<E>(p, vec) };
+                for n in [1usize, 4, 8] {
+                    let mut out = [V16::splat(0); 2];
+                    for c in (0..8).step_by(n) {
+                        // SAFETY: 32 writable bytes, aligned; offset c*E + n*E <= 8E.
+                        unsafe { store::<E>((out.as_mut_ptr() as *mut u8).add(c * E), &row, c, n) };
+                    }
+                    // SAFETY: plain bytes.
+                    let got: [u8; 32] = unsafe { core::mem::transmute(out) };
+                    assert_eq!(got[..8 * E], src[..8 * E], "E {E} n {n} vec {vec}");
+                }
+            }
+        }
+        each::<1>(p, &src);
+        each::<2>(p, &src);
+        each::<4>(p, &src);
+    }
+}

@@ -1,0 +1,498 @@
+//! vLLM's v0 paged layout (paged attention v1/v2; mistral.rs, candle-vllm): key cache
+//! `[NB, H, D/x, bs, x]`, value cache `[NB, H, D, bs]`, written by slot mapping (vLLM
+//! `reshape_and_cache`), plain copies and fp8 quantize-on-write, against the CPU reference,
+//! bit for bit, in emulation and on the GPU. The addresses of both layouts are also checked
+//! against vLLM's own index formulas (independently of the descriptors).
+
+use kvio::{
+    reference, DeviceBytes, DeviceBytesMut, DeviceErrors, Error, ErrorCounts, Fp8, PagedLayout,
+    Quantize, Scale, SlotMapping, SlotUpdate, SrcType, StreamRef, TokenLayout,
+};
+use kvio_suite::{assert_same, download, random_bytes, upload, Rng};
+
+/// How a case's values are stored and written.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Format {
+    /// Bytes copied as they are, caches of this element size.
+    Copy(usize),
+    /// Quantized to fp8 from this source type.
+    Quant(SrcType, Fp8, bool),
+}
+
+/// How tokens map to slots.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Slots {
+    /// Every token a random free slot (decode-like scatter).
+    Random,
+    /// Consecutive tokens fill whole pages in a random page order (prefill), with padding
+    /// and out-of-range slots sprinkled in (they break the transposed runs of their tile).
+    Pages,
+}
+
+struct Case {
+    name: String,
+    format: Format,
+    input: TokenLayout,
+    key_layout: PagedLayout,
+    value_layout: PagedLayout,
+    keys: Vec<u8>,
+    values: Vec<u8>,
+    scales_k: Vec<f32>,
+    scales_v: Vec<f32>,
+    slots: Vec<i64>,
+    /// K cache then V cache, poisoned.
+    poison: Vec<u8>,
+    bad_slots: u32,
+}
+
+/// Source elements of every class for a quantizing case (NaN, ±inf, subnormals, values past
+/// the fp8 range occur among random bit patterns; f32 also gets them explicitly).
+fn source(n: usize, src: SrcType, rng: &mut Rng) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n * src.bytes());
+    for i in 0..n {
+        let r = rng.next_u64();
+        match src {
+            SrcType::Bf16 | SrcType::F16 => out.extend((r as u16).to_le_bytes()),
+            SrcType::F32 => {
+                let x = match i % 8 {
+                    0 => [
+                        f32::NAN,
+                        f32::INFINITY,
+                        f32::NEG_INFINITY,
+                        1e-40,
+                        500.0,
+                        -6e4,
+                    ][(r >> 8) as usize % 6],
+                    1 => f32::from_bits(r as u32),
+                    _ => ((r >> 16) % 20_000) as f32 / 16.0 - 600.0,
+                };
+                out.extend(x.to_le_bytes());
+            }
+        }
+    }
+    out
+}
+
+fn case(format: Format, bs: usize, d: usize, t: usize, mode: Slots, seed: u64) -> Case {
+    let h = 4;
+    let nb = (2 * t).max(64).div_ceil(bs) + 1;
+    let mut rng = Rng::new(seed);
+    let (ie, e) = match format {
+        Format::Copy(e) => (e, e),
+        Format::Quant(src, _, _) => (src.bytes(), 1),
+    };
+    let input = TokenLayout::contiguous(t, h, d, ie);
+    let key_layout = PagedLayout::v0_key(nb, bs, h, d, e);
+    let value_layout = PagedLayout::v0_value(nb, bs, h, d, e);
+    let num_slots = (nb * bs) as i64;
+    let mut bad_slots = 0;
+    let slots: Vec<i64> = match mode {
+        Slots::Random => {
+            let mut free: Vec<i64> = (0..num_slots).collect();
+            rng.shuffle(&mut free);
+            free.truncate(t);
+            free
+        }
+        Slots::Pages => {
+            let mut pages: Vec<i64> = (0..nb as i64).collect();
+            rng.shuffle(&mut pages);
+            (0..t)
+                .map(|i| pages[i / bs] * bs as i64 + (i % bs) as i64)
+                .collect()
+        }
+    };
+    let slots = slots
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| match i % 97 {
+            13 => -1,
+            41 => {
+                bad_slots += 1;
+                num_slots + rng.below(1000) as i64
+            }
+            _ => s,
+        })
+        .collect();
+    let (keys, values, scales_k, scales_v) = match format {
+        Format::Copy(e) => (
+            random_bytes(t * h * d * e, seed ^ 1),
+            random_bytes(t * h * d * e, seed ^ 2),
+            vec![],
+            vec![],
+        ),
+        Format::Quant(src, _, per_head) => {
+            let n = if per_head { h } else { 1 };
+            let mut scale = || 0.01 + rng.below(10_000) as f32 / 1000.0;
+            let (sk, sv): (Vec<f32>, Vec<f32>) = (0..n).map(|_| (scale(), scale())).unzip();
+            (
+                source(t * h * d, src, &mut rng),
+                source(t * h * d, src, &mut rng),
+                sk,
+                sv,
+            )
+        }
+    };
+    let ext = key_layout.extent("k").unwrap() as usize;
+    Case {
+        name: format!("{format:?} bs={bs} D={d} T={t} {mode:?}"),
+        format,
+        input,
+        key_layout,
+        value_layout,
+        keys,
+        values,
+        scales_k,
+        scales_v,
+        slots,
+        poison: random_bytes(2 * ext, seed ^ 0x0F),
+        bad_slots,
+    }
+}
+
+impl Case {
+    fn ext(&self) -> usize {
+        self.key_layout.extent("k").unwrap() as usize
+    }
+
+    /// Both caches as the reference computes them: K into the key layout, V into the value
+    /// layout (one part per call), after quantizing the rows for fp8 cases.
+    fn expected(&self) -> Vec<u8> {
+        let (k, v, input) = match self.format {
+            Format::Copy(_) => (self.keys.clone(), self.values.clone(), self.input),
+            Format::Quant(src, fp8, _) => {
+                let q = |rows: &[u8], s: &[f32]| {
+                    reference::quantize_rows(rows, &self.input, src, fp8, s)
+                };
+                let i = &self.input;
+                (
+                    q(&self.keys, &self.scales_k),
+                    q(&self.values, &self.scales_v),
+                    TokenLayout::contiguous(i.num_tokens, i.num_heads, i.head_dim, 1),
+                )
+            }
+        };
+        let mut want = self.poison.clone();
+        let ck = reference::update_slots(
+            &k,
+            None,
+            &input,
+            &mut want,
+            0,
+            None,
+            &self.key_layout,
+            &self.slots,
+        );
+        let ext = self.ext();
+        reference::update_slots(
+            &v,
+            None,
+            &input,
+            &mut want,
+            ext,
+            None,
+            &self.value_layout,
+            &self.slots,
+        );
+        assert_eq!(
+            ck.bad_slots, self.bad_slots,
+            "{}: reference count",
+            self.name
+        );
+        want
+    }
+
+    fn op<'a>(
+        &self,
+        keys: DeviceBytes<'a>,
+        values: DeviceBytes<'a>,
+        caches: DeviceBytesMut<'a>,
+        slots: DeviceBytes<'a>,
+        (sk, sv): (DeviceBytes<'a>, DeviceBytes<'a>),
+    ) -> SlotUpdate<'a> {
+        let (kc, vc) = caches.split_at(self.ext()).unwrap();
+        let op = SlotUpdate::new(
+            keys,
+            self.input,
+            kc,
+            self.key_layout,
+            SlotMapping::I64(slots),
+        )
+        .value(values, vc)
+        .value_layout(self.value_layout);
+        match self.format {
+            Format::Copy(_) => op,
+            Format::Quant(src, fp8, per_head) => {
+                let wrap = |b| {
+                    if per_head {
+                        Scale::PerHead(b)
+                    } else {
+                        Scale::PerTensor(b)
+                    }
+                };
+                op.quantize(Quantize::new(src, fp8, wrap(sk)).value_scale(wrap(sv)))
+            }
+        }
+    }
+}
+
+/// Every format × page size (1, 16, 128, and 8 and 32) × head dim (64, 128, 256), decode and
+/// prefill sizes (one token per thread below 1,024 tokens, tiles of eight from there),
+/// scattered and page-filling slots; `full` adds the larger and rarer ones.
+fn cases(full: bool) -> Vec<Case> {
+    let formats = [
+        Format::Copy(2),
+        Format::Copy(4),
+        Format::Copy(1),
+        Format::Quant(SrcType::Bf16, Fp8::E4m3, false),
+        Format::Quant(SrcType::Bf16, Fp8::E5m2, true),
+        Format::Quant(SrcType::F16, Fp8::E4m3, true),
+        Format::Quant(SrcType::F32, Fp8::E5m2, false),
+    ];
+    let mut v = Vec::new();
+    let mut seed = 100;
+    for format in formats {
+        // Prefill size (eight tokens per thread, whole pages stored as runs) with a partial
+        // last tile, also in emulation.
+        v.push(case(format, 16, 64, 1030, Slots::Pages, seed));
+        seed += 1;
+        for bs in [1, 16, 128, 8, 32] {
+            for d in [64, 128, 256] {
+                if !full && (d == 256 || bs == 8) {
+                    continue;
+                }
+                for (t, mode) in [(1, Slots::Random), (37, Slots::Random), (300, Slots::Pages)] {
+                    v.push(case(format, bs, d, t, mode, seed));
+                    seed += 1;
+                }
+                if full {
+                    v.push(case(format, bs, d, 2048, Slots::Pages, seed));
+                    seed += 1;
+                }
+            }
+        }
+    }
+    v
+}
+
+fn host<T>(v: &[T]) -> DeviceBytes<'_> {
+    // SAFETY: the vector outlives the (synchronous) emulated call.
+    unsafe { DeviceBytes::from_raw(v.as_ptr() as u64, std::mem::size_of_val(v)) }
+}
+
+/// The descriptors address elements exactly as vLLM's formulas do: key `(((b*H + h)*(D/x) +
+/// d/x)*bs + o)*x + d%x`, value `((b*H + h)*D + d)*bs + o` (written out here, not derived
+/// from the descriptors), checked through the reference with one marked element at a time.
+#[test]
+fn v0_descriptors_match_vllm_formulas() {
+    for e in [1usize, 2, 4] {
+        let (nb, bs, h, d) = (3, 4, 2, 16);
+        let x = 16 / e;
+        for (b, o, hh, dd) in [(0, 0, 0, 0), (2, 3, 1, 15), (1, 2, 0, 9), (2, 1, 1, x % d)] {
+            let input = TokenLayout::contiguous(1, h, d, e);
+            let mut row = vec![0u8; h * d * e];
+            row[(hh * d + dd) * e] = 0xAB;
+            let slot = [(b * bs + o) as i64];
+            for (layout, want) in [
+                (
+                    PagedLayout::v0_key(nb, bs, h, d, e),
+                    (((b * h + hh) * (d / x) + dd / x) * bs + o) * x + dd % x,
+                ),
+                (
+                    PagedLayout::v0_value(nb, bs, h, d, e),
+                    ((b * h + hh) * d + dd) * bs + o,
+                ),
+            ] {
+                let mut cache = vec![0u8; layout.extent("c").unwrap() as usize];
+                reference::update_slots(&row, None, &input, &mut cache, 0, None, &layout, &slot);
+                let at: Vec<usize> = (0..cache.len()).filter(|&i| cache[i] != 0).collect();
+                assert_eq!(
+                    at,
+                    vec![want * e],
+                    "e={e} ({b}, {o}, {hh}, {dd}) {layout:?}"
+                );
+            }
+        }
+    }
+}
+
+/// The plans the GPU runs, executed on the CPU (the tile kernel's own code), every format.
+#[test]
+fn emulated_v0_updates_match_reference() {
+    for c in cases(false) {
+        let mut caches = c.poison.clone();
+        // SAFETY: host memory, exclusively ours for the call.
+        let dst = unsafe { DeviceBytesMut::from_raw(caches.as_mut_ptr() as u64, caches.len()) };
+        let op = c.op(
+            host(&c.keys),
+            host(&c.values),
+            dst,
+            host(&c.slots),
+            (host(&c.scales_k), host(&c.scales_v)),
+        );
+        // SAFETY: every view is live host memory of its length.
+        unsafe { kvio::emulate::update_slots(&op) }.unwrap_or_else(|e| panic!("{}: {e}", c.name));
+        assert_same(&c.name, &caches, &c.expected());
+    }
+}
+
+/// The same on the GPU, every case, with the error word.
+#[test]
+fn gpu_v0_updates_match_reference() {
+    let Some(g) = kvio_suite::gpu("v0 slot updates") else {
+        return;
+    };
+    let stream = g.stream();
+    let errors = DeviceErrors::new().unwrap();
+    let cases = cases(true);
+    for c in &cases {
+        let (k, v, s) = (upload(&c.keys), upload(&c.values), upload(&c.slots));
+        // Copies have no scales: a dummy f32 keeps the buffers non-empty.
+        let sk = upload(if c.scales_k.is_empty() {
+            &[1f32][..]
+        } else {
+            &c.scales_k
+        });
+        let sv = upload(if c.scales_v.is_empty() {
+            &[1f32][..]
+        } else {
+            &c.scales_v
+        });
+        let mut caches = upload(&c.poison);
+        errors.reset(StreamRef::from(&stream)).unwrap();
+        let op = c
+            .op(
+                DeviceBytes::of(&k),
+                DeviceBytes::of(&v),
+                DeviceBytesMut::of(&mut caches),
+                DeviceBytes::of(&s),
+                (DeviceBytes::of(&sk), DeviceBytes::of(&sv)),
+            )
+            .errors(&errors);
+        g.kv.update_slots(&op, stream.sref())
+            .unwrap_or_else(|e| panic!("{}: {e}", c.name));
+        assert_same(&c.name, &download(&caches, &stream), &c.expected());
+        let counts = errors.read(stream.sref()).unwrap();
+        let want = ErrorCounts {
+            bad_slots: c.bad_slots,
+            ..Default::default()
+        };
+        assert_eq!(counts, want, "{}", c.name);
+    }
+    println!("{} v0 slot updates bit-exact", cases.len());
+}
+
+/// Bad v0 arguments are refused before launch, typed.
+#[test]
+fn v0_arguments_are_checked() {
+    let mut keys = vec![0u8; 1 << 16];
+    let mut caches = vec![0u8; 1 << 22];
+    let slots = [0i64, 1];
+    let (t, h) = (2, 4);
+    let mk =
+        |kl: PagedLayout, vl: PagedLayout, ie: usize, keys: &mut Vec<u8>, caches: &mut Vec<u8>| {
+            let input = TokenLayout::contiguous(t, h, kl.head_dim, ie);
+            // SAFETY: host memory, only validated here (or emulated when valid).
+            let (k, v, kc, vc, s) = unsafe {
+                (
+                    DeviceBytes::from_raw(keys.as_ptr() as u64, 1 << 15),
+                    DeviceBytes::from_raw(keys.as_ptr() as u64 + (1 << 15), 1 << 15),
+                    DeviceBytesMut::from_raw(caches.as_mut_ptr() as u64, 1 << 21),
+                    DeviceBytesMut::from_raw(caches.as_mut_ptr() as u64 + (1 << 21), 1 << 21),
+                    DeviceBytes::from_raw(slots.as_ptr() as u64, 16),
+                )
+            };
+            let op = SlotUpdate::new(k, input, kc, kl, SlotMapping::I64(s))
+                .value(v, vc)
+                .value_layout(vl);
+            // SAFETY: every view is host memory of its length.
+            unsafe { kvio::emulate::update_slots(&op) }
+        };
+    let ok = mk(
+        PagedLayout::v0_key(8, 16, h, 64, 2),
+        PagedLayout::v0_value(8, 16, h, 64, 2),
+        2,
+        &mut keys,
+        &mut caches,
+    );
+    assert!(ok.is_ok(), "{ok:?}");
+    // fp8 v0 key cache: x = 16, D = 120 is not a multiple.
+    let r = mk(
+        PagedLayout::v0_key(8, 16, h, 120, 1),
+        PagedLayout::v0_value(8, 16, h, 120, 1),
+        1,
+        &mut keys,
+        &mut caches,
+    );
+    assert!(
+        matches!(r, Err(Error::InvalidArgument { name: "cache", .. })),
+        "{r:?}"
+    );
+    // D = 20: a multiple of x = 4 (f32) but not of 8.
+    let r = mk(
+        PagedLayout::v0_key(8, 16, h, 20, 4),
+        PagedLayout::v0_value(8, 16, h, 20, 4),
+        4,
+        &mut keys,
+        &mut caches,
+    );
+    assert!(
+        matches!(r, Err(Error::InvalidArgument { name: "cache", .. })),
+        "{r:?}"
+    );
+    // Value layout of another shape.
+    let r = mk(
+        PagedLayout::v0_key(8, 16, h, 64, 2),
+        PagedLayout::v0_value(8, 32, h, 64, 2),
+        2,
+        &mut keys,
+        &mut caches,
+    );
+    assert!(
+        matches!(
+            r,
+            Err(Error::InvalidArgument {
+                name: "value_layout",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    // Input element size differs from the cache's (no quantization).
+    let r = mk(
+        PagedLayout::v0_key(8, 16, h, 64, 2),
+        PagedLayout::v0_value(8, 16, h, 64, 2),
+        4,
+        &mut keys,
+        &mut caches,
+    );
+    assert!(
+        matches!(r, Err(Error::InvalidArgument { name: "input", .. })),
+        "{r:?}"
+    );
+    // Slice updates and block pools refuse layouts with pieces.
+    let layout = PagedLayout::v0_value(8, 16, h, 64, 2);
+    // SAFETY: descriptions only.
+    let (src, dst, table, count) = unsafe {
+        (
+            DeviceBytes::from_raw(0x1000, 1 << 16),
+            DeviceBytesMut::from_raw(0x100_0000, 1 << 20),
+            DeviceBytes::from_raw(0x2000, 48),
+            DeviceBytes::from_raw(0x3000, 4),
+        )
+    };
+    let op = kvio::SliceUpdate::new(
+        src,
+        TokenLayout::contiguous(2, h, 64, 2),
+        dst,
+        layout,
+        table,
+        4,
+        count,
+    );
+    // SAFETY: rejected before anything is read.
+    let r = unsafe { kvio::emulate::update_slices(&op) };
+    assert!(
+        matches!(r, Err(Error::InvalidArgument { name: "layout", .. })),
+        "{r:?}"
+    );
+}
