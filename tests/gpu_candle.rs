@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 
 use half::bf16;
-use kvio::candle::candle_core::{DType, Device, Tensor};
+use kvio::candle::candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 use kvio::candle::CandleKvio;
 use kvio::Error;
 use kvio_suite::{assert_same, gpu_required, random_bytes, Rng};
@@ -84,6 +84,7 @@ fn tensor(dtype: DType, bytes: &[u8], shape: &[usize], dev: &Device) -> Tensor {
             shape,
             &Device::Cpu,
         ),
+        DType::F8E4M3 => Tensor::from_raw_buffer(bytes, dtype, &shape, &Device::Cpu),
         other => panic!("no test tensors of {other:?}"),
     }
     .expect("Tensor::from_vec");
@@ -112,6 +113,13 @@ fn bytes_of(t: &Tensor) -> Vec<u8> {
             .flat_map(|x| x.to_bits().to_le_bytes())
             .collect(),
         DType::U8 => c.to_vec1::<u8>().unwrap(),
+        DType::F8E4M3 => {
+            let (st, _) = c.storage_and_layout();
+            match &*st {
+                Storage::Cpu(CpuStorage::F8E4M3(v)) => v.iter().map(|x| x.to_bits()).collect(),
+                _ => panic!("not CPU fp8 storage"),
+            }
+        }
         other => panic!("no test read-back of {other:?}"),
     }
 }
@@ -213,6 +221,82 @@ fn reshape_and_cache_matches_host_scatter() {
                 );
             }
         }
+    }
+}
+
+/// mistral.rs' own layout: vLLM's v0 caches (key `[NB, H, D/x, bs, x]`, value `[NB, H, D,
+/// bs]`), bf16 copied and bf16 quantized into F8E4M3 caches with `k_scale`/`v_scale` (per
+/// tensor and per head), against kvio's CPU reference.
+#[test]
+fn reshape_and_cache_v0_and_fp8_match_reference() {
+    use kvio::{reference, Fp8, PagedLayout, SrcType, TokenLayout};
+    let Some(rig) = rig("reshape_and_cache_v0_and_fp8_match_reference") else {
+        return;
+    };
+    let (t, h, d, nb, bs) = (37usize, 4, 64, 8, 16);
+    let mut seed = 500;
+    // (cache dtype, v0 layout, scales per head)
+    for (cdt, v0, per_head) in [
+        (DType::BF16, true, false),
+        (DType::F8E4M3, true, false),
+        (DType::F8E4M3, true, true),
+        (DType::F8E4M3, false, false),
+    ] {
+        seed += 1;
+        let ce = cdt.size_in_bytes();
+        let input = TokenLayout::contiguous(t, h, d, 2);
+        let (kb, vb) = (random_bytes(t * h * d * 2, seed), random_bytes(t * h * d * 2, seed + 1));
+        let key = tensor(DType::BF16, &kb, &[t, h, d], &rig.dev);
+        let value = tensor(DType::BF16, &vb, &[t, h, d], &rig.dev);
+        let (kl, vl, kshape, vshape) = if v0 {
+            let x = 16 / ce;
+            (
+                PagedLayout::v0_key(nb, bs, h, d, ce),
+                PagedLayout::v0_value(nb, bs, h, d, ce),
+                vec![nb, h, d / x, bs, x],
+                vec![nb, h, d, bs],
+            )
+        } else {
+            let l = PagedLayout::nhd(nb, bs, h, d, ce);
+            (l, l, vec![nb, bs, h, d], vec![nb, bs, h, d])
+        };
+        let len = nb * bs * h * d * ce;
+        let (k0, v0b) = (random_bytes(len, seed + 2), random_bytes(len, seed + 3));
+        let key_cache = tensor(cdt, &k0, &kshape, &rig.dev);
+        let value_cache = tensor(cdt, &v0b, &vshape, &rig.dev);
+        let mut all: Vec<i64> = (0..(nb * bs) as i64).collect();
+        Rng::new(seed).shuffle(&mut all);
+        let mut slots = all[..t].to_vec();
+        slots[5] = -1;
+        let slot_mapping = slots_tensor(DType::I64, &slots, &rig.dev);
+        let n = if per_head { h } else { 1 };
+        let ks: Vec<f32> = (0..n).map(|i| 0.05 + 0.3 * i as f32).collect();
+        let vs: Vec<f32> = (0..n).map(|i| 1.7 - 0.2 * i as f32).collect();
+        let (kst, vst) = (
+            Tensor::new(ks.as_slice(), &rig.dev).unwrap(),
+            Tensor::new(vs.as_slice(), &rig.dev).unwrap(),
+        );
+        let fp8 = cdt == DType::F8E4M3;
+        let (ksc, vsc) = if fp8 { (Some(&kst), Some(&vst)) } else { (None, None) };
+        rig.kv
+            .reshape_and_cache(&key, &value, ksc, vsc, &key_cache, &value_cache, &slot_mapping)
+            .unwrap();
+
+        let (rk, rv, rin) = if fp8 {
+            (
+                reference::quantize_rows(&kb, &input, SrcType::Bf16, Fp8::E4m3, &ks),
+                reference::quantize_rows(&vb, &input, SrcType::Bf16, Fp8::E4m3, &vs),
+                TokenLayout::contiguous(t, h, d, 1),
+            )
+        } else {
+            (kb.clone(), vb.clone(), input)
+        };
+        let (mut want_k, mut want_v) = (k0.clone(), v0b.clone());
+        reference::update_slots(&rk, None, &rin, &mut want_k, 0, None, &kl, &slots);
+        reference::update_slots(&rv, None, &rin, &mut want_v, 0, None, &vl, &slots);
+        let what = format!("{cdt:?} v0 {v0} per-head {per_head}");
+        assert_same(&format!("key cache, {what}"), &bytes_of(&key_cache), &want_k);
+        assert_same(&format!("value cache, {what}"), &bytes_of(&value_cache), &want_v);
     }
 }
 
@@ -372,10 +456,17 @@ fn bad_arguments_are_typed_errors_and_write_nothing() {
             .reshape_and_cache(&key, &value, None, Some(&scale), &kc, &vc, &slots),
         "v_scale",
     );
-    // vLLM's v0 layout: [NB, H, D/x, bs, x] key cache.
-    let v0_key = tensor(bf, &kc0, &[nb, h, d / 8, bs, 8], dev);
+    // vLLM's v0 layout: a key cache [NB, H, D/x, bs, x] with x not 16 bytes, a value cache
+    // of the wrong shape, an fp8 cache without scales.
+    let v0_key_x4 = tensor(bf, &kc0, &[nb, h, d / 4, bs, 4], dev);
     let v0_value = tensor(bf, &vc0, &[nb, h, d, bs], dev);
-    invalid_arg(rc(&key, &value, &v0_key, &v0_value, &slots), "key_cache");
+    invalid_arg(rc(&key, &value, &v0_key_x4, &v0_value, &slots), "key_cache");
+    let v0_key = tensor(bf, &kc0, &[nb, h, d / 8, bs, 8], dev);
+    let v0_value_bad = tensor(bf, &vc0, &[nb, h, bs, d], dev);
+    invalid_arg(rc(&key, &value, &v0_key, &v0_value_bad, &slots), "value_cache");
+    let f8 = |b: &[u8], shape: &[usize]| tensor(DType::F8E4M3, &b[..b.len() / 2], shape, dev);
+    let (kc8, vc8) = (f8(&kc0, &[nb, bs, h, d]), f8(&vc0, &[nb, bs, h, d]));
+    invalid_arg(rc(&key, &value, &kc8, &vc8, &slots), "k_scale");
     // dtypes
     let value_f32 = value.to_dtype(DType::F32).unwrap();
     invalid_arg(rc(&key, &value_f32, &kc, &vc, &slots), "value");

@@ -76,7 +76,7 @@ use crate::error::{invalid, Error, Result};
 use crate::layout::{PagedLayout, TokenLayout};
 use crate::mem::{DeviceBytes, DeviceBytesMut};
 use crate::module::Kvio;
-use crate::write::{SlotMapping, SlotUpdate};
+use crate::write::{Fp8, Quantize, Scale, SlotMapping, SlotUpdate, SrcType};
 
 /// kvio loaded into a candle CUDA device's context, with mistral.rs' three paged-attention cache
 /// calls on candle tensors. Create it once per device at set-up time ([`CandleKvio::new`]) and
@@ -130,24 +130,32 @@ impl CandleKvio {
     }
 
     /// Writes new keys and values into paged caches by slot mapping: mistral.rs'
-    /// `reshape_and_cache` for the FlashAttention (NHD) layout, vLLM's
-    /// `reshape_and_cache_flash` semantics. One kernel launch on the tensors' device stream.
+    /// `reshape_and_cache`, for its own layout (vLLM's v0 paged layout, `reshape_and_cache`)
+    /// and for the FlashAttention (NHD) layout (`reshape_and_cache_flash`), optionally
+    /// quantized to fp8. One kernel launch on the tensors' device stream.
     ///
     /// - `key`, `value`: `[T, H, D]`, any strides with the last dimension contiguous (views
     ///   into a packed qkv tensor work without a copy).
-    /// - `key_cache`, `value_cache`: `[NB, bs, H, D]`, any strides with the last dimension
-    ///   contiguous (an HND cache `[NB, H, bs, D]` passed as its `transpose(1, 2)` view works),
-    ///   written in place.
+    /// - `key_cache`, `value_cache`, written in place, either
+    ///   - v0: key `[NB, H, D/x, bs, x]` with `x` elements of 16 bytes (8 for bf16/f16, 16 for
+    ///     fp8) and value `[NB, H, D, bs]`, any strides with the last dimension contiguous;
+    ///     `D` a multiple of 8; or
+    ///   - flash: both `[NB, bs, H, D]`, any strides with the last dimension contiguous (an
+    ///     HND cache `[NB, H, bs, D]` passed as its `transpose(1, 2)` view works).
+    /// - `k_scale`, `v_scale`: for `F8E4M3` caches written from bf16, f16 or f32 inputs, both
+    ///   given, contiguous f32 with one element (per tensor) or `H` (per head); each element is
+    ///   stored as `fp8(x / scale)` (vLLM's semantics; saturating, NaN kept). `None` for caches
+    ///   of the inputs' dtype.
     /// - `slot_mapping`: `[T']` `i64` or `i32`, contiguous, `T' ≤ T` (tokens past `T'` are
     ///   padding); `slot = block * bs + offset`; a negative slot skips its token, a slot past
     ///   the cache is skipped too (the kernel never writes outside the cache).
     /// - All five tensors on one candle CUDA device; inputs and caches of one dtype of 1, 2 or
     ///   4 bytes (copied as bytes: f16, bf16, f32, u8, fp8 ...).
     ///
-    /// Refused with [`Error::InvalidArgument`], nothing enqueued: `k_scale`/`v_scale` given
-    /// (fp8 quantize-on-write is not in kvio yet), a 5-D key cache (vLLM's v0 layout
-    /// `[NB, H, D/x, bs, x]`), differing dtypes, devices or shapes, a non-CUDA tensor.
-    /// K and V whose strides differ (inputs or caches) take two launches instead of one.
+    /// Refused with [`Error::InvalidArgument`], nothing enqueued: scales for a cache that is not
+    /// fp8, an fp8 cache without both scales, differing dtypes, devices or shapes, a v0 key
+    /// cache whose `x` is not 16 bytes, a non-CUDA tensor. K and V inputs whose strides differ
+    /// take two launches instead of one.
     ///
     /// ```no_run
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -175,22 +183,6 @@ impl CandleKvio {
         value_cache: &Tensor,
         slot_mapping: &Tensor,
     ) -> Result<()> {
-        for (name, scale) in [("k_scale", k_scale), ("v_scale", v_scale)] {
-            if let Some(s) = scale {
-                return Err(invalid(
-                    name,
-                    s.dims(),
-                    "fp8 quantize-on-write is not implemented in kvio yet: pass None, with caches of the inputs' dtype",
-                ));
-            }
-        }
-        if key_cache.rank() == 5 {
-            return Err(invalid(
-                "key_cache",
-                key_cache.dims(),
-                "vLLM's v0 layout [NB, H, D/x, bs, x] is not implemented in kvio yet: use the flash layout [NB, bs, H, D]",
-            ));
-        }
         let dev = self.device(&[
             ("key", key),
             ("value", value),
@@ -199,15 +191,59 @@ impl CandleKvio {
             ("slot_mapping", slot_mapping),
         ])?;
         let elem = elem_bytes("key", key.dtype())?;
-        for (name, t) in [
-            ("value", value),
-            ("key_cache", key_cache),
-            ("value_cache", value_cache),
-        ] {
-            if t.dtype() != key.dtype() {
-                return Err(invalid(name, t.dtype(), "dtype differs from key's"));
+        if value.dtype() != key.dtype() {
+            return Err(invalid("value", value.dtype(), "dtype differs from key's"));
+        }
+        if value_cache.dtype() != key_cache.dtype() {
+            return Err(invalid(
+                "value_cache",
+                value_cache.dtype(),
+                "dtype differs from key_cache's",
+            ));
+        }
+        // fp8 caches quantize on write with the scales; any other cache stores the inputs'
+        // dtype as it is.
+        let src = match key.dtype() {
+            DType::BF16 => Some(SrcType::Bf16),
+            DType::F16 => Some(SrcType::F16),
+            DType::F32 => Some(SrcType::F32),
+            _ => None,
+        };
+        let fp8 = key_cache.dtype() == DType::F8E4M3 && key.dtype() != DType::F8E4M3;
+        match (fp8, k_scale, v_scale) {
+            (true, Some(_), Some(_)) if src.is_some() => {}
+            (true, _, _) if src.is_none() => {
+                return Err(invalid(
+                    "key",
+                    key.dtype(),
+                    "an fp8 cache is written from bf16, f16 or f32 inputs",
+                ))
+            }
+            (true, _, _) => {
+                return Err(invalid(
+                    if k_scale.is_none() { "k_scale" } else { "v_scale" },
+                    "None",
+                    "an fp8 (F8E4M3) cache needs k_scale and v_scale",
+                ))
+            }
+            (false, Some(s), _) | (false, None, Some(s)) => {
+                return Err(invalid(
+                    if k_scale.is_some() { "k_scale" } else { "v_scale" },
+                    s.dims(),
+                    "scales quantize into an fp8 (F8E4M3) cache; this cache stores the inputs' dtype",
+                ))
+            }
+            (false, None, None) => {
+                if key_cache.dtype() != key.dtype() {
+                    return Err(invalid(
+                        "key_cache",
+                        key_cache.dtype(),
+                        "dtype differs from key's (and is not an fp8 cache)",
+                    ));
+                }
             }
         }
+        let cache_elem = key_cache.dtype().size_in_bytes();
         if value.dims() != key.dims() {
             return Err(invalid(
                 "value",
@@ -215,13 +251,25 @@ impl CandleKvio {
                 "shape differs from key's [T, H, D]",
             ));
         }
-        if value_cache.dims() != key_cache.dims() {
-            return Err(invalid(
-                "value_cache",
-                value_cache.dims(),
-                "shape differs from key_cache's [NB, bs, H, D]",
-            ));
-        }
+        let v0 = key_cache.rank() == 5;
+        let (k_cache, v_cache) = if v0 {
+            (
+                v0_key_layout("key_cache", key_cache.layout(), cache_elem)?,
+                v0_value_layout("value_cache", value_cache.layout(), cache_elem)?,
+            )
+        } else {
+            if value_cache.dims() != key_cache.dims() {
+                return Err(invalid(
+                    "value_cache",
+                    value_cache.dims(),
+                    "shape differs from key_cache's [NB, bs, H, D]",
+                ));
+            }
+            (
+                paged_layout("key_cache", key_cache.layout(), cache_elem)?,
+                paged_layout("value_cache", value_cache.layout(), cache_elem)?,
+            )
+        };
         let k_in = token_layout("key", key.layout(), elem)?;
         let v_in = token_layout("value", value.layout(), elem)?;
         let k_cache = paged_layout("key_cache", key_cache.layout(), elem)?;
@@ -231,6 +279,14 @@ impl CandleKvio {
                 "key_cache",
                 key_cache.dims(),
                 "heads and head_dim differ from key's [T, H, D]",
+            ));
+        }
+        let shape = |l: &PagedLayout| (l.num_blocks, l.block_size, l.num_heads, l.head_dim);
+        if v0 && shape(&v_cache) != shape(&k_cache) {
+            return Err(invalid(
+                "value_cache",
+                value_cache.dims(),
+                "must be [NB, H, D, bs] for a key cache [NB, H, D/x, bs, x]",
             ));
         }
         let slot_bytes = match slot_mapping.dtype() {
@@ -276,8 +332,8 @@ impl CandleKvio {
         let s_acc = access(cuda("slot_mapping", &s_st)?, &stream);
         let k = at_offset("key", &k_acc, key.layout(), elem)?;
         let v = at_offset("value", &v_acc, value.layout(), elem)?;
-        let kc_bytes = written("key_cache", &kc_acc, key_cache.layout(), elem)?;
-        let vc_bytes = written("value_cache", &vc_acc, value_cache.layout(), elem)?;
+        let kc_bytes = written("key_cache", &kc_acc, key_cache.layout(), cache_elem)?;
+        let vc_bytes = written("value_cache", &vc_acc, value_cache.layout(), cache_elem)?;
         let slots =
             at_offset("slot_mapping", &s_acc, sl, slot_bytes)?.slice(0, n_slots * slot_bytes)?;
         let slots = if slot_bytes == 8 {
@@ -286,15 +342,73 @@ impl CandleKvio {
             SlotMapping::I32(slots)
         };
         let on = kc::stream(&stream);
-        if k_in == v_in && k_cache == v_cache {
+        // fp8 scales: one f32 per tensor, or one per KV head.
+        let scale_guards = match (fp8, k_scale, v_scale) {
+            (true, Some(ks), Some(vs)) => Some((ks.storage_and_layout(), vs.storage_and_layout())),
+            _ => None,
+        };
+        let scale_accs = match &scale_guards {
+            Some(((ks, kl), (vs, vl))) => {
+                for (name, t, l) in [("k_scale", k_scale, kl), ("v_scale", v_scale, vl)] {
+                    let t = t.expect("given");
+                    if t.dtype() != DType::F32 || !l.is_contiguous() {
+                        return Err(invalid(
+                            name,
+                            (t.dtype(), l.dims()),
+                            "scales must be contiguous f32 tensors",
+                        ));
+                    }
+                }
+                Some((
+                    access(cuda("k_scale", ks)?, &stream),
+                    access(cuda("v_scale", vs)?, &stream),
+                ))
+            }
+            None => None,
+        };
+        let quantize = match (&scale_accs, &scale_guards) {
+            (Some((ka, va)), Some(((_, kl), (_, vl)))) => {
+                let (kn, vn) = (kl.shape().elem_count(), vl.shape().elem_count());
+                let ks = at_offset("k_scale", ka, kl, 4)?.slice(0, 4 * kn)?;
+                let vs = at_offset("v_scale", va, vl, 4)?.slice(0, 4 * vn)?;
+                let wrap = |b, n| {
+                    if n == 1 {
+                        Scale::PerTensor(b)
+                    } else {
+                        Scale::PerHead(b)
+                    }
+                };
+                let src = src.expect("checked above");
+                Some(Quantize::new(src, Fp8::E4m3, wrap(ks, kn)).value_scale(wrap(vs, vn)))
+            }
+            _ => None,
+        };
+        let with_q = |op: SlotUpdate<'_>| match quantize {
+            Some(q) => op.quantize(q),
+            None => op,
+        };
+        if k_in == v_in {
             let op = SlotUpdate::new(k, k_in, kc_bytes, k_cache, slots).value(v, vc_bytes);
-            self.kv.update_slots(&op, on)
+            let op = if k_cache == v_cache {
+                op
+            } else {
+                op.value_layout(v_cache)
+            };
+            self.kv.update_slots(&with_q(op), on)
         } else {
-            // kvio's SlotUpdate shares one input and one cache layout between K and V.
+            // kvio's SlotUpdate shares one input layout between K and V.
+            let one = |x, input, cache, layout, scale: Option<Scale<'_>>| {
+                let op = SlotUpdate::new(x, input, cache, layout, slots);
+                match (quantize, scale) {
+                    (Some(q), Some(s)) => op.quantize(Quantize::new(q.src, q.fp8, s)),
+                    _ => op,
+                }
+            };
+            let q = quantize.map(|q| (q.k_scale, q.v_scale.expect("V's scale")));
             self.kv
-                .update_slots(&SlotUpdate::new(k, k_in, kc_bytes, k_cache, slots), on)?;
+                .update_slots(&one(k, k_in, kc_bytes, k_cache, q.map(|q| q.0)), on)?;
             self.kv
-                .update_slots(&SlotUpdate::new(v, v_in, vc_bytes, v_cache, slots), on)
+                .update_slots(&one(v, v_in, vc_bytes, v_cache, q.map(|q| q.1)), on)
         }
     }
 
@@ -813,6 +927,60 @@ fn paged_layout(name: &'static str, l: &Layout, elem: usize) -> Result<PagedLayo
         head_stride: s[2],
         piece_elems: head_dim,
         piece_stride: head_dim,
+    })
+}
+
+/// vLLM's v0 key cache `[NB, H, D/x, bs, x]` (`x * elem = 16`) as a kvio paged layout, its
+/// strides as they are.
+fn v0_key_layout(name: &'static str, l: &Layout, elem: usize) -> Result<PagedLayout> {
+    let &[num_blocks, num_heads, pieces, block_size, x] = l.dims() else {
+        return Err(invalid(name, l.dims(), "must be [NB, H, D/x, bs, x]"));
+    };
+    if x * elem != 16 {
+        return Err(invalid(
+            name,
+            l.dims(),
+            "the last dimension x must hold 16 bytes (x = 16 / element size)",
+        ));
+    }
+    inner_contiguous(name, l)?;
+    let s = l.stride();
+    Ok(PagedLayout {
+        num_blocks,
+        block_size,
+        num_heads,
+        head_dim: pieces * x,
+        elem_bytes: elem,
+        block_stride: s[0],
+        token_stride: s[3],
+        head_stride: s[1],
+        piece_elems: x,
+        piece_stride: s[2],
+    })
+}
+
+/// vLLM's v0 value cache `[NB, H, D, bs]` as a kvio paged layout (pieces of one element).
+fn v0_value_layout(name: &'static str, l: &Layout, elem: usize) -> Result<PagedLayout> {
+    let &[num_blocks, num_heads, head_dim, block_size] = l.dims() else {
+        return Err(invalid(
+            name,
+            l.dims(),
+            "must be [NB, H, D, bs] for a key cache [NB, H, D/x, bs, x]",
+        ));
+    };
+    inner_contiguous(name, l)?;
+    let s = l.stride();
+    Ok(PagedLayout {
+        num_blocks,
+        block_size,
+        num_heads,
+        head_dim,
+        elem_bytes: elem,
+        block_stride: s[0],
+        token_stride: s[3],
+        head_stride: s[1],
+        piece_elems: 1,
+        piece_stride: s[2],
     })
 }
 

@@ -76,7 +76,7 @@ pub(crate) type Raw = [V16; 2];
 /// # Safety
 /// `src` holds elements `8u..8u + 8`, 16-byte aligned.
 #[inline(always)]
-pub(crate) unsafe fn load_raw(src: *const u8, u: u64, code: u32) -> Raw {
+unsafe fn load_raw(src: *const u8, u: u64, code: u32) -> Raw {
     // SAFETY: forwarded from the caller (one or two whole 16-byte units).
     unsafe {
         if code & 0xf == SRC_F32 {

@@ -10,7 +10,7 @@
 //! (`E = 1` uses words 0..2, `E = 2` words 0..4, `E = 4` all eight). Every index into a row is
 //! a compile-time constant once the fixed-count loops are unrolled, so rows stay in registers.
 
-use core::ptr::{read, read_volatile, write};
+use core::ptr::{read, write};
 
 use crate::convert;
 use crate::span::V16;
@@ -64,17 +64,17 @@ pub unsafe fn load_copy<const E: usize>(src: *const u8, vec: bool) -> Row {
         if vec {
             match E {
                 1 => {
-                    let v = read_volatile(src as *const u64);
+                    let v = read(src as *const u64);
                     row[0] = v as u32;
                     row[1] = (v >> 32) as u32;
                 }
                 2 => {
-                    let v = read_volatile(src as *const V16).to_array();
+                    let v = read(src as *const V16).to_array();
                     row[..4].copy_from_slice(&v);
                 }
                 _ => {
-                    let v = read_volatile(src as *const V16).to_array();
-                    let w = read_volatile((src as *const V16).add(1)).to_array();
+                    let v = read(src as *const V16).to_array();
+                    let w = read((src as *const V16).add(1)).to_array();
                     row[..4].copy_from_slice(&v);
                     row[4..].copy_from_slice(&w);
                 }
@@ -104,7 +104,14 @@ pub unsafe fn load_convert(src: *const u8, vec: bool, code: u32, scale: f32) -> 
     // SAFETY: forwarded from the caller.
     let x = unsafe {
         if vec {
-            convert::widen(&convert::load_raw(src, 0, code), code)
+            // Plain (not volatile) loads: nothing is looked up between them and their use.
+            let p = src as *const V16;
+            let raw = if code & 0xf == convert::SRC_F32 {
+                [read(p), read(p.add(1))]
+            } else {
+                [read(p), V16::splat(0)]
+            };
+            convert::widen(&raw, code)
         } else {
             let mut x = [0f32; 8];
             unroll8!(j => {
@@ -175,8 +182,8 @@ mod tests {
         fn check<const E: usize>(rows: &[Row; 8]) {
             for j in 0..8 {
                 let col = column::<E>(rows, j);
-                for i in 0..8 {
-                    assert_eq!(get::<E>(&col, i), get::<E>(&rows[i], j), "E {E} ({i}, {j})");
+                for (i, row) in rows.iter().enumerate() {
+                    assert_eq!(get::<E>(&col, i), get::<E>(row, j), "E {E} ({i}, {j})");
                 }
             }
         }
