@@ -245,7 +245,10 @@ fn reshape_and_cache_v0_and_fp8_match_reference() {
         seed += 1;
         let ce = cdt.size_in_bytes();
         let input = TokenLayout::contiguous(t, h, d, 2);
-        let (kb, vb) = (random_bytes(t * h * d * 2, seed), random_bytes(t * h * d * 2, seed + 1));
+        let (kb, vb) = (
+            random_bytes(t * h * d * 2, seed),
+            random_bytes(t * h * d * 2, seed + 1),
+        );
         let key = tensor(DType::BF16, &kb, &[t, h, d], &rig.dev);
         let value = tensor(DType::BF16, &vb, &[t, h, d], &rig.dev);
         let (kl, vl, kshape, vshape) = if v0 {
@@ -277,9 +280,21 @@ fn reshape_and_cache_v0_and_fp8_match_reference() {
             Tensor::new(vs.as_slice(), &rig.dev).unwrap(),
         );
         let fp8 = cdt == DType::F8E4M3;
-        let (ksc, vsc) = if fp8 { (Some(&kst), Some(&vst)) } else { (None, None) };
+        let (ksc, vsc) = if fp8 {
+            (Some(&kst), Some(&vst))
+        } else {
+            (None, None)
+        };
         rig.kv
-            .reshape_and_cache(&key, &value, ksc, vsc, &key_cache, &value_cache, &slot_mapping)
+            .reshape_and_cache(
+                &key,
+                &value,
+                ksc,
+                vsc,
+                &key_cache,
+                &value_cache,
+                &slot_mapping,
+            )
             .unwrap();
 
         let (rk, rv, rin) = if fp8 {
@@ -295,8 +310,16 @@ fn reshape_and_cache_v0_and_fp8_match_reference() {
         reference::update_slots(&rk, None, &rin, &mut want_k, 0, None, &kl, &slots);
         reference::update_slots(&rv, None, &rin, &mut want_v, 0, None, &vl, &slots);
         let what = format!("{cdt:?} v0 {v0} per-head {per_head}");
-        assert_same(&format!("key cache, {what}"), &bytes_of(&key_cache), &want_k);
-        assert_same(&format!("value cache, {what}"), &bytes_of(&value_cache), &want_v);
+        assert_same(
+            &format!("key cache, {what}"),
+            &bytes_of(&key_cache),
+            &want_k,
+        );
+        assert_same(
+            &format!("value cache, {what}"),
+            &bytes_of(&value_cache),
+            &want_v,
+        );
     }
 }
 
@@ -463,7 +486,10 @@ fn bad_arguments_are_typed_errors_and_write_nothing() {
     invalid_arg(rc(&key, &value, &v0_key_x4, &v0_value, &slots), "key_cache");
     let v0_key = tensor(bf, &kc0, &[nb, h, d / 8, bs, 8], dev);
     let v0_value_bad = tensor(bf, &vc0, &[nb, h, bs, d], dev);
-    invalid_arg(rc(&key, &value, &v0_key, &v0_value_bad, &slots), "value_cache");
+    invalid_arg(
+        rc(&key, &value, &v0_key, &v0_value_bad, &slots),
+        "value_cache",
+    );
     let f8 = |b: &[u8], shape: &[usize]| tensor(DType::F8E4M3, &b[..b.len() / 2], shape, dev);
     let (kc8, vc8) = (f8(&kc0, &[nb, bs, h, d]), f8(&vc0, &[nb, bs, h, d]));
     invalid_arg(rc(&key, &value, &kc8, &vc8, &slots), "k_scale");

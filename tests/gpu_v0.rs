@@ -496,3 +496,124 @@ fn v0_arguments_are_checked() {
         "{r:?}"
     );
 }
+
+// ---- Block copies of v0 pools -------------------------------------------------------------
+
+use kvio::reference::PoolImage;
+use kvio::{Backend, BlockCopy, BlockMap, BlockPool};
+use kvio_suite::Mem;
+
+/// `layers` layers of K and V v0 caches in one buffer (K then V per layer), bf16.
+fn v0_pool_shape() -> (PagedLayout, usize, usize, usize) {
+    let (nb, bs, h, d) = (6, 16, 2, 64);
+    let layout = PagedLayout::v0_key(nb, bs, h, d, 2);
+    let ext = layout.extent("p").unwrap() as usize;
+    (layout, 3, ext, 2 * 3 * ext)
+}
+
+const V0_PAIRS: [[i64; 2]; 4] = [[0, 3], [5, 1], [-1, -1], [2, 2]];
+
+/// The expected destination: the reference's element-by-element block copy (it addresses
+/// pieces through the same layout).
+fn v0_pool_expected(
+    layout: PagedLayout,
+    layers: usize,
+    ext: usize,
+    src: &[u8],
+    dst: &[u8],
+) -> Vec<u8> {
+    let img = PoolImage {
+        layers,
+        parts: 2,
+        layout,
+        layer_stride: 2 * ext,
+        part_stride: ext,
+    };
+    let mut want = dst.to_vec();
+    kvio::reference::copy_blocks(&img, src, &img, &mut want, &V0_PAIRS);
+    want
+}
+
+/// v0 pools move whole dense blocks (kernel and DMA, emulated); a copy into a pool of
+/// another layout is refused.
+#[test]
+fn emulated_v0_block_copies_match_reference() {
+    let (layout, layers, ext, len) = v0_pool_shape();
+    let src = random_bytes(len, 71);
+    let poison = random_bytes(len, 72);
+    for backend in [Backend::Kernel, Backend::Dma] {
+        let mut dst = poison.clone();
+        // SAFETY: host memory of these lengths, ours for the call.
+        let (s, d) = unsafe {
+            (
+                DeviceBytes::from_raw(src.as_ptr() as u64, len),
+                DeviceBytesMut::from_raw(dst.as_mut_ptr() as u64, len),
+            )
+        };
+        let op = BlockCopy::new(
+            BlockPool::strided(s, 2 * ext, ext, layers, 2, layout),
+            BlockPool::strided(d, 2 * ext, ext, layers, 2, layout),
+            BlockMap::Host(&V0_PAIRS),
+        )
+        .backend(backend);
+        // SAFETY: every view is host memory of its length.
+        unsafe { kvio::emulate::copy_blocks(&op) }.unwrap();
+        assert_same(
+            &format!("v0 pool {backend:?}"),
+            &dst,
+            &v0_pool_expected(layout, layers, ext, &src, &poison),
+        );
+    }
+    // Into an NHD pool of the same shape: a conversion kvio does not do.
+    let mut dst = poison.clone();
+    let nhd = PagedLayout::nhd(6, 16, 2, 64, 2);
+    // SAFETY: as above.
+    let (s, d) = unsafe {
+        (
+            DeviceBytes::from_raw(src.as_ptr() as u64, len),
+            DeviceBytesMut::from_raw(dst.as_mut_ptr() as u64, len),
+        )
+    };
+    let op = BlockCopy::new(
+        BlockPool::strided(s, 2 * ext, ext, layers, 2, layout),
+        BlockPool::strided(d, 2 * ext, ext, layers, 2, nhd),
+        BlockMap::Host(&V0_PAIRS),
+    );
+    // SAFETY: refused before anything is touched.
+    let r = unsafe { kvio::emulate::copy_blocks(&op) };
+    assert!(
+        matches!(r, Err(Error::InvalidArgument { name: "dst", .. })),
+        "{r:?}"
+    );
+}
+
+/// On the GPU: device → device, offload to pinned host and onload back, kernel and DMA.
+#[test]
+fn gpu_v0_block_copies_match_reference() {
+    let Some(g) = kvio_suite::gpu("v0 block copies") else {
+        return;
+    };
+    let stream = g.stream();
+    let (layout, layers, ext, len) = v0_pool_shape();
+    let src_bytes = random_bytes(len, 81);
+    let poison = random_bytes(len, 82);
+    let want = v0_pool_expected(layout, layers, ext, &src_bytes, &poison);
+    for (src_host, dst_host) in [(false, false), (false, true), (true, false)] {
+        for backend in [Backend::Kernel, Backend::Dma] {
+            let mut src = Mem::new(src_host, len);
+            src.fill(&src_bytes);
+            let mut dst = Mem::new(dst_host, len);
+            dst.fill(&poison);
+            let op = BlockCopy::new(
+                BlockPool::strided(src.bytes(), 2 * ext, ext, layers, 2, layout),
+                BlockPool::strided(dst.bytes_mut(), 2 * ext, ext, layers, 2, layout),
+                BlockMap::Host(&V0_PAIRS),
+            )
+            .backend(backend);
+            g.kv.copy_blocks(&op, stream.sref()).unwrap();
+            stream.synchronize().unwrap();
+            let what = format!("v0 pool host {src_host}->{dst_host} {backend:?}");
+            assert_same(&what, &dst.read(), &want);
+        }
+    }
+}

@@ -221,18 +221,24 @@ impl CandleKvio {
             }
             (true, _, _) => {
                 return Err(invalid(
-                    if k_scale.is_none() { "k_scale" } else { "v_scale" },
+                    if k_scale.is_none() {
+                        "k_scale"
+                    } else {
+                        "v_scale"
+                    },
                     "None",
                     "an fp8 (F8E4M3) cache needs k_scale and v_scale",
                 ))
             }
-            (false, Some(s), _) | (false, None, Some(s)) => {
-                return Err(invalid(
-                    if k_scale.is_some() { "k_scale" } else { "v_scale" },
-                    s.dims(),
-                    "scales quantize into an fp8 (F8E4M3) cache; this cache stores the inputs' dtype",
-                ))
-            }
+            (false, Some(s), _) | (false, None, Some(s)) => return Err(invalid(
+                if k_scale.is_some() {
+                    "k_scale"
+                } else {
+                    "v_scale"
+                },
+                s.dims(),
+                "scales quantize into an fp8 (F8E4M3) cache; this cache stores the inputs' dtype",
+            )),
             (false, None, None) => {
                 if key_cache.dtype() != key.dtype() {
                     return Err(invalid(

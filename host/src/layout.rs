@@ -102,8 +102,10 @@ impl TokenLayout {
 /// paged layout, whose head vectors are split into pieces. Any strides may be given, so a view
 /// into a larger allocation (a layer of a cross-layer cache) is described exactly.
 ///
-/// Layouts with pieces (`piece_elems < head_dim`) are written by [`crate::Kvio::update_slots`];
-/// the other operations refuse them with a typed error.
+/// Layouts with pieces (`piece_elems < head_dim`) are written by [`crate::Kvio::update_slots`]
+/// and moved by [`crate::Kvio::copy_blocks`] between pools of the same layout (each block is
+/// one dense region, copied whole); slice updates and copies that convert to or from them
+/// refuse them with a typed error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PagedLayout {
     /// Number of blocks.
@@ -256,6 +258,20 @@ impl PagedLayout {
     /// Whether head vectors are split into pieces (`piece_elems < head_dim`).
     pub fn is_pieced(&self) -> bool {
         self.piece_elems < self.head_dim
+    }
+
+    /// Bytes of one block when its elements fill `[0, bytes)` exactly (`bytes = block_size *
+    /// H * D * elem`, no gaps: vLLM's v0 blocks, contiguous NHD/HND blocks); `None` otherwise.
+    /// Block copies move such a block whole, whatever the order inside it.
+    pub(crate) fn dense_block_bytes(&self) -> Option<u64> {
+        let mut one = *self;
+        one.num_blocks = 1;
+        let ext = one.extent("block").ok()?;
+        let n = (self.block_size as u64)
+            .checked_mul(self.num_heads as u64)?
+            .checked_mul(self.head_dim as u64)?
+            .checked_mul(self.elem_bytes as u64)?;
+        (ext == n).then_some(n)
     }
 
     /// A typed error naming `name` unless head vectors are contiguous (operations that move

@@ -222,9 +222,14 @@ impl PoolImage {
         d: usize,
     ) -> usize {
         let l = &self.layout;
+        let pe = l.piece_elems;
         layer * self.layer_stride
             + part * self.part_stride
-            + (block * l.block_stride + token * l.token_stride + head * l.head_stride + d)
+            + (block * l.block_stride
+                + token * l.token_stride
+                + head * l.head_stride
+                + (d / pe) * l.piece_stride
+                + d % pe)
                 * l.elem_bytes
     }
 }

@@ -15,6 +15,7 @@ use crate::error_word::DeviceErrors;
 use crate::launch::{
     grid_for, GridCap, BLOCK_THREADS, DEFAULT_TRANSFER_CTAS, PER_LANE, TRANSFER_THREADS,
 };
+use crate::layout::PagedLayout;
 use crate::plan::{Kernel, Launch, Plan, Staging, Target, Upload};
 
 /// Largest span one work item of the block copy moves; larger contiguous chunks are split so
@@ -222,6 +223,23 @@ pub(crate) fn geometry(
     let (ss, ds) = (side_strides(s), side_strides(d));
     let mut ext = counts;
     let mut chunk = a.chunk_bytes() as u64;
+    if a.is_pieced() || b.is_pieced() {
+        // v0 pools: whole dense blocks between pools of one layout inside a block.
+        let inside =
+            |l: &PagedLayout| (l.token_stride, l.head_stride, l.piece_elems, l.piece_stride);
+        if inside(a) != inside(b) {
+            return Err(invalid(
+                "dst",
+                inside(b),
+                "copies to or from a pool whose head vectors are in pieces (v0) need the same \
+                 layout on both sides (no conversion)",
+            ));
+        }
+        // Both dense (checked with the pools).
+        chunk = a.dense_block_bytes().expect("checked by the pool");
+        ext[2] = 1;
+        ext[3] = 1;
+    }
     loop {
         let next = (0..4)
             .rev()

@@ -394,7 +394,18 @@ impl<'a, A: Copy> BlockPool<'a, A> {
     /// memory) and returns the byte extent of one layer/part cache.
     pub(crate) fn extent(&self, name: &'static str) -> Result<u64> {
         let ext = self.layout.extent(name)?;
-        self.layout.contiguous_heads(name)?;
+        // Head vectors in pieces (v0): the pool moves whole blocks, which must be dense.
+        let pieced_block = if self.layout.is_pieced() {
+            Some(self.layout.dense_block_bytes().ok_or_else(|| {
+                invalid(
+                    name,
+                    self.layout,
+                    "a pool whose head vectors are in pieces (v0) needs dense blocks",
+                )
+            })?)
+        } else {
+            None
+        };
         if self.layers == 0 || self.parts == 0 {
             return Err(invalid(
                 name,
@@ -425,10 +436,22 @@ impl<'a, A: Copy> BlockPool<'a, A> {
                         len: mem.len() as u64,
                     });
                 }
-                let mut dims = self.layout.dims().to_vec();
+                let (mut dims, chunk) = match pieced_block {
+                    Some(block) => (
+                        vec![(
+                            self.layout.num_blocks,
+                            (self.layout.block_stride * self.layout.elem_bytes) as u64,
+                        )],
+                        block,
+                    ),
+                    None => (
+                        self.layout.dims().to_vec(),
+                        self.layout.chunk_bytes() as u64,
+                    ),
+                };
                 dims.push((self.layers, layer_stride as u64));
                 dims.push((self.parts, part_stride as u64));
-                if !chunks_disjoint(&dims, self.layout.chunk_bytes() as u64) {
+                if !chunks_disjoint(&dims, chunk) {
                     return Err(invalid(
                         name,
                         (layer_stride, part_stride),
