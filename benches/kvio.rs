@@ -768,7 +768,7 @@ impl MlaSetup {
 }
 
 /// MLA cache writes (vLLM `concat_and_cache_mla`), bf16 copied and quantized to e4m3; bytes =
-/// bf16 read + cache bytes written. vLLM's anchor on this GPU: bf16 1,013 / 735 GB/s, fp8 732 /
+/// bf16 read + cache bytes written; then decode sizes in a CUDA graph. vLLM's anchor on this GPU: bf16 1,013 / 735 GB/s, fp8 732 /
 /// 532 GB/s at T = 16,384 / 65,536.
 fn mla_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
     let mut grp = c.benchmark_group("mla-update");
@@ -790,6 +790,33 @@ fn mla_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
                     g.kv.update_mla(&u, StreamRef::from(stream))
                         .expect("update_mla")
                 },
+            );
+        }
+    }
+    // Decode sizes in a CUDA graph: time per call.
+    for fp8 in [false, true] {
+        let variant = if fp8 {
+            "kvio-fp8-x100"
+        } else {
+            "kvio-bf16-x100"
+        };
+        for t in [1usize, 64, 256] {
+            let s = MlaSetup::new(t, fp8, 750 + t as u64);
+            let u = s.op();
+            let graph = Graph::capture(stream, |st| {
+                for _ in 0..100 {
+                    g.kv.update_mla(&u, st).expect("update_mla");
+                }
+            });
+            measure(
+                &mut grp,
+                rec,
+                "mla-update/graph-latency",
+                t,
+                variant,
+                0,
+                stream,
+                || graph.launch(stream),
             );
         }
     }
@@ -1203,10 +1230,13 @@ fn report(rec: &Rec, device: &str, driver: i32) {
         };
         println!("\n--- {group} ---");
         if group.ends_with("graph-latency") {
-            println!("{:>8} {:>14} {:>16}", "T", "us per call", "x empty launch");
+            println!(
+                "{:>8} {:<18} {:>14} {:>16}",
+                "T", "variant", "us per call", "x empty launch"
+            );
             for ((g, p, v), r) in rec.runs.iter().filter(|(k, _)| k.0 == group) {
                 let us = r.median() * 1e6 / 100.0;
-                println!("{p:>8} {us:>14.2} {:>16.2}", us / glaunch);
+                println!("{p:>8} {v:<18} {us:>14.2} {:>16.2}", us / glaunch);
                 rows.push(format!(
                     "    {{\"group\": \"{g}\", \"param\": {p}, \"variant\": \"{v}\", \"us_per_call\": {us:.3}, \"x_empty_launch\": {:.3}}}",
                     us / glaunch
