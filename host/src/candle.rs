@@ -278,8 +278,6 @@ impl CandleKvio {
         };
         let k_in = token_layout("key", key.layout(), elem)?;
         let v_in = token_layout("value", value.layout(), elem)?;
-        let k_cache = paged_layout("key_cache", key_cache.layout(), elem)?;
-        let v_cache = paged_layout("value_cache", value_cache.layout(), elem)?;
         if (k_cache.num_heads, k_cache.head_dim) != (k_in.num_heads, k_in.head_dim) {
             return Err(invalid(
                 "key_cache",
@@ -389,32 +387,26 @@ impl CandleKvio {
             }
             _ => None,
         };
-        let with_q = |op: SlotUpdate<'_>| match quantize {
-            Some(q) => op.quantize(q),
-            None => op,
-        };
         if k_in == v_in {
-            let op = SlotUpdate::new(k, k_in, kc_bytes, k_cache, slots).value(v, vc_bytes);
-            let op = if k_cache == v_cache {
-                op
-            } else {
-                op.value_layout(v_cache)
-            };
-            self.kv.update_slots(&with_q(op), on)
+            let mut op = SlotUpdate::new(k, k_in, kc_bytes, k_cache, slots).value(v, vc_bytes);
+            if k_cache != v_cache {
+                op = op.value_layout(v_cache);
+            }
+            if let Some(q) = quantize {
+                op = op.quantize(q);
+            }
+            self.kv.update_slots(&op, on)
         } else {
-            // kvio's SlotUpdate shares one input layout between K and V.
-            let one = |x, input, cache, layout, scale: Option<Scale<'_>>| {
-                let op = SlotUpdate::new(x, input, cache, layout, slots);
-                match (quantize, scale) {
-                    (Some(q), Some(s)) => op.quantize(Quantize::new(q.src, q.fp8, s)),
-                    _ => op,
-                }
-            };
-            let q = quantize.map(|q| (q.k_scale, q.v_scale.expect("V's scale")));
-            self.kv
-                .update_slots(&one(k, k_in, kc_bytes, k_cache, q.map(|q| q.0)), on)?;
-            self.kv
-                .update_slots(&one(v, v_in, vc_bytes, v_cache, q.map(|q| q.1)), on)
+            // kvio's SlotUpdate shares one input layout between K and V: one launch each.
+            let mut ko = SlotUpdate::new(k, k_in, kc_bytes, k_cache, slots);
+            let mut vo = SlotUpdate::new(v, v_in, vc_bytes, v_cache, slots);
+            if let Some(q) = quantize {
+                ko = ko.quantize(Quantize::new(q.src, q.fp8, q.k_scale));
+                let vs = q.v_scale.expect("V's scale is given with K's");
+                vo = vo.quantize(Quantize::new(q.src, q.fp8, vs));
+            }
+            self.kv.update_slots(&ko, on)?;
+            self.kv.update_slots(&vo, on)
         }
     }
 
