@@ -1124,6 +1124,85 @@ fn shuffled_pairs(n: usize, src_blocks: usize, dst_offset: usize, seed: u64) -> 
     (0..n).map(|i| [src[i], dst[i]]).collect()
 }
 
+/// Copy engines per descriptor size: `n` blocks of `size` bytes between one device buffer and
+/// one pinned host buffer (blocks in shuffled order, so no two copies merge), 64 MiB per call,
+/// by `Backend::Dma` (one batched `cuMemcpyBatchAsync` per call where the driver has it)
+/// beside one `cuMemcpyAsync` per block issued here. Groups `offload/dma-batch` and
+/// `onload/dma-batch` (against the pinned ceilings); param = descriptor bytes.
+fn dma_batch(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
+    const TOTAL: usize = 64 << 20;
+    for offload in [true, false] {
+        let name = if offload {
+            "offload/dma-batch"
+        } else {
+            "onload/dma-batch"
+        };
+        let mut grp = c.benchmark_group(name);
+        for size in [
+            4096usize,
+            16 << 10,
+            32 << 10,
+            64 << 10,
+            128 << 10,
+            256 << 10,
+            2 << 20,
+        ] {
+            let n = TOTAL / size;
+            let layout = PagedLayout::nhd(n, 1, 1, size, 1);
+            let dev = random_mem(TOTAL, size as u64);
+            let mut host = Mem::new(true, TOTAL);
+            host.fill(&random_bytes(TOTAL, size as u64 + 1));
+            let (from, to) = if offload {
+                (&dev, &host)
+            } else {
+                (&host, &dev)
+            };
+            let pairs = shuffled_pairs(n, n, 0, size as u64 + 2);
+            let op = BlockCopy::new(
+                BlockPool::strided(from.bytes(), 0, 0, 1, 1, layout),
+                BlockPool::strided(to.bytes_mut(), 0, 0, 1, 1, layout),
+                BlockMap::Host(&pairs),
+            )
+            .backend(Backend::Dma);
+            measure(
+                &mut grp,
+                rec,
+                name,
+                size,
+                "kvio-dma",
+                TOTAL as u64,
+                stream,
+                || {
+                    g.kv.copy_blocks(&op, StreamRef::from(stream))
+                        .expect("copy_blocks");
+                },
+            );
+            let (fb, tb) = (from.bytes().ptr(), to.bytes().ptr());
+            let spans: Vec<(u64, u64)> = pairs
+                .iter()
+                .map(|p| {
+                    (
+                        fb + p[0] as u64 * size as u64,
+                        tb + p[1] as u64 * size as u64,
+                    )
+                })
+                .collect();
+            let per = spans.len().min(MAX_MEMCPY_SPANS);
+            measure(
+                &mut grp,
+                rec,
+                name,
+                size,
+                "memcpy-per-block",
+                (per * size) as u64,
+                stream,
+                memcpy_spans(&spans, size, stream),
+            );
+        }
+        grp.finish();
+    }
+}
+
 fn copy_blocks(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
     let mut grp = c.benchmark_group("copy-blocks");
     for &bs in &cfg.pages {
@@ -1361,6 +1440,9 @@ fn main() {
     }
     if cfg.wants("onload") {
         transfers(&mut c, &rec, g, &stream, &cfg, false);
+    }
+    if cfg.wants("dma-batch") {
+        dma_batch(&mut c, &rec, g, &stream);
     }
     c.final_summary();
     report(&rec.borrow(), &device, driver);

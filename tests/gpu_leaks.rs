@@ -460,7 +460,7 @@ fn copy_blocks_kernel_staged_host_map_calls() {
     to_dev.check("pinned -> GPU (staged)", &host, &pairs);
 }
 
-/// 10,000 copies with a host map and no staging (Auto: kvio's own stream-ordered scratch),
+/// 10,000 kernel copies with a host map and no staging (kvio's own stream-ordered scratch),
 /// GPU → pinned host and back: after the first call, no device memory grows.
 #[test]
 fn copy_blocks_scratch_host_map_calls() {
@@ -473,8 +473,8 @@ fn copy_blocks_scratch_host_map_calls() {
     let pairs: Vec<[i64; 2]> = vec![[2, 5], [7, 1], [-1, -1], [20, 23]];
     let hmap = BlockMap::Host(&pairs);
     let (d2h, h2d) = (
-        copy_op(&dev, &to_host, hmap, Backend::Auto, None, None),
-        copy_op(&host, &to_dev, hmap, Backend::Auto, None, None),
+        copy_op(&dev, &to_host, hmap, Backend::Kernel, None, None),
+        copy_op(&host, &to_dev, hmap, Backend::Kernel, None, None),
     );
     no_growth("copy_blocks, host map in kvio's scratch", calls(), |i| {
         let op = if i % 2 == 0 { &d2h } else { &h2d };

@@ -404,6 +404,164 @@ unsafe impl Send for PrimaryContext {}
 // SAFETY: as above; the handle is only read.
 unsafe impl Sync for PrimaryContext {}
 
+/// `CUmemLocation` (CUDA 12.8–13): a location kind and an id; all zero here (no hint: the
+/// hints slowed batches of small copies down on the H200, see `BENCHMARKS.md`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct MemLocation {
+    kind: u32,
+    id: i32,
+}
+
+/// `CUmemcpyAttributes` (CUDA 12.8–13).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct MemcpyAttributes {
+    src_access_order: u32,
+    src_loc_hint: MemLocation,
+    dst_loc_hint: MemLocation,
+    flags: u32,
+}
+
+/// `CU_MEMCPY_SRC_ACCESS_ORDER_STREAM`: the source is read in stream order (the only order
+/// that is safe for device-to-host copies of data the stream's earlier work writes, vLLM
+/// #39306, and for host-to-device copies of what an earlier offload on the stream wrote).
+const SRC_ACCESS_ORDER_STREAM: u32 = 1;
+
+type BatchV12 = unsafe extern "C" fn(
+    *mut u64,
+    *mut u64,
+    *mut usize,
+    usize,
+    *mut MemcpyAttributes,
+    *mut usize,
+    usize,
+    *mut usize,
+    cu::CUstream,
+) -> cu::CUresult;
+type BatchV13 = unsafe extern "C" fn(
+    *mut u64,
+    *mut u64,
+    *mut usize,
+    usize,
+    *mut MemcpyAttributes,
+    *mut usize,
+    usize,
+    cu::CUstream,
+) -> cu::CUresult;
+
+/// `cuMemcpyBatchAsync`, resolved at run time (`cuGetProcAddress`) in the ABI of the CUDA
+/// version the driver reports: CUDA 12.8 and 12.9 take a `failIdx` out-parameter, CUDA 13
+/// dropped it (vLLM #38915). `None` from [`MemcpyBatch::resolve`] on older drivers.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum MemcpyBatch {
+    /// The CUDA 12.8 entry point.
+    V12(BatchV12),
+    /// The CUDA 13 entry point.
+    V13(BatchV13),
+}
+
+impl MemcpyBatch {
+    /// The driver's batched copy, if it has one.
+    pub(crate) fn resolve() -> Option<MemcpyBatch> {
+        let mut version = 0;
+        // SAFETY: out-pointer to a local.
+        if unsafe { cu::cuDriverGetVersion(&mut version) } != cu::CUresult::CUDA_SUCCESS {
+            return None;
+        }
+        let abi = if version >= 13000 {
+            13000
+        } else if version >= 12080 {
+            12080
+        } else {
+            return None;
+        };
+        let mut f: *mut std::os::raw::c_void = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated name and an out-pointer to a local.
+        let r = unsafe { cu::cuGetProcAddress(c"cuMemcpyBatchAsync".as_ptr(), &mut f, abi, 0) };
+        if r != cu::CUresult::CUDA_SUCCESS || f.is_null() {
+            return None;
+        }
+        // SAFETY: the driver returned the entry point of the ABI of CUDA `abi`, whose
+        // signature is the one named here (cuda.h of 12.8 and of 13.0).
+        Some(unsafe {
+            if abi == 13000 {
+                MemcpyBatch::V13(std::mem::transmute::<*mut std::os::raw::c_void, BatchV13>(
+                    f,
+                ))
+            } else {
+                MemcpyBatch::V12(std::mem::transmute::<*mut std::os::raw::c_void, BatchV12>(
+                    f,
+                ))
+            }
+        })
+    }
+
+    /// Enqueues the copies `(dst, src, bytes)` on `stream` as one batch: stream-ordered as a
+    /// whole, in no order inside (the spans of one call never overlap). `stream` must not be
+    /// the legacy default stream.
+    ///
+    /// # Safety
+    /// Every range is device or host memory the driver can reach, alive until the copies
+    /// complete; no two ranges overlap.
+    pub(crate) unsafe fn copy(
+        &self,
+        spans: &[(u64, u64, u64)],
+        stream: cu::CUstream,
+    ) -> Result<()> {
+        let mut dsts: Vec<u64> = spans.iter().map(|s| s.0).collect();
+        let mut srcs: Vec<u64> = spans.iter().map(|s| s.1).collect();
+        let mut sizes: Vec<usize> = spans.iter().map(|s| s.2 as usize).collect();
+        let mut attrs = [MemcpyAttributes {
+            src_access_order: SRC_ACCESS_ORDER_STREAM,
+            ..Default::default()
+        }];
+        let mut idx = [0usize];
+        let n = spans.len();
+        // SAFETY: arrays of `n` entries (one attribute for all copies, from index 0), alive
+        // for the call; the driver reads them before returning. Ranges: the caller's.
+        let r = unsafe {
+            match *self {
+                MemcpyBatch::V12(f) => {
+                    let mut fail = 0usize;
+                    f(
+                        dsts.as_mut_ptr(),
+                        srcs.as_mut_ptr(),
+                        sizes.as_mut_ptr(),
+                        n,
+                        attrs.as_mut_ptr(),
+                        idx.as_mut_ptr(),
+                        1,
+                        &mut fail,
+                        stream,
+                    )
+                }
+                MemcpyBatch::V13(f) => f(
+                    dsts.as_mut_ptr(),
+                    srcs.as_mut_ptr(),
+                    sizes.as_mut_ptr(),
+                    n,
+                    attrs.as_mut_ptr(),
+                    idx.as_mut_ptr(),
+                    1,
+                    stream,
+                ),
+            }
+        };
+        check("cuMemcpyBatchAsync", r)
+    }
+}
+
+/// Whether `stream` is being captured into a CUDA graph (then kvio enqueues plain copies).
+pub(crate) fn capturing(stream: cu::CUstream) -> Result<bool> {
+    let mut status = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: out-pointer to a local; the stream is the caller's live stream.
+    check("cuStreamIsCapturing", unsafe {
+        cu::cuStreamIsCapturing(stream, &mut status)
+    })?;
+    Ok(status != cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
 /// Kernel parameters packed into one buffer with the kernel ABI's layout (each parameter at
 /// the next offset aligned to its size), passed to `cuLaunchKernel` through
 /// `CU_LAUNCH_PARAM_BUFFER_POINTER`: the driver copies exactly `len` bytes from one buffer and

@@ -22,6 +22,7 @@ const EMULATED: Target<'static> = Target {
     caps: GridCap::uniform(2),
     kind_of: &|_| MemoryKind::Device,
     scratch: true,
+    batched_dma: false,
 };
 
 /// [`Kvio::update_slots`](crate::Kvio::update_slots) on host memory.

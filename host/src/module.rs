@@ -6,7 +6,9 @@ use std::ptr;
 use cust::sys as cu;
 
 use crate::alloc::memory_kind;
-use crate::driver::{check, current_context, current_device, device_attribute, with_ctx};
+use crate::driver::{
+    check, current_context, current_device, device_attribute, with_ctx, MemcpyBatch,
+};
 use crate::error::{Error, Result};
 use crate::launch::{resident_ctas, GridCap, BLOCK_THREADS, SMALL_CTA_THREADS, TRANSFER_THREADS};
 use crate::plan::{Kernel, Target};
@@ -43,6 +45,7 @@ pub struct Kvio {
     arch: Arch,
     /// Where host block maps go without a staging buffer (`None`: no memory pools).
     scratch: Option<Scratch>,
+    memcpy_batch: Option<MemcpyBatch>,
 }
 
 impl Kvio {
@@ -104,6 +107,7 @@ impl Kvio {
             grid_cap: GridCap::uniform(1),
             arch,
             scratch: None,
+            memcpy_batch: MemcpyBatch::resolve(),
         };
         this.update_slots = this.function("kvio_update_slots")?;
         this.update_slots_general = this.function("kvio_update_slots_general")?;
@@ -161,7 +165,22 @@ impl Kvio {
             caps: self.grid_cap,
             kind_of: &memory_kind,
             scratch: self.scratch.is_some(),
+            batched_dma: self.memcpy_batch.is_some(),
         }
+    }
+
+    /// The driver's batched copy (`cuMemcpyBatchAsync`, CUDA ≥ 12.8), if it has one.
+    pub(crate) fn memcpy_batch(&self) -> Option<MemcpyBatch> {
+        self.memcpy_batch
+    }
+
+    /// Whether the DMA backend submits each call's copies as one batch
+    /// (`cuMemcpyBatchAsync`, found at load time on drivers of CUDA 12.8 and later) rather
+    /// than one `cuMemcpyAsync` per contiguous span. Either way the copies are stream-ordered
+    /// with the caller's other work; under graph capture and on the legacy default stream the
+    /// per-span copies are used.
+    pub fn batched_dma(&self) -> bool {
+        self.memcpy_batch.is_some()
     }
 
     /// The runner's scratch pool, if the device has memory pools.

@@ -4,7 +4,7 @@
 use cust::sys as cu;
 use kvio_kernels::args::{CopyArgs, SliceArgs, SlotArgs, TileArgs};
 
-use crate::driver::{check, Params, StreamRef};
+use crate::driver::{capturing, check, Params, StreamRef};
 use crate::error::{Error, Result};
 use crate::module::Kvio;
 use crate::plan::{Kernel, Launch, Plan, Staging};
@@ -15,6 +15,20 @@ impl Kvio {
         match plan {
             Plan::Nothing => Ok(()),
             Plan::Dma(spans) => {
+                // One batched driver call where the driver has one (CUDA ≥ 12.8); the per-span
+                // loop on older drivers, on the legacy default stream (which the batch call
+                // refuses) and under graph capture.
+                let raw = stream.cu_stream();
+                if let Some(batch) = self.memcpy_batch() {
+                    if spans.len() > 1 && !raw.is_null() && !capturing(raw)? {
+                        let triples: Vec<(u64, u64, u64)> =
+                            spans.iter().map(|s| (s.dst, s.src, s.bytes)).collect();
+                        // SAFETY: as for the loop below; the spans of one plan never overlap
+                        // (the planner refuses a destination written twice or read and
+                        // written).
+                        return unsafe { batch.copy(&triples, raw) };
+                    }
+                }
                 for s in spans {
                     // SAFETY: the planner validated both ranges against their pools (device or
                     // pinned, mapped memory the caller keeps alive for the work).

@@ -8,7 +8,7 @@ use kvio_kernels::index::{access_width, group_shift};
 use super::dma;
 use super::map::{check_device_map, check_host_map, BlockMap};
 use super::pool::{Bases, BlockPool};
-use super::{Backend, BlockCopy, DMA_MIN_SPAN};
+use super::{Backend, BlockCopy, DMA_MIN_SPAN, DMA_MIN_SPAN_BATCHED};
 use crate::alloc::{MemoryKind, TableAccess};
 use crate::error::{invalid, Error, Result};
 use crate::error_word::DeviceErrors;
@@ -25,7 +25,7 @@ const MAX_PIECE: u64 = 16 * 1024;
 /// Validates a block copy and plans it: the backend that will run and what it does.
 pub(crate) fn plan<'a>(op: &BlockCopy<'a>, target: &Target<'_>) -> Result<(Backend, Plan<'a>)> {
     let geo = geometry(op, target.kind_of)?;
-    let backend = choose(op, &geo, target.scratch)?;
+    let backend = choose(op, &geo, target.scratch, target.batched_dma)?;
     let dst = op.dst.read();
     if let BlockMap::Host(pairs) = op.map {
         check_host_map(&op.src, &dst, pairs)?;
@@ -43,9 +43,10 @@ pub(crate) fn plan<'a>(op: &BlockCopy<'a>, target: &Target<'_>) -> Result<(Backe
 /// is uploaded to the caller's staging buffer, or else to the runner's scratch (without
 /// scratch it needs staging). `Auto` takes the copy engines for transfers between host and
 /// device whose contiguous chunk ([`Geometry::chunk`]: one block's span after merging, not a
-/// merged run of blocks) is at least [`DMA_MIN_SPAN`], and when a host map has nowhere to go;
+/// merged run of blocks) is at least [`DMA_MIN_SPAN`] ([`DMA_MIN_SPAN_BATCHED`] with a batching
+/// driver), and when a host map has nowhere to go;
 /// the kernel otherwise.
-fn choose(op: &BlockCopy<'_>, geo: &Geometry, scratch: bool) -> Result<Backend> {
+fn choose(op: &BlockCopy<'_>, geo: &Geometry, scratch: bool, batched: bool) -> Result<Backend> {
     let uploadable = op.staging.is_some() || scratch;
     Ok(match (op.backend, op.map) {
         (Backend::Dma, BlockMap::Device { .. }) => {
@@ -66,7 +67,12 @@ fn choose(op: &BlockCopy<'_>, geo: &Geometry, scratch: bool) -> Result<Backend> 
         (Backend::Kernel, _) => Backend::Kernel,
         (Backend::Auto, BlockMap::Device { .. }) => Backend::Kernel,
         (Backend::Auto, BlockMap::Host(_)) => {
-            let long = geo.host_involved && geo.chunk as usize >= DMA_MIN_SPAN;
+            let min = if batched {
+                DMA_MIN_SPAN_BATCHED
+            } else {
+                DMA_MIN_SPAN
+            };
+            let long = geo.host_involved && geo.chunk as usize >= min;
             if long || !uploadable {
                 Backend::Dma
             } else {
@@ -669,6 +675,33 @@ mod tests {
                 _ => &|_| MemoryKind::Device,
             },
             scratch,
+            batched_dma: false,
+        }
+    }
+
+    /// With a batching driver, `Auto` takes the copy engines from 64 KiB spans; without one,
+    /// from 2 MiB.
+    #[test]
+    fn auto_crossover_follows_batching() {
+        let batching = Target {
+            batched_dma: true,
+            ..target(MemoryKind::PinnedHost)
+        };
+        let pairs = [[0i64, 1]];
+        // Layer-first on one side: a span is one layer's K or V of a block.
+        for (bs, batched, plain) in [
+            (16, Backend::Kernel, Backend::Kernel), // 32 KiB
+            (32, Backend::Dma, Backend::Kernel),    // 64 KiB
+            (256, Backend::Dma, Backend::Kernel),   // 512 KiB
+        ] {
+            let (s, lf) = (
+                nhd(SRC, NB, L, bs, H, D, E),
+                layer_first(DST, NB, L, bs, H, D, E),
+            );
+            let (b, _) = plan(&op(s, lf, &pairs), &batching).unwrap();
+            assert_eq!(b, batched, "bs {bs}, batching driver");
+            let (b, _) = plan(&op(s, lf, &pairs), &target(MemoryKind::PinnedHost)).unwrap();
+            assert_eq!(b, plain, "bs {bs}");
         }
     }
 

@@ -131,4 +131,7 @@ pub(crate) struct Target<'f> {
     pub(crate) kind_of: &'f dyn Fn(u64) -> MemoryKind,
     /// Whether the runner has scratch memory for uploads ([`Staging::Scratch`]).
     pub(crate) scratch: bool,
+    /// Whether the DMA backend submits one batched copy per call (`Backend::Auto`'s
+    /// crossover is lower then).
+    pub(crate) batched_dma: bool,
 }

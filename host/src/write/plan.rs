@@ -710,6 +710,7 @@ mod tests {
             caps: GridCap::uniform(cap),
             kind_of: &|_| MemoryKind::Device,
             scratch: false,
+            batched_dma: false,
         }
     }
 
