@@ -4,8 +4,9 @@
 //! differs is only where the two [`BlockPool`]s live and how they are laid out.
 //!
 //! Two backends move the bytes:
-//! - [`Backend::Dma`]: the copy engines, one `cuMemcpyAsync` per contiguous span (runs of
-//!   consecutive block ids merged into one copy). Needs a host-side block map.
+//! - [`Backend::Dma`]: the copy engines: the contiguous spans (runs of consecutive block ids
+//!   merged into one) as one `cuMemcpyBatchAsync` on drivers of CUDA 12.8 and later
+//!   ([`Kvio::batched_dma`]), else one `cuMemcpyAsync` per span. Needs a host-side block map.
 //! - [`Backend::Kernel`]: SM threads load and store both pools directly (pinned host memory is
 //!   mapped into the device's address space), a few CTAs only when host memory is involved
 //!   ([`DEFAULT_TRANSFER_CTAS`]). With a device-resident block map it allocates nothing and
