@@ -98,7 +98,7 @@ use kvio::{
     reference, CacheWrite, DeviceBytes, DeviceBytesMut, DeviceErrors, ErrorCounts, Fp8,
     PagedLayout, Quantize, Scale, SlotMapping, SlotUpdate, SrcType, StreamRef, TokenLayout,
 };
-use kvio_suite::{assert_same, download, random_bytes, upload, Rng};
+use kvio_suite::{assert_same, download, quantize_source, random_bytes, upload, Rng};
 
 /// One quantizing slot update: shapes, formats and the host data it runs on.
 struct QCase {
@@ -116,38 +116,6 @@ struct QCase {
     /// Both caches, K then V, poisoned.
     poison: Vec<u8>,
     bad_slots: u32,
-}
-
-/// Source elements covering every class: random bit patterns (NaN, ±inf, subnormals, huge and
-/// tiny values all occur) and, for f32, values spread over the fp8 ranges.
-fn source(n: usize, src: SrcType, rng: &mut Rng) -> Vec<u8> {
-    let mut out = Vec::with_capacity(n * src.bytes());
-    for i in 0..n {
-        let r = rng.next_u64();
-        match src {
-            SrcType::Bf16 | SrcType::F16 => out.extend((r as u16).to_le_bytes()),
-            SrcType::F32 => {
-                let x = match (i % 16, r % 4) {
-                    (0, _) => [f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY]
-                        [(r >> 8) as usize % 4],
-                    (1, _) => [0.0, -0.0, 1e-40, -1e-45, 448.0, 464.0, 57344.0, 61440.0]
-                        [(r >> 8) as usize % 8],
-                    (_, 0) => f32::from_bits(r as u32),
-                    _ => {
-                        let e = ((r >> 8) % 44) as i32 - 22;
-                        let m = 1.0 + ((r >> 16) % 4096) as f32 / 4096.0;
-                        if r & (1 << 40) != 0 {
-                            -m * 2f32.powi(e)
-                        } else {
-                            m * 2f32.powi(e)
-                        }
-                    }
-                };
-                out.extend(x.to_le_bytes());
-            }
-        }
-    }
-    out
 }
 
 /// A case of `t` tokens.
@@ -198,8 +166,8 @@ fn qcase(
         src,
         fp8,
         per_head,
-        keys: source(t * h * d, src, &mut rng),
-        values: source(t * h * d, src, &mut rng),
+        keys: quantize_source(t * h * d, src, &mut rng),
+        values: quantize_source(t * h * d, src, &mut rng),
         input,
         cache,
         scales_k,

@@ -8,7 +8,7 @@ use kvio::{
     reference, DeviceBytes, DeviceBytesMut, DeviceErrors, Error, ErrorCounts, Fp8, PagedLayout,
     Quantize, Scale, SlotMapping, SlotUpdate, SrcType, StreamRef, TokenLayout,
 };
-use kvio_suite::{assert_same, download, random_bytes, upload, Rng};
+use kvio_suite::{assert_same, download, quantize_source, random_bytes, upload, Rng};
 
 /// How a case's values are stored and written.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -43,34 +43,6 @@ struct Case {
     /// K cache then V cache, poisoned.
     poison: Vec<u8>,
     bad_slots: u32,
-}
-
-/// Source elements of every class for a quantizing case (NaN, ±inf, subnormals, values past
-/// the fp8 range occur among random bit patterns; f32 also gets them explicitly).
-fn source(n: usize, src: SrcType, rng: &mut Rng) -> Vec<u8> {
-    let mut out = Vec::with_capacity(n * src.bytes());
-    for i in 0..n {
-        let r = rng.next_u64();
-        match src {
-            SrcType::Bf16 | SrcType::F16 => out.extend((r as u16).to_le_bytes()),
-            SrcType::F32 => {
-                let x = match i % 8 {
-                    0 => [
-                        f32::NAN,
-                        f32::INFINITY,
-                        f32::NEG_INFINITY,
-                        1e-40,
-                        500.0,
-                        -6e4,
-                    ][(r >> 8) as usize % 6],
-                    1 => f32::from_bits(r as u32),
-                    _ => ((r >> 16) % 20_000) as f32 / 16.0 - 600.0,
-                };
-                out.extend(x.to_le_bytes());
-            }
-        }
-    }
-    out
 }
 
 fn case(format: Format, bs: usize, d: usize, t: usize, mode: Slots, seed: u64) -> Case {
@@ -125,8 +97,8 @@ fn case(format: Format, bs: usize, d: usize, t: usize, mode: Slots, seed: u64) -
             let mut scale = || 0.01 + rng.below(10_000) as f32 / 1000.0;
             let (sk, sv): (Vec<f32>, Vec<f32>) = (0..n).map(|_| (scale(), scale())).unzip();
             (
-                source(t * h * d, src, &mut rng),
-                source(t * h * d, src, &mut rng),
+                quantize_source(t * h * d, src, &mut rng),
+                quantize_source(t * h * d, src, &mut rng),
                 sk,
                 sv,
             )
@@ -407,68 +379,32 @@ fn v0_arguments_are_checked() {
             // SAFETY: every view is host memory of its length.
             unsafe { kvio::emulate::update_slots(&op) }
         };
-    let ok = mk(
-        PagedLayout::v0_key(8, 16, h, 64, 2),
-        PagedLayout::v0_value(8, 16, h, 64, 2),
-        2,
-        &mut keys,
-        &mut caches,
-    );
-    assert!(ok.is_ok(), "{ok:?}");
-    // fp8 v0 key cache: x = 16, D = 120 is not a multiple.
-    let r = mk(
-        PagedLayout::v0_key(8, 16, h, 120, 1),
-        PagedLayout::v0_value(8, 16, h, 120, 1),
-        1,
-        &mut keys,
-        &mut caches,
-    );
-    assert!(
-        matches!(r, Err(Error::InvalidArgument { name: "cache", .. })),
-        "{r:?}"
-    );
-    // D = 20: a multiple of x = 4 (f32) but not of 8.
-    let r = mk(
-        PagedLayout::v0_key(8, 16, h, 20, 4),
-        PagedLayout::v0_value(8, 16, h, 20, 4),
-        4,
-        &mut keys,
-        &mut caches,
-    );
-    assert!(
-        matches!(r, Err(Error::InvalidArgument { name: "cache", .. })),
-        "{r:?}"
-    );
-    // Value layout of another shape.
-    let r = mk(
-        PagedLayout::v0_key(8, 16, h, 64, 2),
-        PagedLayout::v0_value(8, 32, h, 64, 2),
-        2,
-        &mut keys,
-        &mut caches,
-    );
-    assert!(
-        matches!(
-            r,
-            Err(Error::InvalidArgument {
-                name: "value_layout",
-                ..
-            })
-        ),
-        "{r:?}"
-    );
-    // Input element size differs from the cache's (no quantization).
-    let r = mk(
-        PagedLayout::v0_key(8, 16, h, 64, 2),
-        PagedLayout::v0_value(8, 16, h, 64, 2),
-        4,
-        &mut keys,
-        &mut caches,
-    );
-    assert!(
-        matches!(r, Err(Error::InvalidArgument { name: "input", .. })),
-        "{r:?}"
-    );
+    // (key layout, value layout, input element size, the argument refused; None: accepted)
+    let cases = [
+        ((64, 16, 2), (64, 16, 2), 2, None),
+        // fp8 v0 key cache: x = 16, D = 120 is not a multiple.
+        ((120, 16, 1), (120, 16, 1), 1, Some("cache")),
+        // D = 20: a multiple of x = 4 (f32) but not of 8.
+        ((20, 16, 4), (20, 16, 4), 4, Some("cache")),
+        // Value layout of another shape.
+        ((64, 16, 2), (64, 32, 2), 2, Some("value_layout")),
+        // Input element size differs from the cache's (no quantization).
+        ((64, 16, 2), (64, 16, 2), 4, Some("input")),
+    ];
+    for ((kd, kbs, ke), (vd, vbs, ve), ie, refused) in cases {
+        let (kl, vl) = (
+            PagedLayout::v0_key(8, kbs, h, kd, ke),
+            PagedLayout::v0_value(8, vbs, h, vd, ve),
+        );
+        let r = mk(kl, vl, ie, &mut keys, &mut caches);
+        match refused {
+            None => assert!(r.is_ok(), "{r:?}"),
+            Some(want) => assert!(
+                matches!(r, Err(Error::InvalidArgument { name, .. }) if name == want),
+                "{want}: {r:?}"
+            ),
+        }
+    }
     // Slice updates and block pools refuse layouts with pieces.
     let layout = PagedLayout::v0_value(8, 16, h, 64, 2);
     // SAFETY: descriptions only.

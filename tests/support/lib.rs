@@ -536,3 +536,36 @@ impl TestPool {
         PoolImage::of(&self.pool()).expect("test pools are evenly spaced")
     }
 }
+
+/// Source elements covering every class: random bit patterns (NaN, ±inf, subnormals, huge and
+/// tiny values all occur) and, for f32, values spread over the fp8 ranges.
+pub fn quantize_source(n: usize, src: kvio::SrcType, rng: &mut Rng) -> Vec<u8> {
+    use kvio::SrcType;
+    let mut out = Vec::with_capacity(n * src.bytes());
+    for i in 0..n {
+        let r = rng.next_u64();
+        match src {
+            SrcType::Bf16 | SrcType::F16 => out.extend((r as u16).to_le_bytes()),
+            SrcType::F32 => {
+                let x = match (i % 16, r % 4) {
+                    (0, _) => [f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY]
+                        [(r >> 8) as usize % 4],
+                    (1, _) => [0.0, -0.0, 1e-40, -1e-45, 448.0, 464.0, 57344.0, 61440.0]
+                        [(r >> 8) as usize % 8],
+                    (_, 0) => f32::from_bits(r as u32),
+                    _ => {
+                        let e = ((r >> 8) % 44) as i32 - 22;
+                        let m = 1.0 + ((r >> 16) % 4096) as f32 / 4096.0;
+                        if r & (1 << 40) != 0 {
+                            -m * 2f32.powi(e)
+                        } else {
+                            m * 2f32.powi(e)
+                        }
+                    }
+                };
+                out.extend(x.to_le_bytes());
+            }
+        }
+    }
+    out
+}

@@ -104,6 +104,26 @@ fn check_scales(q: &Quantize<'_>, heads: usize, with_value: bool) -> Result<(u32
     Ok((convert::code(src, to), per_head))
 }
 
+/// A slot update's quantization checked ([`check_scales`]), if it quantizes.
+fn scales_of(op: &SlotUpdate<'_>) -> Result<Option<(u32, bool)>> {
+    op.quantize
+        .as_ref()
+        .map(|q| check_scales(q, op.input.num_heads, op.value.is_some()))
+        .transpose()
+}
+
+/// Every buffer of a slot update holds what its layout reaches: the inputs `src_ext` bytes,
+/// the key cache `k_ext`, the value cache `v_ext`.
+fn kv_fit(op: &SlotUpdate<'_>, src_ext: u64, k_ext: u64, v_ext: u64) -> Result<()> {
+    fits("key", src_ext, op.key.src.len())?;
+    fits("key_cache", k_ext, op.key.dst.len())?;
+    if let Some(v) = op.value {
+        fits("value", src_ext, v.src.len())?;
+        fits("value_cache", v_ext, v.dst.len())?;
+    }
+    Ok(())
+}
+
 /// Scale pointers of a quantizing update (0 when absent).
 fn scale_ptr(s: Option<Scale<'_>>) -> u64 {
     match s {
@@ -125,15 +145,9 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
     let src_ext = op.input.extent("input")?;
     let dst_ext = op.cache.extent("cache")?;
     same_shape(&op.input, &op.cache, op.quantize.as_ref())?;
-    let quant = match &op.quantize {
-        Some(q) => Some(check_scales(q, op.input.num_heads, op.value.is_some())?),
-        None => None,
-    };
-    fits("key", src_ext, op.key.src.len())?;
-    fits("key_cache", dst_ext, op.key.dst.len())?;
+    let quant = scales_of(op)?;
+    kv_fit(op, src_ext, dst_ext, dst_ext)?;
     if let Some(v) = op.value {
-        fits("value", src_ext, v.src.len())?;
-        fits("value_cache", dst_ext, v.dst.len())?;
         {
             let (k, vp) = (op.key.dst.ptr(), v.dst.ptr());
             let (lo, hi) = if k <= vp { (k, vp) } else { (vp, k) };
@@ -284,15 +298,9 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
             "updates of layouts with pieces (v0) need head_dim a multiple of 8",
         ));
     }
-    let quant = match &op.quantize {
-        Some(q) => Some(check_scales(q, i.num_heads, op.value.is_some())?),
-        None => None,
-    };
-    fits("key", src_ext, op.key.src.len())?;
-    fits("key_cache", k_ext, op.key.dst.len())?;
+    let quant = scales_of(op)?;
+    kv_fit(op, src_ext, k_ext, v_ext)?;
     if let Some(v) = op.value {
-        fits("value", src_ext, v.src.len())?;
-        fits("value_cache", v_ext, v.dst.len())?;
         let (k, vp) = (op.key.dst.ptr(), v.dst.ptr());
         if k < vp + v_ext && vp < k + k_ext {
             return Err(invalid(
