@@ -348,24 +348,6 @@ unsafe fn tile_store_row<const E: usize>(p: &TilePart, d: *mut u8, row: &Row, e0
     }
 }
 
-impl TilePart {
-    /// K's (`v == false`) or V's descriptor of `a`.
-    #[inline(always)]
-    fn of(a: &TileArgs, v: bool) -> TilePart {
-        let pick = |k: u64, vv: u64| if v { vv } else { k };
-        TilePart {
-            dst: if v { a.dst_v } else { a.dst_k },
-            block: pick(a.block_stride_k, a.block_stride_v),
-            token: pick(a.token_stride_k, a.token_stride_v),
-            head: pick(a.head_stride_k, a.head_stride_v),
-            piece: pick(a.piece_k, a.piece_v),
-            piece_stride: pick(a.piece_stride_k, a.piece_stride_v),
-            unit: pick(a.unit_k as u64, a.unit_v as u64),
-            runs: a.runs & (1 << v as u32) != 0,
-        }
-    }
-}
-
 /// [`update_tiles`] for caches of `E`-byte elements; `RUNS`: with the code for runs (tiles
 /// of eight tokens).
 ///
@@ -393,7 +375,29 @@ unsafe fn tiles_body<const E: usize, const RUNS: bool>(a: &TileArgs, g: Group) {
             continue;
         }
         let n = (a.num_tokens - t0).min(tile);
-        let p = TilePart::of(a, part != 0);
+        let p = if part == 0 {
+            TilePart {
+                dst: a.dst_k,
+                block: a.block_stride_k,
+                token: a.token_stride_k,
+                head: a.head_stride_k,
+                piece: a.piece_k,
+                piece_stride: a.piece_stride_k,
+                unit: a.unit_k as u64,
+                runs: a.runs & 1 != 0,
+            }
+        } else {
+            TilePart {
+                dst: a.dst_v,
+                block: a.block_stride_v,
+                token: a.token_stride_v,
+                head: a.head_stride_v,
+                piece: a.piece_v,
+                piece_stride: a.piece_stride_v,
+                unit: a.unit_v as u64,
+                runs: a.runs & 2 != 0,
+            }
+        };
         let src = if part == 0 { a.src_k } else { a.src_v };
         // SAFETY: t0 < num_tokens, head < heads, grp < groups: inside the validated source.
         let src = unsafe {
