@@ -96,6 +96,8 @@ mod launch;
 pub mod layout;
 mod mem;
 mod module;
+#[cfg(feature = "nixl")]
+pub mod nixl;
 pub mod plan;
 mod ptx;
 pub mod reference;
