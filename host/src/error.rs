@@ -80,6 +80,13 @@ pub enum Error {
         /// The argument whose size overflowed.
         name: &'static str,
     },
+    /// A NIXL call failed (feature `nixl`).
+    Nixl {
+        /// The NIXL operation (`nixl_sys` method).
+        op: &'static str,
+        /// What NIXL reported.
+        detail: String,
+    },
 }
 
 /// `Result` with kvio's [`Error`].
@@ -136,6 +143,7 @@ impl fmt::Display for Error {
                 "`{name}` at {ptr:#x} is not device memory or pinned, mapped host memory (kernels cannot reach it)"
             ),
             Error::Overflow { name } => write!(f, "size of `{name}` overflows"),
+            Error::Nixl { op, detail } => write!(f, "NIXL call {op} failed: {detail}"),
         }
     }
 }
@@ -209,6 +217,17 @@ mod tests {
     #[track_caller]
     fn says(e: Error, want: &str) {
         assert_eq!(e.to_string(), want, "{e:?}");
+    }
+
+    #[test]
+    fn nixl_names_the_operation() {
+        says(
+            Error::Nixl {
+                op: "create_xfer_req",
+                detail: "Invalid parameter provided to NIXL".into(),
+            },
+            "NIXL call create_xfer_req failed: Invalid parameter provided to NIXL",
+        );
     }
 
     #[test]
@@ -386,6 +405,10 @@ mod tests {
             },
             Error::NotDeviceAccessible { name: "n", ptr: 1 },
             Error::Overflow { name: "v" },
+            Error::Nixl {
+                op: "x",
+                detail: "d".into(),
+            },
         ];
         for e in all {
             let named = match &e {
@@ -398,6 +421,7 @@ mod tests {
                 | Error::Overlap { name, .. }
                 | Error::NotDeviceAccessible { name, .. }
                 | Error::Overflow { name } => name,
+                Error::Nixl { op, .. } => op,
             };
             let msg = e.to_string();
             assert!(msg.contains(named), "{msg:?} does not name {named:?}");

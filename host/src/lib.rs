@@ -23,7 +23,8 @@
 //!
 //! With feature `candle`, `kvio::candle` runs mistral.rs' `reshape_and_cache`, `copy_blocks`
 //! and `swap_blocks` on candle tensors; with feature `cudarc`, `kvio::cudarc` makes kvio's
-//! views from cudarc's slices and streams.
+//! views from cudarc's slices and streams. With feature `nixl`, `kvio::nixl` registers block
+//! pools with NIXL and turns block copies into NIXL descriptor lists (DRAM for now).
 //!
 //! Every operation is validated once on the host into a plan (typed [`Error`] on a bad
 //! argument, nothing enqueued), which one runner executes on the caller's stream: it allocates
@@ -96,6 +97,8 @@ mod launch;
 pub mod layout;
 mod mem;
 mod module;
+#[cfg(feature = "nixl")]
+pub mod nixl;
 pub mod plan;
 mod ptx;
 pub mod reference;

@@ -8,7 +8,10 @@ use super::pool::BlockPool;
 use crate::plan::Span;
 
 /// The spans of a validated block copy with a host map; consecutive pairs `(s, d)`,
-/// `(s+1, d+1)` merge into one span when whole blocks are contiguous on both sides.
+/// `(s+1, d+1)` merge into one span when a block's chunk fills its block stride on both sides
+/// ([`Geometry::block_contiguous`]): one span a run of whole blocks (cross-layer pools), or one
+/// a run per (layer, part) (layer-separate pools). The NIXL descriptors (`crate::nixl`) are
+/// these spans too.
 pub(crate) fn spans(
     src: &BlockPool<'_>,
     dst: &BlockPool<'_>,

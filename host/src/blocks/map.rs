@@ -46,36 +46,8 @@ pub(crate) fn check_host_map(
     dst: &BlockPool<'_>,
     pairs: &[[i64; 2]],
 ) -> Result<()> {
+    let dsts = check_host_ids(src, dst, pairs)?;
     let (nsrc, ndst) = (src.layout.num_blocks as u64, dst.layout.num_blocks as u64);
-    for (i, &[s, d]) in pairs.iter().enumerate() {
-        // The kernel's rule (`index::check_pair`), with the bad side named.
-        if check_pair(s, d, nsrc, ndst) == PairCheck::OutOfRange {
-            let (name, value, limit) = match pair_fault(s, d, nsrc, ndst) {
-                Some(PairFault::Src) => ("map.src", s, nsrc),
-                _ => ("map.dst", d, ndst),
-            };
-            return Err(Error::IndexOutOfRange {
-                name,
-                at: i,
-                value,
-                limit,
-            });
-        }
-    }
-    let mut dsts: Vec<(i64, usize)> = pairs
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| check_pair(p[0], p[1], nsrc, ndst) == PairCheck::Valid)
-        .map(|(i, p)| (p[1], i))
-        .collect();
-    dsts.sort_unstable();
-    if let Some(w) = dsts.windows(2).find(|w| w[0].0 == w[1].0) {
-        return Err(Error::Overlap {
-            name: "map.dst",
-            first: w[0].1,
-            second: w[1].1,
-        });
-    }
     let (se, de) = (src.layout.extent("src")?, dst.layout.extent("dst")?);
     let shared = src
         .ranges(se)
@@ -130,6 +102,47 @@ pub(crate) fn check_host_map(
         }
     }
     Ok(())
+}
+
+/// The checks of [`check_host_map`] that hold whatever memory the pools share: ids in range
+/// (negatives are padding) and no destination twice. Returns the valid pairs' `(dst, at)`,
+/// sorted. Pools in different address spaces (a NIXL transfer's remote pool) need only these.
+pub(crate) fn check_host_ids(
+    src: &BlockPool<'_>,
+    dst: &BlockPool<'_>,
+    pairs: &[[i64; 2]],
+) -> Result<Vec<(i64, usize)>> {
+    let (nsrc, ndst) = (src.layout.num_blocks as u64, dst.layout.num_blocks as u64);
+    for (i, &[s, d]) in pairs.iter().enumerate() {
+        // The kernel's rule (`index::check_pair`), with the bad side named.
+        if check_pair(s, d, nsrc, ndst) == PairCheck::OutOfRange {
+            let (name, value, limit) = match pair_fault(s, d, nsrc, ndst) {
+                Some(PairFault::Src) => ("map.src", s, nsrc),
+                _ => ("map.dst", d, ndst),
+            };
+            return Err(Error::IndexOutOfRange {
+                name,
+                at: i,
+                value,
+                limit,
+            });
+        }
+    }
+    let mut dsts: Vec<(i64, usize)> = pairs
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| check_pair(p[0], p[1], nsrc, ndst) == PairCheck::Valid)
+        .map(|(i, p)| (p[1], i))
+        .collect();
+    dsts.sort_unstable();
+    if let Some(w) = dsts.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(Error::Overlap {
+            name: "map.dst",
+            first: w[0].1,
+            second: w[1].1,
+        });
+    }
+    Ok(dsts)
 }
 
 /// `(start, stride)` when every block of a strided pool lies inside its own `stride` bytes

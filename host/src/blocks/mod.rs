@@ -23,12 +23,12 @@
 //! planner (`plan`: validation, geometry, backend choice, kernel launch) and the DMA spans
 //! (`dma`).
 
-mod dma;
-mod map;
-mod plan;
+pub(crate) mod dma;
+pub(crate) mod map;
+pub(crate) mod plan;
 mod pool;
 #[cfg(test)]
-mod test_pools;
+pub(crate) mod test_pools;
 
 pub use crate::launch::DEFAULT_TRANSFER_CTAS;
 pub use map::BlockMap;
