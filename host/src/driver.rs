@@ -10,6 +10,7 @@ use std::ptr;
 use cust::sys as cu;
 
 use crate::error::{Error, Result};
+use crate::plan::Span;
 
 /// Turns a `CUresult` into `Ok(())` or [`Error::Driver`] naming `call`.
 pub(crate) fn check(call: &'static str, r: cu::CUresult) -> Result<()> {
@@ -497,21 +498,17 @@ impl MemcpyBatch {
         })
     }
 
-    /// Enqueues the copies `(dst, src, bytes)` on `stream` as one batch: stream-ordered as a
+    /// Enqueues the copies on `stream` as one batch: stream-ordered as a
     /// whole, in no order inside (the spans of one call never overlap). `stream` must not be
     /// the legacy default stream.
     ///
     /// # Safety
     /// Every range is device or host memory the driver can reach, alive until the copies
     /// complete; no two ranges overlap.
-    pub(crate) unsafe fn copy(
-        &self,
-        spans: &[(u64, u64, u64)],
-        stream: cu::CUstream,
-    ) -> Result<()> {
-        let mut dsts: Vec<u64> = spans.iter().map(|s| s.0).collect();
-        let mut srcs: Vec<u64> = spans.iter().map(|s| s.1).collect();
-        let mut sizes: Vec<usize> = spans.iter().map(|s| s.2 as usize).collect();
+    pub(crate) unsafe fn copy(&self, spans: &[Span], stream: cu::CUstream) -> Result<()> {
+        let mut dsts: Vec<u64> = spans.iter().map(|s| s.dst).collect();
+        let mut srcs: Vec<u64> = spans.iter().map(|s| s.src).collect();
+        let mut sizes: Vec<usize> = spans.iter().map(|s| s.bytes as usize).collect();
         let mut attrs = [MemcpyAttributes {
             src_access_order: SRC_ACCESS_ORDER_STREAM,
             ..Default::default()

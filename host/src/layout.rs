@@ -211,19 +211,7 @@ impl PagedLayout {
         elem_bytes: usize,
     ) -> Self {
         let x = 16 / elem_bytes.clamp(1, 16);
-        let head = head_dim.saturating_mul(block_size);
-        PagedLayout {
-            num_blocks,
-            block_size,
-            num_heads,
-            head_dim,
-            elem_bytes,
-            block_stride: head.saturating_mul(num_heads),
-            token_stride: x,
-            head_stride: head,
-            piece_elems: x,
-            piece_stride: block_size.saturating_mul(x),
-        }
+        Self::v0(num_blocks, block_size, num_heads, head_dim, elem_bytes, x)
     }
 
     /// vLLM's v0 paged value cache `[num_blocks, H, D, block_size]`: transposed, a token's
@@ -240,6 +228,19 @@ impl PagedLayout {
         head_dim: usize,
         elem_bytes: usize,
     ) -> Self {
+        Self::v0(num_blocks, block_size, num_heads, head_dim, elem_bytes, 1)
+    }
+
+    /// vLLM's v0 cache `[num_blocks, H, D / x, block_size, x]`: the key cache with `x = 16 /
+    /// elem_bytes`, the value cache with `x = 1` (`[num_blocks, H, D, block_size]`).
+    fn v0(
+        num_blocks: usize,
+        block_size: usize,
+        num_heads: usize,
+        head_dim: usize,
+        elem_bytes: usize,
+        x: usize,
+    ) -> Self {
         let head = head_dim.saturating_mul(block_size);
         PagedLayout {
             num_blocks,
@@ -248,10 +249,10 @@ impl PagedLayout {
             head_dim,
             elem_bytes,
             block_stride: head.saturating_mul(num_heads),
-            token_stride: 1,
+            token_stride: x,
             head_stride: head,
-            piece_elems: 1,
-            piece_stride: block_size,
+            piece_elems: x,
+            piece_stride: block_size.saturating_mul(x),
         }
     }
 

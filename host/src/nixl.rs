@@ -291,16 +291,21 @@ pub unsafe fn post(
 }
 
 /// Runs `copy` as one NIXL transfer of `op` to `remote_agent` and polls until it is complete:
-/// [`post`], then [`Transfer::wait`] without a limit (the borrows in `copy` must outlive the
-/// transfer). Returns the number of descriptors moved.
-pub fn transfer(
+/// [`post`], then [`Transfer::wait`] without a limit. Returns the number of descriptors moved.
+///
+/// # Safety
+///
+/// As [`post`] for the time this call runs. On success the transfer is complete when it
+/// returns. On an error from NIXL's status query the transfer's state is unknown: the caller
+/// must keep both pools' memory allocated and the local pool unread until it knows NIXL is
+/// done with it (kvio cannot tell; NIXL does not document that a failed status ends all access).
+pub unsafe fn transfer(
     agent: &Agent,
     remote_agent: &str,
     op: XferOp,
     copy: &BlockCopy<'_>,
 ) -> Result<usize> {
-    // SAFETY: `copy` borrows both pools for this call, and the call returns only once the
-    // transfer is complete or failed (a failed status ends the request).
+    // SAFETY: forwarded from the caller (the pools outlive the transfer).
     let t = unsafe { post(agent, remote_agent, op, copy)? };
     t.wait(None)?;
     Ok(t.descs())

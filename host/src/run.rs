@@ -21,12 +21,10 @@ impl Kvio {
                 let raw = stream.cu_stream();
                 if let Some(batch) = self.memcpy_batch() {
                     if spans.len() > 1 && !raw.is_null() && !capturing(raw)? {
-                        let triples: Vec<(u64, u64, u64)> =
-                            spans.iter().map(|s| (s.dst, s.src, s.bytes)).collect();
                         // SAFETY: as for the loop below; the spans of one plan never overlap
                         // (the planner refuses a destination written twice or read and
                         // written).
-                        return unsafe { batch.copy(&triples, raw) };
+                        return unsafe { batch.copy(spans, raw) };
                     }
                 }
                 for s in spans {
