@@ -95,10 +95,13 @@ fn hw_fp8_equals_soft_for_all_bf16() {
 // ---- fp8 quantize-on-write: slot updates ---------------------------------------------------
 
 use kvio::{
-    reference, CacheWrite, DeviceBytes, DeviceBytesMut, DeviceErrors, ErrorCounts, Fp8,
-    PagedLayout, Quantize, Scale, SlotMapping, SlotUpdate, SrcType, StreamRef, TokenLayout,
+    reference, CacheWrite, DeviceBytes, DeviceBytesMut, Fp8, PagedLayout, Quantize, Scale,
+    SlotMapping, SlotUpdate, SrcType, TokenLayout,
 };
-use kvio_suite::{assert_same, download, quantize_source, random_bytes, upload, Rng};
+use kvio_suite::{
+    emulate_slot_cases, gpu_slot_cases, host_view, quantize_source, random_bytes, Rng, SlotCase,
+    SlotData,
+};
 
 /// One quantizing slot update: shapes, formats and the host data it runs on.
 struct QCase {
@@ -181,6 +184,24 @@ fn qcase(
 impl QCase {
     fn ext(&self) -> usize {
         self.cache.extent("cache").unwrap() as usize
+    }
+}
+
+impl SlotCase for QCase {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn data(&self) -> SlotData<'_> {
+        SlotData {
+            keys: &self.keys,
+            values: &self.values,
+            slots: &self.slots,
+            scales_k: &self.scales_k,
+            scales_v: &self.scales_v,
+            poison: &self.poison,
+            bad_slots: self.bad_slots,
+        }
     }
 
     /// The caches (K then V) as the reference computes them.
@@ -288,33 +309,12 @@ fn qcases(full: bool) -> Vec<QCase> {
     v
 }
 
-/// Host view of a vector's bytes (the emulation reads and writes host memory).
-fn host<T>(v: &[T]) -> DeviceBytes<'_> {
-    // SAFETY: the vector outlives the (synchronous) emulated call.
-    unsafe { DeviceBytes::from_raw(v.as_ptr() as u64, std::mem::size_of_val(v)) }
-}
-
 /// The same plans the GPU runs, executed on the CPU: every format, source type, scale kind,
 /// both cache orders, vector (D % 8 == 0) and element-wise (D = 20) spans, against the
 /// reference's element-by-element quantization.
 #[test]
 fn emulated_quantized_slot_updates_match_reference() {
-    for c in qcases(false) {
-        let mut caches = c.poison.clone();
-        let (sk, sv) = (host(&c.scales_k), host(&c.scales_v));
-        // SAFETY: host memory, exclusively ours for the call.
-        let dst = unsafe { DeviceBytesMut::from_raw(caches.as_mut_ptr() as u64, caches.len()) };
-        let op = c.op(
-            host(&c.keys),
-            host(&c.values),
-            dst,
-            host(&c.slots),
-            (sk, sv),
-        );
-        // SAFETY: every view is live host memory of its length.
-        unsafe { kvio::emulate::update_slots(&op) }.unwrap_or_else(|e| panic!("{}: {e}", c.name));
-        assert_same(&c.name, &caches, &c.expected());
-    }
+    emulate_slot_cases(&qcases(false));
 }
 
 /// The same on the GPU (sm_90: the hardware conversion), every case, with the error word.
@@ -323,35 +323,8 @@ fn gpu_quantized_slot_updates_match_reference() {
     let Some(g) = kvio_suite::gpu("fp8 slot updates") else {
         return;
     };
-    let stream = g.stream();
-    let errors = DeviceErrors::new().unwrap();
-    let cases = qcases(true);
-    for c in &cases {
-        let (k, v, s) = (upload(&c.keys), upload(&c.values), upload(&c.slots));
-        let (sk, sv) = (upload(&c.scales_k), upload(&c.scales_v));
-        let mut caches = upload(&c.poison);
-        errors.reset(StreamRef::from(&stream)).unwrap();
-        let scales = (DeviceBytes::of(&sk), DeviceBytes::of(&sv));
-        let op = c
-            .op(
-                DeviceBytes::of(&k),
-                DeviceBytes::of(&v),
-                DeviceBytesMut::of(&mut caches),
-                DeviceBytes::of(&s),
-                scales,
-            )
-            .errors(&errors);
-        g.kv.update_slots(&op, stream.sref())
-            .unwrap_or_else(|e| panic!("{}: {e}", c.name));
-        assert_same(&c.name, &download(&caches, &stream), &c.expected());
-        let counts = errors.read(stream.sref()).unwrap();
-        let want = ErrorCounts {
-            bad_slots: c.bad_slots,
-            ..Default::default()
-        };
-        assert_eq!(counts, want, "{}", c.name);
-    }
-    println!("{} quantizing slot updates bit-exact", cases.len());
+    let n = gpu_slot_cases(g, &qcases(true));
+    println!("{n} quantizing slot updates bit-exact");
 }
 
 /// Bad quantization arguments are refused before launch, typed.
@@ -361,12 +334,12 @@ fn quantize_arguments_are_checked() {
     let mut caches = c.poison.clone();
     // SAFETY: host memory; validation refuses every op below before touching it.
     let dst = unsafe { DeviceBytesMut::from_raw(caches.as_mut_ptr() as u64, caches.len()) };
-    let (sk, sv) = (host(&c.scales_k), host(&c.scales_v));
+    let (sk, sv) = (host_view(&c.scales_k), host_view(&c.scales_v));
     let good = c.op(
-        host(&c.keys),
-        host(&c.values),
+        host_view(&c.keys),
+        host_view(&c.values),
         dst,
-        host(&c.slots),
+        host_view(&c.slots),
         (sk, sv),
     );
     let check = |op: SlotUpdate<'_>, name: &str| {
@@ -426,7 +399,7 @@ fn quantize_arguments_are_checked() {
     );
     // Misaligned scales.
     let long = [1.0f32; 8];
-    let odd = Scale::PerHead(host(&long).slice(1, 16).unwrap());
+    let odd = Scale::PerHead(host_view(&long).slice(1, 16).unwrap());
     let bad = Quantize {
         k_scale: odd,
         v_scale: Some(Scale::PerHead(sv)),

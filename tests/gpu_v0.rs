@@ -5,10 +5,13 @@
 //! against vLLM's own index formulas (independently of the descriptors).
 
 use kvio::{
-    reference, DeviceBytes, DeviceBytesMut, DeviceErrors, Error, ErrorCounts, Fp8, PagedLayout,
-    Quantize, Scale, SlotMapping, SlotUpdate, SrcType, StreamRef, TokenLayout,
+    reference, DeviceBytes, DeviceBytesMut, Error, Fp8, PagedLayout, Quantize, Scale, SlotMapping,
+    SlotUpdate, SrcType, TokenLayout,
 };
-use kvio_suite::{assert_same, download, quantize_source, random_bytes, upload, Rng};
+use kvio_suite::{
+    assert_same, emulate_slot_cases, gpu_slot_cases, quantize_source, random_bytes, Rng, SlotCase,
+    SlotData,
+};
 
 /// How a case's values are stored and written.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -124,6 +127,24 @@ fn case(format: Format, bs: usize, d: usize, t: usize, mode: Slots, seed: u64) -
 impl Case {
     fn ext(&self) -> usize {
         self.key_layout.extent("k").unwrap() as usize
+    }
+}
+
+impl SlotCase for Case {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn data(&self) -> SlotData<'_> {
+        SlotData {
+            keys: &self.keys,
+            values: &self.values,
+            slots: &self.slots,
+            scales_k: &self.scales_k,
+            scales_v: &self.scales_v,
+            poison: &self.poison,
+            bad_slots: self.bad_slots,
+        }
     }
 
     /// Both caches as the reference computes them: K into the key layout, V into the value
@@ -246,11 +267,6 @@ fn cases(full: bool) -> Vec<Case> {
     v
 }
 
-fn host<T>(v: &[T]) -> DeviceBytes<'_> {
-    // SAFETY: the vector outlives the (synchronous) emulated call.
-    unsafe { DeviceBytes::from_raw(v.as_ptr() as u64, std::mem::size_of_val(v)) }
-}
-
 /// The descriptors address elements exactly as vLLM's formulas do: key `(((b*H + h)*(D/x) +
 /// d/x)*bs + o)*x + d%x`, value `((b*H + h)*D + d)*bs + o` (written out here, not derived
 /// from the descriptors), checked through the reference with one marked element at a time.
@@ -290,21 +306,7 @@ fn v0_descriptors_match_vllm_formulas() {
 /// The plans the GPU runs, executed on the CPU (the tile kernel's own code), every format.
 #[test]
 fn emulated_v0_updates_match_reference() {
-    for c in cases(false) {
-        let mut caches = c.poison.clone();
-        // SAFETY: host memory, exclusively ours for the call.
-        let dst = unsafe { DeviceBytesMut::from_raw(caches.as_mut_ptr() as u64, caches.len()) };
-        let op = c.op(
-            host(&c.keys),
-            host(&c.values),
-            dst,
-            host(&c.slots),
-            (host(&c.scales_k), host(&c.scales_v)),
-        );
-        // SAFETY: every view is live host memory of its length.
-        unsafe { kvio::emulate::update_slots(&op) }.unwrap_or_else(|e| panic!("{}: {e}", c.name));
-        assert_same(&c.name, &caches, &c.expected());
-    }
+    emulate_slot_cases(&cases(false));
 }
 
 /// The same on the GPU, every case, with the error word.
@@ -313,44 +315,8 @@ fn gpu_v0_updates_match_reference() {
     let Some(g) = kvio_suite::gpu("v0 slot updates") else {
         return;
     };
-    let stream = g.stream();
-    let errors = DeviceErrors::new().unwrap();
-    let cases = cases(true);
-    for c in &cases {
-        let (k, v, s) = (upload(&c.keys), upload(&c.values), upload(&c.slots));
-        // Copies have no scales: a dummy f32 keeps the buffers non-empty.
-        let sk = upload(if c.scales_k.is_empty() {
-            &[1f32][..]
-        } else {
-            &c.scales_k
-        });
-        let sv = upload(if c.scales_v.is_empty() {
-            &[1f32][..]
-        } else {
-            &c.scales_v
-        });
-        let mut caches = upload(&c.poison);
-        errors.reset(StreamRef::from(&stream)).unwrap();
-        let op = c
-            .op(
-                DeviceBytes::of(&k),
-                DeviceBytes::of(&v),
-                DeviceBytesMut::of(&mut caches),
-                DeviceBytes::of(&s),
-                (DeviceBytes::of(&sk), DeviceBytes::of(&sv)),
-            )
-            .errors(&errors);
-        g.kv.update_slots(&op, stream.sref())
-            .unwrap_or_else(|e| panic!("{}: {e}", c.name));
-        assert_same(&c.name, &download(&caches, &stream), &c.expected());
-        let counts = errors.read(stream.sref()).unwrap();
-        let want = ErrorCounts {
-            bad_slots: c.bad_slots,
-            ..Default::default()
-        };
-        assert_eq!(counts, want, "{}", c.name);
-    }
-    println!("{} v0 slot updates bit-exact", cases.len());
+    let n = gpu_slot_cases(g, &cases(true));
+    println!("{n} v0 slot updates bit-exact");
 }
 
 /// Bad v0 arguments are refused before launch, typed.

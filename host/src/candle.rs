@@ -260,8 +260,18 @@ impl CandleKvio {
         let v0 = key_cache.rank() == 5;
         let (k_cache, v_cache) = if v0 {
             (
-                v0_key_layout("key_cache", key_cache.layout(), cache_elem)?,
-                v0_value_layout("value_cache", value_cache.layout(), cache_elem)?,
+                cache_layout(
+                    "key_cache",
+                    key_cache.layout(),
+                    cache_elem,
+                    CacheDims::V0Key,
+                )?,
+                cache_layout(
+                    "value_cache",
+                    value_cache.layout(),
+                    cache_elem,
+                    CacheDims::V0Value,
+                )?,
             )
         } else {
             if value_cache.dims() != key_cache.dims() {
@@ -272,8 +282,18 @@ impl CandleKvio {
                 ));
             }
             (
-                paged_layout("key_cache", key_cache.layout(), cache_elem)?,
-                paged_layout("value_cache", value_cache.layout(), cache_elem)?,
+                cache_layout(
+                    "key_cache",
+                    key_cache.layout(),
+                    cache_elem,
+                    CacheDims::Flash,
+                )?,
+                cache_layout(
+                    "value_cache",
+                    value_cache.layout(),
+                    cache_elem,
+                    CacheDims::Flash,
+                )?,
             )
         };
         let k_in = token_layout("key", key.layout(), elem)?;
@@ -903,38 +923,42 @@ fn token_layout(name: &'static str, l: &Layout, elem: usize) -> Result<TokenLayo
     })
 }
 
-/// `[NB, bs, H, D]` as a kvio paged layout (its strides as they are).
-fn paged_layout(name: &'static str, l: &Layout, elem: usize) -> Result<PagedLayout> {
-    let &[num_blocks, block_size, num_heads, head_dim] = l.dims() else {
-        return Err(invalid(
-            name,
-            l.dims(),
-            "must be [num_blocks, block_size, num_heads, head_dim]",
-        ));
-    };
-    inner_contiguous(name, l)?;
-    let s = l.stride();
-    Ok(PagedLayout {
-        num_blocks,
-        block_size,
-        num_heads,
-        head_dim,
-        elem_bytes: elem,
-        block_stride: s[0],
-        token_stride: s[1],
-        head_stride: s[2],
-        piece_elems: head_dim,
-        piece_stride: head_dim,
-    })
+/// How a candle cache tensor's dimensions map onto a kvio paged layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CacheDims {
+    /// FlashAttention / NHD `[NB, bs, H, D]`.
+    Flash,
+    /// vLLM's v0 key cache `[NB, H, D/x, bs, x]`, `x * elem = 16`.
+    V0Key,
+    /// vLLM's v0 value cache `[NB, H, D, bs]` (pieces of one element).
+    V0Value,
 }
 
-/// vLLM's v0 key cache `[NB, H, D/x, bs, x]` (`x * elem = 16`) as a kvio paged layout, its
-/// strides as they are.
-fn v0_key_layout(name: &'static str, l: &Layout, elem: usize) -> Result<PagedLayout> {
-    let &[num_blocks, num_heads, pieces, block_size, x] = l.dims() else {
-        return Err(invalid(name, l.dims(), "must be [NB, H, D/x, bs, x]"));
+/// A cache tensor as a kvio paged layout, its strides as they are (last dimension contiguous).
+fn cache_layout(
+    name: &'static str,
+    l: &Layout,
+    elem: usize,
+    dims: CacheDims,
+) -> Result<PagedLayout> {
+    let s = l.stride();
+    // (blocks, slots, heads, pieces per head, elements per piece) and the strides of
+    // (block, slot, head, piece), in elements.
+    let (shape, strides) = match (dims, l.dims()) {
+        (CacheDims::Flash, &[nb, bs, h, d]) => ((nb, bs, h, 1, d), [s[0], s[1], s[2], d]),
+        (CacheDims::V0Key, &[nb, h, p, bs, x]) => ((nb, bs, h, p, x), [s[0], s[3], s[1], s[2]]),
+        (CacheDims::V0Value, &[nb, h, d, bs]) => ((nb, bs, h, d, 1), [s[0], s[3], s[1], s[2]]),
+        (_, d) => {
+            let want = match dims {
+                CacheDims::Flash => "must be [num_blocks, block_size, num_heads, head_dim]",
+                CacheDims::V0Key => "must be [NB, H, D/x, bs, x]",
+                CacheDims::V0Value => "must be [NB, H, D, bs] for a key cache [NB, H, D/x, bs, x]",
+            };
+            return Err(invalid(name, d, want));
+        }
     };
-    if x * elem != 16 {
+    let (num_blocks, block_size, num_heads, pieces, piece_elems) = shape;
+    if dims == CacheDims::V0Key && piece_elems * elem != 16 {
         return Err(invalid(
             name,
             l.dims(),
@@ -942,43 +966,17 @@ fn v0_key_layout(name: &'static str, l: &Layout, elem: usize) -> Result<PagedLay
         ));
     }
     inner_contiguous(name, l)?;
-    let s = l.stride();
     Ok(PagedLayout {
         num_blocks,
         block_size,
         num_heads,
-        head_dim: pieces * x,
+        head_dim: pieces * piece_elems,
         elem_bytes: elem,
-        block_stride: s[0],
-        token_stride: s[3],
-        head_stride: s[1],
-        piece_elems: x,
-        piece_stride: s[2],
-    })
-}
-
-/// vLLM's v0 value cache `[NB, H, D, bs]` as a kvio paged layout (pieces of one element).
-fn v0_value_layout(name: &'static str, l: &Layout, elem: usize) -> Result<PagedLayout> {
-    let &[num_blocks, num_heads, head_dim, block_size] = l.dims() else {
-        return Err(invalid(
-            name,
-            l.dims(),
-            "must be [NB, H, D, bs] for a key cache [NB, H, D/x, bs, x]",
-        ));
-    };
-    inner_contiguous(name, l)?;
-    let s = l.stride();
-    Ok(PagedLayout {
-        num_blocks,
-        block_size,
-        num_heads,
-        head_dim,
-        elem_bytes: elem,
-        block_stride: s[0],
-        token_stride: s[3],
-        head_stride: s[1],
-        piece_elems: 1,
-        piece_stride: s[2],
+        block_stride: strides[0],
+        token_stride: strides[1],
+        head_stride: strides[2],
+        piece_elems,
+        piece_stride: strides[3],
     })
 }
 
@@ -1020,4 +1018,30 @@ fn block_layout(name: &'static str, l: &Layout, dtype: DType) -> Result<PagedLay
         piece_elems: block,
         piece_stride: block,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Contiguous candle caches map onto kvio's own constructors exactly.
+    #[test]
+    fn cache_tensors_map_onto_the_layout_constructors() {
+        let (nb, bs, h, d) = (5, 16, 4, 64);
+        for e in [1usize, 2, 4] {
+            let x = 16 / e;
+            let l = |dims: &[usize]| Layout::contiguous(dims.to_vec());
+            let flash = cache_layout("k", &l(&[nb, bs, h, d]), e, CacheDims::Flash).unwrap();
+            assert_eq!(flash, PagedLayout::nhd(nb, bs, h, d, e));
+            let key = cache_layout("k", &l(&[nb, h, d / x, bs, x]), e, CacheDims::V0Key).unwrap();
+            assert_eq!(key, PagedLayout::v0_key(nb, bs, h, d, e));
+            let value = cache_layout("v", &l(&[nb, h, d, bs]), e, CacheDims::V0Value).unwrap();
+            assert_eq!(value, PagedLayout::v0_value(nb, bs, h, d, e));
+        }
+        // x not 16 bytes, wrong rank.
+        let bad_x = Layout::contiguous(vec![nb, h, d / 4, bs, 4]);
+        assert!(cache_layout("k", &bad_x, 2, CacheDims::V0Key).is_err());
+        let rank3 = Layout::contiguous(vec![nb, h, d]);
+        assert!(cache_layout("v", &rank3, 2, CacheDims::V0Value).is_err());
+    }
 }

@@ -569,3 +569,104 @@ pub fn quantize_source(n: usize, src: kvio::SrcType, rng: &mut Rng) -> Vec<u8> {
     }
     out
 }
+
+/// A host view of a vector's bytes, for the CPU emulation (which reads and writes host memory).
+pub fn host_view<T>(v: &[T]) -> DeviceBytes<'_> {
+    // SAFETY: the vector outlives the (synchronous) emulated call it is passed to.
+    unsafe { DeviceBytes::from_raw(v.as_ptr() as u64, std::mem::size_of_val(v)) }
+}
+
+/// The host data of one slot-update test case: what the fp8 and v0 tests share their runners
+/// ([`emulate_slot_cases`], [`gpu_slot_cases`]) through.
+pub struct SlotData<'c> {
+    /// New keys (bytes).
+    pub keys: &'c [u8],
+    /// New values (bytes).
+    pub values: &'c [u8],
+    /// Slot per token.
+    pub slots: &'c [i64],
+    /// K's scales (empty when the case does not quantize).
+    pub scales_k: &'c [f32],
+    /// V's scales (empty when the case does not quantize).
+    pub scales_v: &'c [f32],
+    /// Both caches, K then V, poisoned.
+    pub poison: &'c [u8],
+    /// Slots past the cache (the error word's expected count).
+    pub bad_slots: u32,
+}
+
+/// A slot-update test case: its data, its update over given views, and the caches the
+/// reference computes.
+pub trait SlotCase {
+    /// Names the case in failures.
+    fn name(&self) -> &str;
+    /// The case's host data.
+    fn data(&self) -> SlotData<'_>;
+    /// The update over these views (`caches`: K then V).
+    fn op<'a>(
+        &self,
+        keys: DeviceBytes<'a>,
+        values: DeviceBytes<'a>,
+        caches: DeviceBytesMut<'a>,
+        slots: DeviceBytes<'a>,
+        scales: (DeviceBytes<'a>, DeviceBytes<'a>),
+    ) -> kvio::SlotUpdate<'a>;
+    /// Both caches (K then V) as the reference computes them.
+    fn expected(&self) -> Vec<u8>;
+}
+
+/// Runs every case's plan on the CPU (the kernels' own code) and compares with the reference.
+pub fn emulate_slot_cases<C: SlotCase>(cases: &[C]) {
+    for c in cases {
+        let d = c.data();
+        let mut caches = d.poison.to_vec();
+        // SAFETY: host memory, exclusively ours for the call.
+        let dst = unsafe { DeviceBytesMut::from_raw(caches.as_mut_ptr() as u64, caches.len()) };
+        let scales = (host_view(d.scales_k), host_view(d.scales_v));
+        let op = c.op(
+            host_view(d.keys),
+            host_view(d.values),
+            dst,
+            host_view(d.slots),
+            scales,
+        );
+        // SAFETY: every view is live host memory of its length.
+        unsafe { kvio::emulate::update_slots(&op) }.unwrap_or_else(|e| panic!("{}: {e}", c.name()));
+        assert_same(c.name(), &caches, &c.expected());
+    }
+}
+
+/// Runs every case on the GPU with an error word: caches bit-exact against the reference,
+/// slots past the cache counted. Returns the number of cases.
+pub fn gpu_slot_cases<C: SlotCase>(g: &Gpu, cases: &[C]) -> usize {
+    let stream = g.stream();
+    let errors = kvio::DeviceErrors::new().unwrap();
+    // Copies have no scales: a dummy f32 keeps the buffers non-empty.
+    let scales = |s: &[f32]| upload(if s.is_empty() { &[1f32][..] } else { s });
+    for c in cases {
+        let d = c.data();
+        let (k, v, s) = (upload(d.keys), upload(d.values), upload(d.slots));
+        let (sk, sv) = (scales(d.scales_k), scales(d.scales_v));
+        let mut caches = upload(d.poison);
+        errors.reset(StreamRef::from(&stream)).unwrap();
+        let op = c
+            .op(
+                DeviceBytes::of(&k),
+                DeviceBytes::of(&v),
+                DeviceBytesMut::of(&mut caches),
+                DeviceBytes::of(&s),
+                (DeviceBytes::of(&sk), DeviceBytes::of(&sv)),
+            )
+            .errors(&errors);
+        g.kv.update_slots(&op, StreamRef::from(&stream))
+            .unwrap_or_else(|e| panic!("{}: {e}", c.name()));
+        assert_same(c.name(), &download(&caches, &stream), &c.expected());
+        let counts = errors.read(StreamRef::from(&stream)).unwrap();
+        let want = kvio::ErrorCounts {
+            bad_slots: d.bad_slots,
+            ..Default::default()
+        };
+        assert_eq!(counts, want, "{}", c.name());
+    }
+    cases.len()
+}
