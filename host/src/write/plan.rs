@@ -218,15 +218,14 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
 fn tile_stores(name: &'static str, l: &PagedLayout, base: u64) -> Result<(u32, bool)> {
     let e = l.elem_bytes as u64;
     let pieced = l.is_pieced();
-    let mut at = vec![
+    // The piece stride counts only when there are pieces (0 divides by anything).
+    let at = [
         base,
         l.block_stride as u64 * e,
         l.token_stride as u64 * e,
         l.head_stride as u64 * e,
+        if pieced { l.piece_stride as u64 * e } else { 0 },
     ];
-    if pieced {
-        at.push(l.piece_stride as u64 * e);
-    }
     let aligned = |bytes: u64| at.iter().all(|v| v.is_multiple_of(bytes));
     let pe = l.piece_elems;
     if pieced && !(pe == 1 || pe == 4 || pe.is_multiple_of(8)) {
@@ -246,9 +245,8 @@ fn tile_stores(name: &'static str, l: &PagedLayout, base: u64) -> Result<(u32, b
     let runs = l.block_size.is_multiple_of(8)
         && if pe == 1 {
             l.token_stride == 1
-                && [base, l.block_stride as u64 * e, l.head_stride as u64 * e]
-                    .into_iter()
-                    .chain(pieced.then_some(l.piece_stride as u64 * e))
+                && [at[0], at[1], at[3], at[4]]
+                    .iter()
                     .all(|v| v.is_multiple_of(column))
         } else {
             unit > 1
