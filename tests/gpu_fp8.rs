@@ -92,6 +92,119 @@ fn hw_fp8_equals_soft_for_all_bf16() {
     assert_eq!(bad, 0, "{bad} mismatches between hw and soft");
 }
 
+/// An entry point appended to kvio's PTX: thread i checks the bit patterns
+/// `[i * count, (i + 1) * count)` with `kvio_divider_probe` and adds its mismatches to
+/// `out[0]` and the patterns that took the fast path to `out[1]`.
+const DIVIDER_ENTRY: &str = r#"
+.visible .entry kvio_divider_check(.param .u64 out_p, .param .f32 scale_p, .param .u32 count_p)
+{
+    .reg .b32 %dr<12>;
+    .reg .b64 %drd<4>;
+    mov.u32 %dr1, %ctaid.x;
+    mov.u32 %dr2, %ntid.x;
+    mov.u32 %dr3, %tid.x;
+    mad.lo.u32 %dr4, %dr1, %dr2, %dr3;
+    ld.param.u32 %dr5, [count_p];
+    mul.lo.u32 %dr6, %dr4, %dr5;
+    ld.param.b32 %dr7, [scale_p];
+    {
+        .param .b32 a0;
+        .param .b32 a1;
+        .param .b32 a2;
+        .param .b32 rv;
+        st.param.b32 [a0], %dr6;
+        st.param.b32 [a1], %dr5;
+        st.param.b32 [a2], %dr7;
+        call.uni (rv), kvio_divider_probe, (a0, a1, a2);
+        ld.param.b32 %dr8, [rv];
+    }
+    and.b32 %dr9, %dr8, 65535;
+    shr.u32 %dr10, %dr8, 16;
+    ld.param.u64 %drd1, [out_p];
+    cvta.to.global.u64 %drd2, %drd1;
+    atom.global.add.u32 %dr11, [%drd2], %dr9;
+    atom.global.add.u32 %dr11, [%drd2+4], %dr10;
+    ret;
+}
+"#;
+
+/// The quantizing kernels divide by a scale through `fp8::Divider` (a reciprocal computed once
+/// per scale, three operations per element on the GPU). It must round exactly as IEEE
+/// division: checked against `div.rn.f32` on the GPU for every f32 bit pattern of `x` (all
+/// bf16 and f16 values widen to some of them), for scales that stress the reciprocal (all-ones
+/// mantissas, powers of two, the ends of the fast path's range, just outside it, negatives,
+/// subnormal, zero, inf, NaN) and random ones; in both PTX flavours (sm_80 and sm_90).
+#[test]
+fn divider_matches_ieee_division_for_every_f32() {
+    let Some(_gpu) = kvio_suite::gpu("divider_matches_ieee_division_for_every_f32") else {
+        return;
+    };
+    let mut scales: Vec<f32> = vec![
+        1.0,
+        0.37,
+        1.9,
+        3.7,
+        0.0213,
+        -1.5,
+        448.0,
+        1.0 / 448.0,
+        f32::from_bits(0x3fff_ffff), // 1.99999988: all-ones mantissa
+        f32::from_bits(0x3f7f_ffff), // 0.99999994
+        f32::from_bits(0x3f80_0001), // 1.00000012
+        f32::from_bits(0x3fc0_0001),
+        f32::from_bits(0x2f80_0000), // 2^-32: the fast path's lower end
+        f32::from_bits(0x4f80_0000), // 2^32: its upper end
+        f32::from_bits(0x2f7f_ffff), // just below 2^-32
+        f32::from_bits(0x4f80_0001), // just above 2^32
+        f32::from_bits(0x0000_0001), // smallest subnormal
+        0.0,
+        f32::INFINITY,
+        f32::NAN,
+    ];
+    let mut rng = Rng::new(4242);
+    for _ in 0..44 {
+        // Random sign, exponent in [-40, 40], random mantissa.
+        let e = (rng.below(81) as u32 + 127 - 40) << 23;
+        let bits = (rng.next_u64() as u32 & 0x807f_ffff) | e;
+        scales.push(f32::from_bits(bits));
+    }
+    let count = 1u32 << 12; // bit patterns per thread
+    let threads = 256u32;
+    let blocks = ((1u64 << 32) / (count as u64 * threads as u64)) as u32;
+    for (arch, base) in [("sm_90", kvio::PTX_SM90), ("sm_80", kvio::PTX_SM80)] {
+        let ptx = format!("{base}\n{DIVIDER_ENTRY}");
+        let module = Module::from_ptx(&ptx, &[]).expect("load PTX + divider entry");
+        let check = module.get_function("kvio_divider_check").unwrap();
+        let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
+        let mut out = DeviceBuffer::<u32>::zeroed(2).unwrap();
+        let mut total = 0u64;
+        for &scale in &scales {
+            let mut got = [0u32; 2];
+            // The kernel adds to the counters: start them at zero.
+            out.copy_from(&[0u32; 2][..]).unwrap();
+            unsafe {
+                launch!(check<<<blocks, threads, 0, stream>>>(out.as_device_ptr(), scale, count))
+                    .unwrap();
+            }
+            stream.synchronize().unwrap();
+            out.copy_to(&mut got[..]).unwrap();
+            if got[0] != 0 {
+                eprintln!("{arch}: scale {scale:e} ({:#010x}): {} mismatches", scale.to_bits(), got[0]);
+            }
+            total += got[0] as u64;
+            // Every pattern was looked at: in-range scales take the fast path exactly for the
+            // aligned groups of eight with every |x| in [2^-80, 2^80] (2 signs x 0x5000_0000
+            // patterns); other scales never.
+            let a = scale.abs();
+            let in_range = a >= f32::from_bits(0x2f80_0000) && a <= f32::from_bits(0x4f80_0000);
+            let want_fast = if in_range { 0xa000_0000u32 } else { 0 };
+            assert_eq!(got[1], want_fast, "{arch}: scale {scale:e}: fast-path patterns");
+        }
+        eprintln!("{arch}: {} scales x 2^32 patterns: {total} mismatches", scales.len());
+        assert_eq!(total, 0, "{arch}: fp8::Divider differs from IEEE division");
+    }
+}
+
 // ---- fp8 quantize-on-write: slot updates ---------------------------------------------------
 
 use kvio::{

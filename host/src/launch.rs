@@ -27,6 +27,8 @@ pub(crate) struct GridCap {
     pub(crate) slots: u32,
     /// `kvio_update_slots_general` at [`BLOCK_THREADS`].
     pub(crate) slots_general: u32,
+    /// `kvio_update_slots_convert` at [`BLOCK_THREADS`].
+    pub(crate) slots_convert: u32,
     /// `kvio_update_tiles` at [`BLOCK_THREADS`].
     pub(crate) tiles: u32,
     /// `kvio_update_tiles_one` at [`SMALL_CTA_THREADS`].
@@ -47,6 +49,7 @@ impl GridCap {
         GridCap {
             slots: cap,
             slots_general: cap,
+            slots_convert: cap,
             tiles: cap,
             tiles_one: cap,
             tiles_wide: cap,

@@ -101,11 +101,12 @@ macro_rules! kernel {
 }
 
 kernel! {
-    /// Arguments of the slot-mapping update (see [`crate::ops::update_slots`]), for two entry
-    /// points: `kvio_update_slots` (bytes copied, K and V alike) and
-    /// `kvio_update_slots_general` (also quantized on the way, or K and V of different widths:
-    /// [`crate::ops::update_slots_general`]), so the plain copy keeps its registers.
-    kvio_update_slots | kvio_update_slots_general [crate::ops::update_slots_general] (SlotArgs) => crate::ops::update_slots {
+    /// Arguments of the slot-mapping update (see [`crate::ops::update_slots`]), for three entry
+    /// points: `kvio_update_slots` (bytes copied, K and V alike), `kvio_update_slots_general`
+    /// (K and V of different widths or strides, or one row: [`crate::ops::update_slots_general`])
+    /// and `kvio_update_slots_convert` (quantized on the way:
+    /// [`crate::ops::update_slots_convert`]), so each keeps only the registers it needs.
+    kvio_update_slots | kvio_update_slots_general [crate::ops::update_slots_general] | kvio_update_slots_convert [crate::ops::update_slots_convert] (SlotArgs) => crate::ops::update_slots {
         /// New keys.
         src_k: *const u8,
         /// New values (null: K only).
@@ -151,6 +152,10 @@ kernel! {
         v_scale: *const f32,
         /// Non-zero: one scale per head (`scale[head]`), else one per tensor.
         scale_per_head: u32,
+        /// Non-zero: K's and V's chunks of a (token, head) are one item, V's units numbered
+        /// after K's (an MLA row: latent then rope part, one scale, `k_scale`); else K and V
+        /// are separate items.
+        rows: u32,
         /// Access width in bytes (converting: `convert::VEC` for 8-element units, else 1).
         width: u32,
         /// log2 of lanes per work item.
@@ -161,12 +166,18 @@ kernel! {
 }
 
 impl SlotArgs {
-    /// Whether this update needs the general entry point (`kvio_update_slots_general`): it
-    /// converts, or its K and V parts differ in width or input stride.
-    pub fn general(&self) -> bool {
+    /// Whether this update converts (entry point `kvio_update_slots_convert`).
+    pub fn converts(&self) -> bool {
         self.convert != crate::convert::NONE
-            || self.chunk_bytes_v != self.chunk_bytes
-            || self.src_token_stride_v != self.src_token_stride
+    }
+
+    /// Whether this copying update needs `kvio_update_slots_general`: its K and V parts differ
+    /// in width or input stride, or form one row (`rows`).
+    pub fn general(&self) -> bool {
+        !self.converts()
+            && (self.chunk_bytes_v != self.chunk_bytes
+                || self.src_token_stride_v != self.src_token_stride
+                || self.rows != 0)
     }
 }
 

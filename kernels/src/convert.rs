@@ -7,7 +7,7 @@
 
 use core::ptr::{read, write};
 
-use crate::fp8::{bf16_to_f32, f16_to_f32, Fp8};
+use crate::fp8::{bf16_to_f32, f16_to_f32, Divider, Fp8};
 use crate::span::V16;
 
 /// No conversion: the kernels copy bytes.
@@ -26,6 +26,42 @@ pub const TO_E5M2: u32 = 1 << 4;
 /// Elements one vector unit converts: 16 bytes of bf16/f16 (two 16-byte loads of f32) into 8
 /// bytes of fp8.
 pub const VEC: u64 = 8;
+
+/// Evaluates `$body` with `$c` bound to `$code` as a constant: each valid conversion gets its
+/// own copy of the body, with the source type and fp8 format folded in (no per-element
+/// selects). Invalid codes (the host never passes one) take the bf16 → e4m3 copy.
+macro_rules! by_code {
+    ($code:expr, $c:ident => $body:expr) => {
+        match $code {
+            0x02 => {
+                const $c: u32 = $crate::convert::code($crate::convert::SRC_F16, $crate::convert::TO_E4M3);
+                $body
+            }
+            0x03 => {
+                const $c: u32 = $crate::convert::code($crate::convert::SRC_F32, $crate::convert::TO_E4M3);
+                $body
+            }
+            0x11 => {
+                const $c: u32 = $crate::convert::code($crate::convert::SRC_BF16, $crate::convert::TO_E5M2);
+                $body
+            }
+            0x12 => {
+                const $c: u32 = $crate::convert::code($crate::convert::SRC_F16, $crate::convert::TO_E5M2);
+                $body
+            }
+            0x13 => {
+                const $c: u32 = $crate::convert::code($crate::convert::SRC_F32, $crate::convert::TO_E5M2);
+                $body
+            }
+            _ => {
+                const $c: u32 = $crate::convert::code($crate::convert::SRC_BF16, $crate::convert::TO_E4M3);
+                $body
+            }
+        }
+    };
+}
+
+pub(crate) use by_code;
 
 /// The code of a conversion from `src` ([`SRC_BF16`], ...) to `to` ([`TO_E4M3`], ...).
 pub const fn code(src: u32, to: u32) -> u32 {
@@ -152,18 +188,16 @@ pub unsafe fn convert_held(
     scale: f32,
     held: &Held,
 ) {
-    let (fmt, units) = (format(code), n / VEC);
-    let d = dst as *mut u64;
+    let div = Divider::new(scale);
     // SAFETY: the held unit is < units; the rest as in convert_span.
-    unsafe {
+    by_code!(code, C => unsafe {
+        let (fmt, units) = (format(C), n / VEC);
+        let d = dst as *mut u64;
         if lane < units {
-            write(
-                d.add(lane as usize),
-                pack8(&widen(&held.0, code), fmt, scale),
-            );
+            write(d.add(lane as usize), pack8(&widen(&held.0, C), fmt, &div));
         }
-        convert_units(src, dst, lane + lanes, units, lanes, code, scale);
-    }
+        convert_units(src, dst, lane + lanes, units, lanes, C, &div);
+    })
 }
 
 /// Vector units `first, first + lanes, ...` below `units`, two a step (both loaded before
@@ -179,38 +213,40 @@ unsafe fn convert_units(
     units: u64,
     lanes: u64,
     code: u32,
-    scale: f32,
+    div: &Divider,
 ) {
     let fmt = format(code);
     let d = dst as *mut u64;
     let mut u = first;
-    // SAFETY: units u and u + lanes are < units (the caller's span).
+    // SAFETY: every unit loaded and stored is < units (the caller's span).
     unsafe {
+        // Two units in flight per lane: both loads are issued before either is converted
+        // (four would need registers that cost more occupancy than they gain).
         while u + lanes < units {
-            let (x, y) = (load_raw(src, u, code), load_raw(src, u + lanes, code));
-            write(d.add(u as usize), pack8(&widen(&x, code), fmt, scale));
-            write(
-                d.add((u + lanes) as usize),
-                pack8(&widen(&y, code), fmt, scale),
-            );
+            let (a, b) = (load_raw(src, u, code), load_raw(src, u + lanes, code));
+            write(d.add(u as usize), pack8(&widen(&a, code), fmt, div));
+            let v = pack8(&widen(&b, code), fmt, div);
+            write(d.add((u + lanes) as usize), v);
             u += 2 * lanes;
         }
-        if u < units {
+        while u < units {
             write(
                 d.add(u as usize),
-                pack8(&widen(&load_raw(src, u, code), code), fmt, scale),
+                pack8(&widen(&load_raw(src, u, code), code), fmt, div),
             );
+            u += lanes;
         }
     }
 }
 
 /// Eight elements quantized, as the little-endian bytes of one u64 (element 0 first).
 #[inline(always)]
-pub(crate) fn pack8(x: &[f32; 8], fmt: Fp8, scale: f32) -> u64 {
+pub(crate) fn pack8(x: &[f32; 8], fmt: Fp8, div: &Divider) -> u64 {
+    let q = div.div8(x);
     let mut packed = 0u64;
     let mut k = 0;
     while k < 4 {
-        let pair = fmt.quantize_x2(x[2 * k], x[2 * k + 1], scale);
+        let pair = fmt.from_f32x2(q[2 * k], q[2 * k + 1]);
         packed |= (pair as u64) << (16 * k);
         k += 1;
     }
@@ -239,8 +275,9 @@ pub unsafe fn convert_span(
     vec: bool,
 ) {
     if vec {
+        let div = Divider::new(scale);
         // SAFETY: forwarded from the caller.
-        unsafe { convert_units(src, dst, lane, n / VEC, lanes, code, scale) };
+        by_code!(code, C => unsafe { convert_units(src, dst, lane, n / VEC, lanes, C, &div) });
     } else {
         let fmt = format(code);
         let mut i = lane;

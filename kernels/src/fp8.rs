@@ -89,6 +89,150 @@ impl Fp8 {
     }
 }
 
+/// Division of many values by one scale, rounded exactly as IEEE f32 division (`x / scale`).
+///
+/// A kernel quantizing a span divides every element by the same scale. IEEE division compiles
+/// to a reciprocal estimate, its refinement, the quotient, one correction and a range check
+/// with an out-of-line slow path — per element. The refined reciprocal depends on the scale
+/// only, so the GPU path computes it once ([`Divider::new`]) and spends three instructions per
+/// element: `q = x * y`, `e = fma(-q, scale, x)` (exact), `q' = fma(e, y, q)`, the same
+/// operations, in the same order, as the fast path of the division `ptxas` emits for
+/// `div.rn.f32`. That path is correctly rounded where no intermediate leaves the normal range;
+/// [`Divider::div8`] takes it only where `|scale|` lies in `[2^-32, 2^32]` and every `|x|` in
+/// `[2^-80, 2^80]` (zeros, subnormals, ±inf, NaN and extremes go through `x / scale`).
+/// `tests/gpu_fp8.rs` checks it bit for bit against `div.rn.f32` on the GPU for every f32 bit
+/// pattern of `x` and a set of scales. On the CPU it is `x / scale`.
+#[derive(Clone, Copy, Debug)]
+pub struct Divider {
+    scale: f32,
+    /// The refined reciprocal where the fast path may be taken (GPU, `|scale|` in range),
+    /// else 0.
+    #[cfg_attr(not(target_arch = "nvptx64"), allow(dead_code))]
+    recip: f32,
+}
+
+/// `|scale|` range of the fast path (see [`Divider`]): 2^-32 ..= 2^32.
+const FAST_SCALE: (f32, f32) = (f32::from_bits(0x2f80_0000), f32::from_bits(0x4f80_0000));
+/// `|x|` range of the fast path: 2^-80 ..= 2^80.
+#[cfg(target_arch = "nvptx64")]
+const FAST_X: (f32, f32) = (f32::from_bits(0x1780_0000), f32::from_bits(0x6780_0000));
+
+impl Divider {
+    /// A placeholder for code that does not divide (a divider by 1 without the fast path).
+    pub const UNUSED: Divider = Divider {
+        scale: 1.0,
+        recip: 0.0,
+    };
+
+    /// A divider by `scale`.
+    #[inline(always)]
+    pub fn new(scale: f32) -> Divider {
+        let a = f32::from_bits(scale.to_bits() & 0x7fff_ffff);
+        let fast = a >= FAST_SCALE.0 && a <= FAST_SCALE.1;
+        Divider {
+            scale,
+            recip: if fast { gpu::recip(scale) } else { 0.0 },
+        }
+    }
+
+    /// The scale divided by.
+    #[inline(always)]
+    pub fn scale(&self) -> f32 {
+        self.scale
+    }
+
+    /// `x[k] / scale` for eight values, each rounded as IEEE division.
+    #[inline(always)]
+    pub fn div8(&self, x: &[f32; 8]) -> [f32; 8] {
+        #[cfg(target_arch = "nvptx64")]
+        {
+            let mut ok = self.recip != 0.0;
+            let mut q = [0f32; 8];
+            let mut k = 0;
+            while k < 8 {
+                let a = f32::from_bits(x[k].to_bits() & 0x7fff_ffff);
+                ok &= (a >= FAST_X.0) & (a <= FAST_X.1);
+                q[k] = gpu::refine(x[k], self.scale, self.recip);
+                k += 1;
+            }
+            if ok {
+                return q;
+            }
+        }
+        let mut q = [0f32; 8];
+        let mut k = 0;
+        while k < 8 {
+            q[k] = divide(x[k], self.scale);
+            k += 1;
+        }
+        q
+    }
+}
+
+/// `x / s`, IEEE f32 division: out of line on the GPU, where it is the rarely taken path (its
+/// code is not repeated in every inlined copy of [`Divider::div8`]).
+#[cfg_attr(target_arch = "nvptx64", inline(never))]
+#[cfg_attr(not(target_arch = "nvptx64"), inline(always))]
+fn divide(x: f32, s: f32) -> f32 {
+    x / s
+}
+
+/// The GPU arithmetic of [`Divider`], in PTX so that its operations and rounding are fixed.
+#[cfg(target_arch = "nvptx64")]
+mod gpu {
+    /// `1 / s`, refined: the MUFU estimate plus one Newton step (`ptxas`' `div.rn.f32`
+    /// prologue).
+    #[inline(always)]
+    pub(super) fn recip(s: f32) -> f32 {
+        let y: f32;
+        // SAFETY: register-only arithmetic.
+        unsafe {
+            core::arch::asm!(
+                "{{ .reg .f32 r, t, n;",
+                "rcp.approx.ftz.f32 r, {s};",
+                "neg.f32 n, {s};",
+                "fma.rn.f32 t, r, n, 0f3F800000;",
+                "fma.rn.f32 {y}, r, t, r; }}",
+                s = in(reg32) s,
+                y = out(reg32) y,
+                options(pure, nomem, nostack),
+            );
+        }
+        y
+    }
+
+    /// `x / s` from the refined reciprocal `y`: quotient estimate and one correction.
+    #[inline(always)]
+    pub(super) fn refine(x: f32, s: f32, y: f32) -> f32 {
+        let q: f32;
+        // SAFETY: register-only arithmetic.
+        unsafe {
+            core::arch::asm!(
+                "{{ .reg .f32 q0, e, n;",
+                "mul.rn.f32 q0, {x}, {y};",
+                "neg.f32 n, {s};",
+                "fma.rn.f32 e, q0, n, {x};",
+                "fma.rn.f32 {q}, {y}, e, q0; }}",
+                x = in(reg32) x,
+                s = in(reg32) s,
+                y = in(reg32) y,
+                q = out(reg32) q,
+                options(pure, nomem, nostack),
+            );
+        }
+        q
+    }
+}
+
+/// The CPU has no fast path: [`Divider::div8`] divides.
+#[cfg(not(target_arch = "nvptx64"))]
+mod gpu {
+    #[inline(always)]
+    pub(super) fn recip(_s: f32) -> f32 {
+        0.0
+    }
+}
+
 /// bf16 (raw bits) widened to f32: exact, NaN payload and sign kept.
 #[inline(always)]
 pub const fn bf16_to_f32(bits: u16) -> f32 {
@@ -301,4 +445,38 @@ pub mod hw {
 #[inline(never)]
 pub fn kvio_fp8_probe(a: f32, b: f32, scale: f32) -> u32 {
     quantize_e4m3x2(a, b, scale) as u32 | (quantize_e5m2x2(a, b, scale) as u32) << 16
+}
+
+/// Not a kernel: a device function that checks [`Divider::div8`] against IEEE division
+/// (`div.rn.f32`) for the `count` f32 bit patterns `first, first + 1, ...` (a multiple of 8,
+/// below 2^16) and returns how many differ in any bit (bits 0..16) and how many took the fast
+/// path (bits 16..32). `tests/gpu_fp8.rs` calls it from a small entry
+/// point appended to the PTX, over all 2^32 patterns.
+#[cfg(target_arch = "nvptx64")]
+#[no_mangle]
+#[inline(never)]
+pub fn kvio_divider_probe(first: u32, count: u32, scale: f32) -> u32 {
+    let d = Divider::new(scale);
+    let mut bad = 0;
+    let mut i = 0;
+    while i < count {
+        let mut x = [0f32; 8];
+        let mut k = 0;
+        while k < 8 {
+            x[k] = f32::from_bits(first.wrapping_add(i + k as u32));
+            k += 1;
+        }
+        let q = d.div8(&x);
+        let mut fast = d.recip != 0.0;
+        let mut k = 0;
+        while k < 8 {
+            bad += (q[k].to_bits() != divide(x[k], scale).to_bits()) as u32;
+            let a = f32::from_bits(x[k].to_bits() & 0x7fff_ffff);
+            fast &= a >= FAST_X.0 && a <= FAST_X.1;
+            k += 1;
+        }
+        bad += (fast as u32 * 8) << 16;
+        i += 8;
+    }
+    bad
 }

@@ -7,11 +7,8 @@
 #![no_std]
 #![feature(portable_simd)]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx))]
-// Inline PTX (fp8::hw) is used only where the sm_90+ conversion instructions exist.
-#![cfg_attr(
-    all(target_arch = "nvptx64", target_feature = "sm_90"),
-    feature(asm_experimental_arch)
-)]
+// Inline PTX: fp8::hw (sm_90+ conversion instructions) and fp8's division arithmetic.
+#![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
 
 /// Runs `$body` eight times with `$i` bound to the constants `0..8`: the tile code indexes
 /// register arrays with `$i`, and only constant indices keep them out of local memory

@@ -7,6 +7,7 @@ use core::sync::atomic::{AtomicU32, Ordering};
 
 use crate::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs, TileArgs};
 use crate::convert::{self, convert_span};
+use crate::fp8::Divider;
 use crate::index::{self, chunk_at, err, PairCheck, PoolSide, SliceCheck, SlotTarget, TablePtr};
 use crate::span::{copy_span, load_staged, store_staged, STAGE_UNITS, V16};
 use crate::tile::{self, Row, TILE};
@@ -97,28 +98,41 @@ unsafe fn count_error(errors: *mut u32, which: usize) {
 #[inline(always)]
 pub unsafe fn update_slots(a: &SlotArgs, g: Group) {
     // SAFETY: forwarded.
-    unsafe { slots_body::<false>(a, g) }
+    unsafe { slots_body::<false, { convert::NONE }>(a, g) }
 }
 
-/// [`update_slots`] for converting updates (`a.convert` set) and for K and V parts of
-/// different widths or input strides (MLA rows): the same body with those compiled in, as its
-/// own entry point, so the plain copy keeps its registers.
+/// [`update_slots`] for K and V parts of different widths or input strides, or one row
+/// (`a.rows`: an MLA row, latent then rope part, as one item), copied: the same body with
+/// those compiled in, as its own entry point, so the plain copy keeps its registers.
 ///
 /// # Safety
 /// As [`update_slots`].
 #[inline(always)]
 pub unsafe fn update_slots_general(a: &SlotArgs, g: Group) {
     // SAFETY: forwarded.
-    unsafe { slots_body::<true>(a, g) }
+    unsafe { slots_body::<true, { convert::NONE }>(a, g) }
 }
 
-/// The slot update: plain copies, or (`GENERAL`) also conversions and per-part widths.
+/// [`update_slots`] for converting updates (`a.convert` set): the general body compiled once
+/// per conversion code, so the source type and the fp8 format are constants in each copy.
+///
+/// # Safety
+/// As [`update_slots`]; `a.convert` is a valid conversion code.
+#[inline(always)]
+pub unsafe fn update_slots_convert(a: &SlotArgs, g: Group) {
+    // SAFETY: forwarded.
+    convert::by_code!(a.convert, C => unsafe { slots_body::<true, C>(a, g) })
+}
+
+/// The slot update: plain copies, or (`GENERAL`) also per-part widths and rows, and (`CODE`
+/// not [`convert::NONE`]) conversions with that code.
 ///
 /// # Safety
 /// As [`update_slots`].
 #[inline(always)]
-unsafe fn slots_body<const GENERAL: bool>(a: &SlotArgs, g: Group) {
-    let parts = if a.src_v.is_null() { 1 } else { 2 };
+unsafe fn slots_body<const GENERAL: bool, const CODE: u32>(a: &SlotArgs, g: Group) {
+    let rows = GENERAL && a.rows != 0;
+    let parts = if a.src_v.is_null() || rows { 1 } else { 2 };
     let items = a.num_tokens * parts * a.heads;
     // Spans a group holds in registers are loaded before the slot is read, so the two
     // memory latencies overlap (decode-size updates are latency-bound).
@@ -127,12 +141,26 @@ unsafe fn slots_body<const GENERAL: bool>(a: &SlotArgs, g: Group) {
     } else {
         a.chunk_bytes
     } / 16;
-    let conv = GENERAL && a.convert != convert::NONE;
+    let conv = CODE != convert::NONE;
     let vec = a.width as u64 == convert::VEC;
     // Only in the latency regime (at most one item per group); large updates keep the
     // streaming path. Converting updates preload their first units instead.
     let staged = !conv && a.width == 16 && units <= STAGE_UNITS * g.lanes && items <= g.step;
     let preloaded = conv && vec && items <= g.step;
+    // A row's V units follow K's: V's unit 0 goes to the lane after K's last unit.
+    let lane_v = if rows {
+        let per = if conv && vec {
+            convert::VEC
+        } else if conv {
+            1
+        } else {
+            a.width as u64
+        };
+        let k_units = (a.chunk_bytes / per) % g.lanes;
+        (g.lane + g.lanes - k_units) % g.lanes
+    } else {
+        0
+    };
     let mut item = g.first;
     while item < items {
         let (tok, part, head) = index::split3(item, parts, a.heads);
@@ -166,7 +194,7 @@ unsafe fn slots_body<const GENERAL: bool>(a: &SlotArgs, g: Group) {
             let scale = unsafe { *scales.add(at) };
             let held8 = if preloaded {
                 // SAFETY: as above; `vec` implies the vector units' alignment.
-                Some(unsafe { convert::preload(s, chunk, g.lane, a.convert) })
+                Some(unsafe { convert::preload(s, chunk, g.lane, CODE) })
             } else {
                 None
             };
@@ -191,23 +219,33 @@ unsafe fn slots_body<const GENERAL: bool>(a: &SlotArgs, g: Group) {
                 }
             }
             SlotTarget::At { block, offset } => {
+                let at = block * a.dst_block_stride
+                    + offset * a.dst_token_stride
+                    + head * a.dst_head_stride;
                 // SAFETY: block < num_blocks, offset < block_size, head < heads: the host
                 // checked that all such spans lie in the caches.
                 unsafe {
-                    let d = dst.add(
-                        (block * a.dst_block_stride
-                            + offset * a.dst_token_stride
-                            + head * a.dst_head_stride) as usize,
-                    );
-                    let (n, c) = (chunk, a.convert);
+                    let d = dst.add(at as usize);
+                    let n = chunk;
                     if staged {
                         store_staged(d, &held, units, g.lane, g.lanes);
                     } else if let Some(h) = &held8 {
-                        convert::convert_held(s, d, n, g.lane, g.lanes, c, scale, h);
+                        convert::convert_held(s, d, n, g.lane, g.lanes, CODE, scale, h);
                     } else if conv {
-                        convert_span(s, d, n, g.lane, g.lanes, c, scale, vec);
+                        convert_span(s, d, n, g.lane, g.lanes, CODE, scale, vec);
                     } else {
                         copy_span(s, d, n, g.lane, g.lanes, a.width);
+                    }
+                    if rows {
+                        // The row's V chunk (one scale for the row: K's).
+                        let sv = a.src_v.add((tok * a.src_token_stride_v) as usize);
+                        let dv = a.dst_v.add(at as usize);
+                        let (nv, lv) = (a.chunk_bytes_v, lane_v);
+                        if conv {
+                            convert_span(sv, dv, nv, lv, g.lanes, CODE, scale, vec);
+                        } else {
+                            copy_span(sv, dv, nv, lv, g.lanes, a.width);
+                        }
                     }
                 }
             }
@@ -304,12 +342,12 @@ unsafe fn tile_slot(a: &TileArgs, t: u64) -> i64 {
 /// # Safety
 /// `src` holds the group (see [`tile::load_copy`], [`tile::load_convert`]).
 #[inline(always)]
-unsafe fn tile_row<const E: usize>(a: &TileArgs, src: *const u8, vec: bool, scale: f32) -> Row {
+unsafe fn tile_row<const E: usize>(a: &TileArgs, src: *const u8, vec: bool, div: &Divider) -> Row {
     // SAFETY: forwarded.
     unsafe {
         // Conversions produce fp8: only the 1-byte instance converts.
         if E == 1 && a.convert != convert::NONE {
-            tile::load_convert(src, vec, a.convert, scale)
+            tile::load_convert(src, vec, a.convert, div)
         } else {
             tile::load_copy::<E>(src, vec)
         }
@@ -407,9 +445,9 @@ unsafe fn tiles_body<const E: usize, const RUNS: bool>(a: &TileArgs, g: Group) {
             let scales = if part == 0 { a.k_scale } else { a.v_scale };
             let at = if a.scale_per_head != 0 { head } else { 0 };
             // SAFETY: the host checked one scale (or one per head) for each part written.
-            unsafe { *scales.add(at as usize) }
+            Divider::new(unsafe { *scales.add(at as usize) })
         } else {
-            0.0
+            Divider::UNUSED
         };
         let counting = part == 0 && head == 0 && grp == 0;
         let e0 = grp * TILE as u64;
@@ -425,7 +463,7 @@ unsafe fn tiles_body<const E: usize, const RUNS: bool>(a: &TileArgs, g: Group) {
                 // imply vector-aligned sources) and its slot in the slot array.
                 unsafe {
                     let s = src.add((i as u64 * a.src_token_stride) as usize);
-                    rows[i] = tile_row::<E>(a, s, true, scale);
+                    rows[i] = tile_row::<E>(a, s, true, &scale);
                     slots[i] = tile_slot(a, t0 + i as u64);
                 }
             });
@@ -475,7 +513,7 @@ unsafe fn tiles_body<const E: usize, const RUNS: bool>(a: &TileArgs, g: Group) {
             // before the slot is read, so both latencies overlap.
             let row = unsafe {
                 let s = src.add((i * a.src_token_stride) as usize);
-                tile_row::<E>(a, s, a.src_vec != 0, scale)
+                tile_row::<E>(a, s, a.src_vec != 0, &scale)
             };
             // SAFETY: as above.
             let slot = unsafe { tile_slot(a, t0 + i) };

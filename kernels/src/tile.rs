@@ -13,6 +13,7 @@
 use core::ptr::{read, write};
 
 use crate::convert;
+use crate::fp8::Divider;
 use crate::span::V16;
 
 /// Tokens (and elements) in a tile's side.
@@ -100,7 +101,7 @@ pub unsafe fn load_copy<const E: usize>(src: *const u8, vec: bool) -> Row {
 /// # Safety
 /// `src` holds eight source elements of `code`'s type, aligned for it (16 bytes with `vec`).
 #[inline(always)]
-pub unsafe fn load_convert(src: *const u8, vec: bool, code: u32, scale: f32) -> Row {
+pub unsafe fn load_convert(src: *const u8, vec: bool, code: u32, div: &Divider) -> Row {
     // SAFETY: forwarded from the caller.
     let x = unsafe {
         if vec {
@@ -120,7 +121,7 @@ pub unsafe fn load_convert(src: *const u8, vec: bool, code: u32, scale: f32) -> 
             x
         }
     };
-    let packed = convert::pack8(&x, convert::format(code), scale);
+    let packed = convert::pack8(&x, convert::format(code), div);
     let packed = u64::from_le(packed);
     let mut row = [0u32; 8];
     row[0] = packed as u32;

@@ -204,6 +204,7 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
         k_scale: scale_ptr(op.quantize.map(|q| q.k_scale)) as *const f32,
         v_scale: scale_ptr(op.quantize.and_then(|q| q.v_scale)) as *const f32,
         scale_per_head: quant.is_some_and(|(_, per_head)| per_head) as u32,
+        rows: 0,
         width: 0,
         shift: 0,
         errors: err_ptr(op.errors) as *mut u32,
@@ -408,7 +409,8 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
 }
 
 /// Validates an MLA update into one launch of the slot kernel: K is the latent part, V the
-/// rope part of the same row (their own widths and input strides), one head.
+/// rope part of the same row (their own widths and input strides), one head; a quantizing
+/// update makes each token's row one work item (`rows`).
 pub(crate) fn mla<'a>(op: &MlaUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     let (lk, lp, c) = (&op.kv_c_layout, &op.k_pe_layout, &op.layout);
     if lk.num_heads != 1 || lp.num_heads != 1 || c.num_heads != 1 {
@@ -482,6 +484,10 @@ pub(crate) fn mla<'a>(op: &MlaUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a
         k_scale: scale,
         v_scale: scale,
         scale_per_head: 0,
+        // Converting, a row is one item (the rope part's eight units would leave most of a
+        // group's lanes idle; measured 2x at T = 16,384). Copying keeps K and V as separate
+        // items: a row's two spans copied one after the other cost a second memory latency.
+        rows: quant.is_some() as u32,
         width: 0,
         shift: 0,
         errors: err_ptr(op.errors) as *mut u32,
@@ -517,14 +523,23 @@ fn slot_list(slots: &SlotMapping<'_>, num_tokens: usize) -> Result<Option<(u64, 
 /// The launch of a slot update whose addresses, strides and chunks are filled in: access
 /// width and lanes per item (copying, or converting from `ie`-byte source elements), grid.
 fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<Plan<'a>> {
-    let parts = if args.src_v.is_null() { 1 } else { 2 };
+    let parts = if args.src_v.is_null() || args.rows != 0 {
+        1
+    } else {
+        2
+    };
     // The kernel iterates over this many items: refuse a count that would wrap.
     let items = args
         .num_tokens
         .checked_mul(parts)
         .and_then(|v| v.checked_mul(args.heads))
         .ok_or(Error::Overflow { name: "slots" })?;
-    let chunk = args.chunk_bytes.max(args.chunk_bytes_v);
+    // An item's bytes: K's or V's chunk, or both (a row).
+    let chunk = if args.rows != 0 {
+        args.chunk_bytes + args.chunk_bytes_v
+    } else {
+        args.chunk_bytes.max(args.chunk_bytes_v)
+    };
     let converting = args.convert != convert::NONE;
     if converting {
         // Elements per span = fp8 bytes; 8-element units where both sides allow them.
@@ -565,7 +580,7 @@ fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<P
         let wide = (0..=max_shift)
             .find(|&s| 1u64 << s >= units)
             .unwrap_or(max_shift);
-        let resident = target.caps.slots_general as u64 * BLOCK_THREADS as u64;
+        let resident = target.caps.slots_convert as u64 * BLOCK_THREADS as u64;
         args.shift = if items.saturating_mul(1 << wide) <= resident {
             wide
         } else {
@@ -588,7 +603,9 @@ fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<P
         ]);
         args.shift = group_shift(chunk / args.width as u64, PER_LANE);
     }
-    let cap = if args.general() {
+    let cap = if args.converts() {
+        target.caps.slots_convert
+    } else if args.general() {
         target.caps.slots_general
     } else {
         target.caps.slots
