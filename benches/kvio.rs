@@ -8,8 +8,31 @@
 //!
 //! Settings (environment): `KVIO_BENCH_LAYERS` (32), `KVIO_BENCH_HEADS` (8), `KVIO_BENCH_DIM`
 //! (128), `KVIO_BENCH_ELEM` (2 = bf16), `KVIO_BENCH_PAGES` (`1,2,4,8,16,32,64,128,256`),
-//! `KVIO_BENCH_GROUPS` (comma list of groups to run; default all). Without a GPU it says so and
-//! exits 0.
+//! `KVIO_BENCH_GROUPS` (comma list of groups to run; default all), `KVIO_BENCH_SPLIT`
+//! (`2,4`: CTAs of the offload and onload kernels in group `concurrent`). Without a GPU it says
+//! so and exits 0.
+//!
+//! Group `concurrent` (`KVIO_BENCH_GROUPS=concurrent`) runs offload (GPU -> pinned host) and
+//! onload (pinned host -> GPU) at the same time on two non-blocking streams, A and B. Its timer
+//! (`time_across`) records a start event on the first stream that the others wait for, an end
+//! event on each stream, and a stop event after the first stream has waited for every end, so
+//! the wall time spans all streams; each stream's own span (start to its end) is kept too.
+//! Page sizes: `KVIO_BENCH_PAGES` when set, else 1, 16 and 256.
+//!
+//! - `concurrent/ceiling`: one 128 MiB D2H `cuMemcpyAsync` on A and one H2D on B at once
+//!   (`bidirectional`: both directions' bytes over the wall time; `bidirectional/d2h` and
+//!   `/h2d`: each stream's span), and each alone (`d2h-alone`, `h2d-alone`).
+//! - `concurrent/layer-separate`, `concurrent/cross-layer` (the offload/onload groups' pools;
+//!   param = page size): 128 MiB offloaded on A while as many bytes of other pools are onloaded
+//!   on B. Variant `<offload>+<onload>`: `kernelN` = kvio's transfer kernel on at most N CTAs
+//!   (device block map), `dma` = kvio's DMA backend (host map; one `cuMemcpyBatchAsync` per
+//!   call where the driver has it). GB/s of both directions together, as % of `bidirectional`;
+//!   `/offload` and `/onload` rows against the same direction's stream in `bidirectional`.
+//! - `concurrent/interference/<layout>` (page size 16): the compute-bound spin yardstick
+//!   (`kvio_spin`: a dependent multiply-add chain per thread, `SMs - (offload + onload CTAs)`
+//!   CTAs of 1024 threads, calibrated to about 1 ms a round) alone on a third stream
+//!   (`spin-alone`), then beside the kernel+kernel and dma+dma pairs (`<pair>/spin`: its time
+//!   there; the report gives the slowdown and whether both transfers outlasted it).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -35,6 +58,10 @@ struct Cfg {
     elem: usize,
     pages: Vec<usize>,
     groups: Option<Vec<String>>,
+    /// CTA budgets of the kernel transfers in group `concurrent`: (offload, onload).
+    split: (u32, u32),
+    /// Page sizes of group `concurrent`: `KVIO_BENCH_PAGES` when set, else 1, 16 and 256.
+    concurrent_pages: Vec<usize>,
 }
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -53,6 +80,19 @@ impl Cfg {
         let groups = std::env::var("KVIO_BENCH_GROUPS")
             .ok()
             .map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
+        let split: Vec<u32> = std::env::var("KVIO_BENCH_SPLIT")
+            .ok()
+            .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+            .unwrap_or_default();
+        let split = match split[..] {
+            [off, on] if off > 0 && on > 0 => (off, on),
+            _ => (2, 4),
+        };
+        let concurrent_pages = if std::env::var("KVIO_BENCH_PAGES").is_ok() {
+            pages.clone()
+        } else {
+            vec![1, 16, 256]
+        };
         Cfg {
             layers: env_usize("KVIO_BENCH_LAYERS", 32),
             heads: env_usize("KVIO_BENCH_HEADS", 8),
@@ -60,6 +100,8 @@ impl Cfg {
             elem: env_usize("KVIO_BENCH_ELEM", 2),
             pages,
             groups,
+            split,
+            concurrent_pages,
         }
     }
     fn wants(&self, group: &str) -> bool {
@@ -151,6 +193,87 @@ fn measure(
                 run.bytes = bytes;
                 run.secs.push(d.as_secs_f64() / iters as f64);
                 d
+            })
+        },
+    );
+}
+
+/// GPU time of `iters` rounds of `f`, which enqueues work on each of `streams`. A start event
+/// is recorded on the first stream and every other stream waits for it; after the rounds an
+/// end event is recorded on each stream, the first stream waits for every other stream's end
+/// and a stop event is recorded on it. Returns start to stop (the wall time, spanning every
+/// stream) and start to each stream's own end.
+fn time_across(streams: &[&Stream], iters: u64, f: &mut dyn FnMut()) -> (Duration, Vec<Duration>) {
+    let first = streams[0];
+    let start = Event::new().expect("event");
+    let stop = Event::new().expect("event");
+    let ends: Vec<Event> = streams
+        .iter()
+        .map(|_| Event::new().expect("event"))
+        .collect();
+    start.record(first.sref()).expect("record");
+    for s in &streams[1..] {
+        start.wait_on(s.sref()).expect("cuStreamWaitEvent");
+    }
+    for _ in 0..iters {
+        f();
+    }
+    for (s, e) in streams.iter().zip(&ends) {
+        e.record(s.sref()).expect("record");
+    }
+    for e in &ends[1..] {
+        e.wait_on(first.sref()).expect("cuStreamWaitEvent");
+    }
+    stop.record(first.sref()).expect("record");
+    stop.synchronize()
+        .expect("event sync (a kernel fault shows here)");
+    let since_start =
+        |e: &Event| Duration::from_secs_f64(e.elapsed_ms(&start).expect("elapsed") as f64 / 1e3);
+    (since_start(&stop), ends.iter().map(since_start).collect())
+}
+
+/// One stream's share of a multi-stream benchmark: the stream, a label and the bytes it moves
+/// per round.
+type Part<'a> = (&'a Stream, &'a str, u64);
+
+/// [`measure`] for work spread over several streams ([`time_across`]): records the wall time
+/// as `variant` (bytes: every part's), and with more than one part each stream's own span as
+/// `variant/label` (its part's bytes).
+#[allow(clippy::too_many_arguments)]
+fn measure_across(
+    grp: &mut BenchmarkGroup<'_, WallTime>,
+    rec: &RefCell<Rec>,
+    group: &str,
+    param: usize,
+    variant: &str,
+    parts: &[Part<'_>],
+    mut f: impl FnMut(),
+) {
+    let streams: Vec<&Stream> = parts.iter().map(|p| p.0).collect();
+    let bytes: u64 = parts.iter().map(|p| p.2).sum();
+    f(); // first round outside timing
+    for s in &streams {
+        s.synchronize().expect("sync");
+    }
+    grp.throughput(Throughput::Bytes(bytes.max(1)));
+    grp.bench_function(
+        format!("{}-{variant}/{param}", group.replace('/', "-")),
+        |b| {
+            b.iter_custom(|iters| {
+                let (wall, spans) = time_across(&streams, iters, &mut f);
+                let mut r = rec.borrow_mut();
+                let mut push = |v: String, bytes: u64, d: Duration| {
+                    let run = r.runs.entry((group.to_string(), param, v)).or_default();
+                    run.bytes = bytes;
+                    run.secs.push(d.as_secs_f64() / iters as f64);
+                };
+                push(variant.to_string(), bytes, wall);
+                if parts.len() > 1 {
+                    for (p, d) in parts.iter().zip(spans) {
+                        push(format!("{variant}/{}", p.1), p.2, d);
+                    }
+                }
+                wall
             })
         },
     );
@@ -1269,6 +1392,337 @@ fn transfers(
     grp.finish();
 }
 
+/// A kernel-backend block copy between bench pools, `len` pairs in `map`, on `ctas` CTAs.
+fn kernel_copy<'a>(
+    cfg: &Cfg,
+    bs: usize,
+    src: &'a Pool,
+    dst: &'a Pool,
+    map: &'a DeviceBuffer<i64>,
+    len: usize,
+    ctas: u32,
+) -> BlockCopy<'a> {
+    BlockCopy {
+        src: src.pool(cfg, bs).into(),
+        dst: dst.pool(cfg, bs),
+        map: BlockMap::Device {
+            pairs: DeviceBytes::of(map),
+            len,
+        },
+        backend: Backend::Kernel,
+        max_ctas: Some(ctas),
+        staging: None,
+        errors: None,
+    }
+}
+
+/// Length of the spin yardstick's first run, from which its length per round is scaled.
+const SPIN_PROBE_ITERS: u32 = 1 << 16;
+/// GPU time of one spin round beside the transfers (each transfer round moves `PCIE_BYTES` per
+/// direction, about 2.5 ms on a 55 GB/s link, so the spins end well before the transfers).
+const SPIN_TARGET_S: f64 = 1e-3;
+/// Threads per CTA of the spin yardstick.
+const SPIN_THREADS: u32 = 1024;
+
+/// Group `concurrent`: offload and onload at the same time on two non-blocking streams.
+///
+/// - `concurrent/ceiling` (param 0): one `PCIE_BYTES` D2H `cuMemcpyAsync` on stream A and one
+///   H2D on stream B at once (`bidirectional`, with each stream's own span as
+///   `bidirectional/d2h` and `/h2d`), and each alone on its stream (`d2h-alone`, `h2d-alone`).
+/// - `concurrent/layer-separate` (GPU layer-separate caches <-> SGLang's layer-first host pool)
+///   and `concurrent/cross-layer` (cross-layer on both sides), param = page size: an offload
+///   of `PCIE_BYTES` (GPU pool -> host pool) on A and an onload of as many bytes (another host
+///   pool -> another GPU pool) on B, shuffled block ids, each by kvio's kernel (`kernelN`, N =
+///   CTA budget, `KVIO_BENCH_SPLIT`, 2,4 by default) or its DMA backend (`dma`, host map,
+///   batched where the driver has `cuMemcpyBatchAsync`): variant `<offload>+<onload>`, with
+///   `/offload` and `/onload` the two streams' own spans.
+/// - `concurrent/interference/<layout>` (param = page size: 16, or the first page size when 16
+///   is not swept): the spin yardstick (`kvio_spin`, a dependent multiply-add chain per
+///   thread, `sms - (off + on)` CTAs of 1024 threads, about 1 ms a round) alone on stream C
+///   (`spin-alone`), then beside the kernel+kernel and dma+dma pairs on A and B (all three
+///   released by one event): `<pair>/spin` is the spin's own time, `<pair>/offload` and
+///   `/onload` the transfers', `<pair>` the wall time (GB/s of both transfers).
+fn concurrent(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, cfg: &Cfg) {
+    let (a, b, cs) = (g.stream(), g.stream(), g.stream());
+    for s in [&a, &b, &cs] {
+        assert!(s.is_non_blocking().expect("cuStreamGetFlags"));
+    }
+    println!(
+        "concurrent: kernel transfers on {} (offload) + {} (onload) CTAs; DMA batched: {}",
+        cfg.split.0,
+        cfg.split.1,
+        g.kv.batched_dma()
+    );
+    let mut grp = c.benchmark_group("concurrent");
+
+    // The bidirectional DMA ceiling, and each direction alone.
+    {
+        let (d_src, h_dst) = (random_mem(PCIE_BYTES, 901), Mem::new(true, PCIE_BYTES));
+        let mut h_src = Mem::new(true, PCIE_BYTES);
+        h_src.fill(&random_bytes(PCIE_BYTES, 902));
+        let d_dst = Mem::new(false, PCIE_BYTES);
+        let d2h = || memcpy(h_dst.bytes().ptr(), d_src.bytes().ptr(), PCIE_BYTES, &a);
+        let h2d = || memcpy(d_dst.bytes().ptr(), h_src.bytes().ptr(), PCIE_BYTES, &b);
+        let bytes = PCIE_BYTES as u64;
+        let group = "concurrent/ceiling";
+        measure_across(
+            &mut grp,
+            rec,
+            group,
+            0,
+            "bidirectional",
+            &[(&a, "d2h", bytes), (&b, "h2d", bytes)],
+            || {
+                d2h();
+                h2d();
+            },
+        );
+        measure_across(
+            &mut grp,
+            rec,
+            group,
+            0,
+            "d2h-alone",
+            &[(&a, "d2h", bytes)],
+            d2h,
+        );
+        measure_across(
+            &mut grp,
+            rec,
+            group,
+            0,
+            "h2d-alone",
+            &[(&b, "h2d", bytes)],
+            h2d,
+        );
+    }
+
+    // The spin yardstick: its grid leaves off + on SMs free for the transfer kernel (1024-thread
+    // CTAs of 64 registers: each needs a whole SM's register file). At 10 registers two spin
+    // CTAs could share an SM; the block scheduler spreads them over empty SMs first in practice.
+    let reserved = cfg.split.0 + cfg.split.1;
+    let spin_grid = g.kv.sm_count().saturating_sub(reserved).max(1);
+    let spin_out = Mem::new(false, spin_grid as usize * SPIN_THREADS as usize * 4);
+    let spin = |iters: u32| {
+        g.kv.bench_spin(
+            spin_out.bytes_mut(),
+            iters,
+            spin_grid,
+            SPIN_THREADS,
+            cs.sref(),
+        )
+        .expect("spin kernel")
+    };
+    spin(SPIN_PROBE_ITERS); // first launch outside timing
+    cs.synchronize().expect("sync");
+    let (probe, _) = time_across(&[&cs], 3, &mut || spin(SPIN_PROBE_ITERS));
+    let per_probe = probe.as_secs_f64() / 3.0;
+    let spin_iters = ((SPIN_PROBE_ITERS as f64 * SPIN_TARGET_S / per_probe) as u64)
+        .clamp(1024, u32::MAX as u64) as u32;
+    println!(
+        "concurrent: spin yardstick {spin_grid} CTAs x {SPIN_THREADS} threads on {} SMs, {spin_iters} multiply-adds per thread",
+        g.kv.sm_count()
+    );
+
+    let spin_page = if cfg.concurrent_pages.contains(&16) {
+        16
+    } else {
+        cfg.concurrent_pages.first().copied().unwrap_or(16)
+    };
+    for &bs in &cfg.concurrent_pages {
+        let block = cfg.layers * 2 * cfg.chunk(bs);
+        let n = (PCIE_BYTES / block).max(1);
+        let moved = (n * block) as u64;
+        for (gpu_kind, host_kind, label) in [
+            (
+                PoolKind::LayerSeparate,
+                PoolKind::LayerFirst,
+                "layer-separate",
+            ),
+            (PoolKind::CrossLayer, PoolKind::CrossLayer, "cross-layer"),
+        ] {
+            // Four pools: what the offload reads and writes is disjoint from the onload's.
+            let off_src = Pool::new(cfg, gpu_kind, false, n, bs);
+            let off_dst = Pool::new(cfg, host_kind, true, n, bs);
+            let on_src = Pool::new(cfg, host_kind, true, n, bs);
+            let on_dst = Pool::new(cfg, gpu_kind, false, n, bs);
+            let off_pairs = shuffled_pairs(n, n, 0, bs as u64 + 11);
+            let on_pairs = shuffled_pairs(n, n, 0, bs as u64 + 12);
+            let flat = |p: &[[i64; 2]]| upload(&p.iter().flatten().copied().collect::<Vec<i64>>());
+            let (off_map, on_map) = (flat(&off_pairs), flat(&on_pairs));
+            let off_k = kernel_copy(cfg, bs, &off_src, &off_dst, &off_map, n, cfg.split.0);
+            let on_k = kernel_copy(cfg, bs, &on_src, &on_dst, &on_map, n, cfg.split.1);
+            let off_d = BlockCopy::new(
+                off_src.pool(cfg, bs),
+                off_dst.pool(cfg, bs),
+                BlockMap::Host(&off_pairs),
+            )
+            .backend(Backend::Dma);
+            let on_d = BlockCopy::new(
+                on_src.pool(cfg, bs),
+                on_dst.pool(cfg, bs),
+                BlockMap::Host(&on_pairs),
+            )
+            .backend(Backend::Dma);
+            let (kk, dd) = (
+                format!("kernel{}+kernel{}", cfg.split.0, cfg.split.1),
+                "dma+dma".to_string(),
+            );
+            let pairs = [
+                (kk.clone(), &off_k, &on_k),
+                (dd.clone(), &off_d, &on_d),
+                (format!("kernel{}+dma", cfg.split.0), &off_k, &on_d),
+                (format!("dma+kernel{}", cfg.split.1), &off_d, &on_k),
+            ];
+            let run_pair = |off: &BlockCopy<'_>, on: &BlockCopy<'_>| {
+                g.kv.copy_blocks(off, a.sref())
+                    .expect("copy_blocks offload");
+                g.kv.copy_blocks(on, b.sref()).expect("copy_blocks onload");
+            };
+            let group = format!("concurrent/{label}");
+            for (variant, off, on) in &pairs {
+                measure_across(
+                    &mut grp,
+                    rec,
+                    &group,
+                    bs,
+                    variant,
+                    &[(&a, "offload", moved), (&b, "onload", moved)],
+                    || run_pair(off, on),
+                );
+            }
+            if bs == spin_page {
+                // The spin alone right before it runs beside the pairs (same clocks, same
+                // memory state), then beside each pair.
+                let group = format!("concurrent/interference/{label}");
+                measure_across(
+                    &mut grp,
+                    rec,
+                    &group,
+                    bs,
+                    "spin-alone",
+                    &[(&cs, "spin", 0)],
+                    || spin(spin_iters),
+                );
+                for (variant, off, on) in pairs.iter().filter(|p| p.0 == kk || p.0 == dd) {
+                    measure_across(
+                        &mut grp,
+                        rec,
+                        &group,
+                        bs,
+                        variant,
+                        &[
+                            (&cs, "spin", 0),
+                            (&a, "offload", moved),
+                            (&b, "onload", moved),
+                        ],
+                        || {
+                            run_pair(off, on);
+                            spin(spin_iters);
+                        },
+                    );
+                }
+            }
+        }
+    }
+    grp.finish();
+}
+
+/// What a row of a `concurrent/*` group is compared with: its name and GB/s. Transfer pairs:
+/// the bidirectional ceiling (`bidirectional`), each stream's span against the same
+/// direction's span in it (`bidirectional/d2h`, `/h2d`). In `concurrent/ceiling`: the
+/// bidirectional copy against the sum of the two directions alone, each of its streams
+/// against its direction alone.
+fn concurrent_reference(rec: &Rec, group: &str, variant: &str) -> Option<(String, f64)> {
+    let ceiling = |v: &str| {
+        rec.runs
+            .get(&("concurrent/ceiling".to_string(), 0, v.to_string()))
+            .map(Run::gbps)
+    };
+    let (name, gbps) = if group == "concurrent/ceiling" {
+        match variant {
+            "bidirectional" => (
+                "d2h-alone + h2d-alone",
+                ceiling("d2h-alone")? + ceiling("h2d-alone")?,
+            ),
+            "bidirectional/d2h" => ("d2h-alone", ceiling("d2h-alone")?),
+            "bidirectional/h2d" => ("h2d-alone", ceiling("h2d-alone")?),
+            _ => return None,
+        }
+    } else if variant.ends_with("/offload") {
+        ("bidirectional/d2h", ceiling("bidirectional/d2h")?)
+    } else if variant.ends_with("/onload") {
+        ("bidirectional/h2d", ceiling("bidirectional/h2d")?)
+    } else {
+        ("bidirectional", ceiling("bidirectional")?)
+    };
+    Some((name.to_string(), gbps))
+}
+
+/// Prints one `concurrent/*` group and adds its JSON rows: transfers as GB/s and % of their
+/// reference ([`concurrent_reference`]); the spin yardstick as µs per round, its slowdown
+/// against `spin-alone`, and whether both transfers beside it ran at least as long as it did
+/// (`covered`: otherwise part of the spin ran without them and the slowdown understates).
+fn report_concurrent(rec: &Rec, group: &str, rows: &mut Vec<String>) {
+    let get = |g: &str, p: usize, v: &str| rec.runs.get(&(g.to_string(), p, v.to_string()));
+    println!("\n--- {group} ---");
+    println!(
+        "{:>8} {:<28} {:>10} {:>10}  reference",
+        "param", "variant", "GB/s", "% of ref"
+    );
+    for ((_, p, v), r) in rec.runs.iter().filter(|(k, _)| k.0 == group) {
+        if v == "spin-alone" || v.ends_with("/spin") {
+            let us = r.median() * 1e6;
+            let pair = v.trim_end_matches("/spin");
+            let beside = v != "spin-alone";
+            let alone = get(group, *p, "spin-alone")
+                .map(Run::median)
+                .unwrap_or(f64::NAN);
+            let slow = if beside {
+                100.0 * (r.median() / alone - 1.0)
+            } else {
+                f64::NAN
+            };
+            let covered = beside
+                && ["offload", "onload"].iter().all(|d| {
+                    get(group, *p, &format!("{pair}/{d}")).is_some_and(|t| t.median() >= r.median())
+                });
+            if beside {
+                println!(
+                    "{p:>8} {v:<28} {us:>10.1} us, {slow:+.1}% vs spin-alone{}",
+                    if covered {
+                        ""
+                    } else {
+                        " (NOT covered: a transfer ended before the spin)"
+                    }
+                );
+            } else {
+                println!("{p:>8} {v:<28} {us:>10.1} us");
+            }
+            rows.push(format!(
+                "    {{\"group\": \"{group}\", \"param\": {p}, \"variant\": \"{v}\", \"spin_us\": {us:.3}, \"slowdown_pct\": {slow:.2}, \"covered\": {covered}}}"
+            ));
+            continue;
+        }
+        let gb = r.gbps();
+        let (name, pct) = match concurrent_reference(rec, group, v) {
+            Some((name, ref_gb)) => (name, 100.0 * gb / ref_gb),
+            None => ("-".to_string(), f64::NAN),
+        };
+        let pct_text = if pct.is_nan() {
+            "-".to_string()
+        } else {
+            format!("{pct:.1}%")
+        };
+        println!("{p:>8} {v:<28} {gb:>10.1} {pct_text:>10}  {name}");
+        rows.push(format!(
+            "    {{\"group\": \"{group}\", \"param\": {p}, \"variant\": \"{v}\", \"bytes\": {}, \"median_s\": {:.9}, \"gbps\": {gb:.3}, \"pct_ceiling\": {pct:.2}, \"reference\": \"{name}\"}}",
+            r.bytes,
+            r.median()
+        ));
+    }
+}
+
 /// Prints one table per group and writes the JSON file.
 fn report(rec: &Rec, device: &str, driver: i32) {
     let get = |g: &str, p: usize, v: &str| rec.runs.get(&(g.to_string(), p, v.to_string()));
@@ -1284,9 +1738,15 @@ fn report(rec: &Rec, device: &str, driver: i32) {
     let d2d_small = ceil("device-copy-128MiB");
     println!("ceilings: device copy {d2d:.0} GB/s (read+write; {d2d_small:.0} GB/s at 128 MiB), pinned H2D {h2d:.1} GB/s, D2H {d2h:.1} GB/s");
     println!("empty kernel: {launch:.2} us per stream launch, {glaunch:.2} us per launch inside a CUDA graph");
+    let bidir = get("concurrent/ceiling", 0, "bidirectional")
+        .map(Run::gbps)
+        .unwrap_or(f64::NAN);
+    if !bidir.is_nan() {
+        println!("bidirectional pinned D2H + H2D at once (two streams): {bidir:.1} GB/s");
+    }
     let mut json = Vec::new();
     json.push(format!(
-        "  \"device\": \"{device}\",\n  \"driver\": {driver},\n  \"ceilings\": {{\"device_copy_gbps\": {d2d:.1}, \"device_copy_128mib_gbps\": {d2d_small:.1}, \"pinned_h2d_gbps\": {h2d:.2}, \"pinned_d2h_gbps\": {d2h:.2}, \"empty_launch_us\": {launch:.3}, \"graph_launch_us\": {glaunch:.3}}}"
+        "  \"device\": \"{device}\",\n  \"driver\": {driver},\n  \"ceilings\": {{\"device_copy_gbps\": {d2d:.1}, \"device_copy_128mib_gbps\": {d2d_small:.1}, \"pinned_h2d_gbps\": {h2d:.2}, \"pinned_d2h_gbps\": {d2h:.2}, \"bidirectional_gbps\": {bidir:.2}, \"empty_launch_us\": {launch:.3}, \"graph_launch_us\": {glaunch:.3}}}"
     ));
     let mut rows = Vec::new();
     let groups: Vec<String> = {
@@ -1300,6 +1760,10 @@ fn report(rec: &Rec, device: &str, driver: i32) {
         v
     };
     for group in groups {
+        if group.starts_with("concurrent/") {
+            report_concurrent(rec, &group, &mut rows);
+            continue;
+        }
         let ceiling = if group.starts_with("offload") {
             d2h
         } else if group.starts_with("onload") {
@@ -1443,6 +1907,9 @@ fn main() {
     }
     if cfg.wants("dma-batch") {
         dma_batch(&mut c, &rec, g, &stream);
+    }
+    if cfg.wants("concurrent") {
+        concurrent(&mut c, &rec, g, &cfg);
     }
     c.final_summary();
     report(&rec.borrow(), &device, driver);

@@ -1,5 +1,6 @@
 //! The benchmarks' baselines must copy correctly too: the naive one-thread-per-element kernel
-//! against a host-side copy of the same spans.
+//! against a host-side copy of the same spans; the spin yardstick (group `concurrent`) must
+//! compute and store every thread's value.
 
 use kvio::{DeviceBytes, StreamRef};
 use kvio_suite::{assert_same, download, gpu, random_bytes, upload, Rng};
@@ -53,6 +54,49 @@ fn naive_spans_kernel_copies_listed_spans() {
             &want,
         );
     }
+}
+
+/// The spin yardstick stores each thread's chain value at the thread's index, bit for bit the
+/// CPU's (`ops::spin_value`; the PTX multiplies and adds without fusing), over a NaN-poisoned
+/// buffer with a tail it must not touch; a buffer too short for the grid is refused.
+#[test]
+fn spin_yardstick_stores_every_threads_value() {
+    let Some(g) = gpu("spin yardstick") else {
+        return;
+    };
+    let stream = g.stream();
+    let (grid, block, iters) = (5u32, 256u32, 10_000u32);
+    let threads = (grid * block) as usize;
+    let poison: Vec<u8> = (0..threads + 16)
+        .flat_map(|i| f32::from_bits(0x7FC0_0000 | i as u32).to_le_bytes())
+        .collect();
+    let mut out = upload(&poison);
+    g.kv.bench_spin(
+        kvio::DeviceBytesMut::of(&mut out),
+        iters,
+        grid,
+        block,
+        StreamRef::from(&stream),
+    )
+    .unwrap();
+    let got = download(&out, &stream);
+    let mut want: Vec<u8> = (0..threads)
+        .flat_map(|t| kvio_kernels::ops::spin_value(t as u64, iters).to_le_bytes())
+        .collect();
+    want.extend_from_slice(&poison[4 * threads..]);
+    assert_same("spin outputs", &got, &want);
+    let mut short = upload(&vec![0u8; 4 * threads - 4]);
+    let r = g.kv.bench_spin(
+        kvio::DeviceBytesMut::of(&mut short),
+        iters,
+        grid,
+        block,
+        StreamRef::from(&stream),
+    );
+    assert!(
+        matches!(r, Err(kvio::Error::BufferTooSmall { .. })),
+        "{r:?}"
+    );
 }
 
 #[test]

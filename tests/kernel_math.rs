@@ -1016,3 +1016,39 @@ fn chunk_at_reads_the_table_entry_of_layer_and_part() {
         assert_eq!(at, b + 2 * 0x100 + 3 * 0x10 + 0x4);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// the benchmarks' spin yardstick
+// ---------------------------------------------------------------------------------------------
+
+/// Every thread of an emulated grid stores its own chain's value, at its own index, and the
+/// chain follows the recurrence (x = x * a + b from (thread % 1024) * 1e-3, finite, tending to 1).
+#[test]
+fn spin_stores_each_threads_chain_value() {
+    use kvio_kernels::args::SpinArgs;
+    use kvio_kernels::ops::{emulate, spin, spin_value};
+    let (grid, block, iters) = (3u32, 64u32, 500u32);
+    let mut out = vec![f32::NAN; (grid * block) as usize];
+    let args = SpinArgs {
+        out: out.as_mut_ptr(),
+        iters,
+        shift: 0,
+    };
+    // SAFETY: one f32 per thread of the grid.
+    emulate(grid, block, 0, |g| unsafe { spin(&args, g) });
+    for (t, &v) in out.iter().enumerate() {
+        let mut x = (t % 1024) as f32 * 1e-3;
+        for _ in 0..iters {
+            x = x * 0.9999 + 1e-4;
+        }
+        assert_eq!(v, x, "thread {t}");
+    }
+    assert_eq!(spin_value(5, 0), 5.0f32 * 1e-3);
+    assert_eq!(
+        spin_value(1029, 0),
+        spin_value(5, 0),
+        "starts repeat every 1024 threads"
+    );
+    let long = spin_value(1000, 1 << 20);
+    assert!(long.is_finite() && (long - 1.0).abs() < 1e-3, "{long}");
+}

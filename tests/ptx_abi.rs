@@ -2,7 +2,7 @@
 //! same definition as the entry points) match the `.param` lists in the shipped PTX, for every
 //! kernel and architecture.
 
-use kvio_kernels::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs, TileArgs};
+use kvio_kernels::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs, SpinArgs, TileArgs};
 
 /// Byte sizes of the `.param`s of entry `name` in `ptx`.
 fn param_sizes(ptx: &str, name: &str) -> Vec<usize> {
@@ -36,6 +36,7 @@ fn host_parameter_lists_match_the_ptx() {
             (SliceArgs::ENTRIES, SliceArgs::SIZES.to_vec()),
             (CopyArgs::ENTRIES, CopyArgs::SIZES.to_vec()),
             (NaiveArgs::ENTRIES, NaiveArgs::SIZES.to_vec()),
+            (SpinArgs::ENTRIES, SpinArgs::SIZES.to_vec()),
         ] {
             all.extend(entries.iter().map(|e| (*e, sizes.clone())));
         }

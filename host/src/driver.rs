@@ -655,13 +655,14 @@ mod tests {
 
     #[test]
     fn every_argument_list_fits_the_buffer() {
-        use kvio_kernels::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs, TileArgs};
+        use kvio_kernels::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs, SpinArgs, TileArgs};
         for sizes in [
             &SlotArgs::SIZES[..],
             &TileArgs::SIZES[..],
             &SliceArgs::SIZES[..],
             &CopyArgs::SIZES[..],
             &NaiveArgs::SIZES[..],
+            &SpinArgs::SIZES[..],
         ] {
             let p = Params::new(&vec![0; sizes.len()], sizes);
             assert!(p.len <= 8 * p.buf.len() && p.len <= 4096, "{sizes:?}");

@@ -41,6 +41,7 @@ pub struct Kvio {
     transfer_blocks: cu::CUfunction,
     noop: cu::CUfunction,
     naive_spans: cu::CUfunction,
+    spin: cu::CUfunction,
     sm_count: u32,
     grid_cap: GridCap,
     arch: Arch,
@@ -105,6 +106,7 @@ impl Kvio {
             transfer_blocks: ptr::null_mut(),
             noop: ptr::null_mut(),
             naive_spans: ptr::null_mut(),
+            spin: ptr::null_mut(),
             sm_count: sms.max(1) as u32,
             grid_cap: GridCap::uniform(1),
             arch,
@@ -136,6 +138,7 @@ impl Kvio {
         this.scratch = Scratch::new(ctx, dev)?;
         this.noop = this.function("kvio_noop")?;
         this.naive_spans = this.function("kvio_naive_spans")?;
+        this.spin = this.function("kvio_spin")?;
         Ok(this)
     }
 
@@ -237,6 +240,40 @@ impl Kvio {
             self.naive_spans,
             grid,
             256,
+            stream,
+        )
+    }
+
+    /// The benchmarks' compute-bound yardstick: `grid` CTAs of `block` threads, each thread a
+    /// chain of `iters` dependent multiply-adds on registers, then one store to `out[thread]`
+    /// (so `out` needs `grid * block` `f32`s: a shorter view is refused, typed). The bench
+    /// sizes the grid to leave SMs free for transfers running beside it.
+    #[doc(hidden)]
+    pub fn bench_spin(
+        &self,
+        out: crate::DeviceBytesMut<'_>,
+        iters: u32,
+        grid: u32,
+        block: u32,
+        stream: crate::StreamRef<'_>,
+    ) -> Result<()> {
+        let need = grid as u64 * block as u64 * 4;
+        if (out.len() as u64) < need {
+            return Err(Error::BufferTooSmall {
+                name: "out",
+                needed: need,
+                len: out.len() as u64,
+            });
+        }
+        let args = kvio_kernels::args::SpinArgs {
+            out: out.ptr() as *mut f32,
+            iters,
+            shift: 0,
+        };
+        crate::driver::Params::new(&args.to_words(), &kvio_kernels::args::SpinArgs::SIZES).launch(
+            self.spin,
+            grid.max(1),
+            block.max(1),
             stream,
         )
     }

@@ -28,6 +28,7 @@ pub const KERNELS: &[&str] = &[
     "kvio_transfer_blocks",
     "kvio_noop",
     "kvio_naive_spans",
+    "kvio_spin",
 ];
 
 /// A PTX target architecture kvio ships.

@@ -388,3 +388,16 @@ kernel! {
         shift: u32,
     }
 }
+
+kernel! {
+    /// Arguments of the benchmarks' compute-bound yardstick (see [`crate::ops::spin`]): the
+    /// kernel that keeps the SMs busy while transfers run beside it.
+    kvio_spin(SpinArgs) => crate::ops::spin {
+        /// One `f32` per thread of the grid.
+        out: *mut f32,
+        /// Length of each thread's dependent multiply-add chain.
+        iters: u32,
+        /// Always 0 (one thread per output).
+        shift: u32,
+    }
+}

@@ -5,7 +5,7 @@
 
 use core::sync::atomic::{AtomicU32, Ordering};
 
-use crate::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs, TileArgs};
+use crate::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs, SpinArgs, TileArgs};
 use crate::convert::{self, convert_span};
 use crate::fp8::Divider;
 use crate::index::{self, chunk_at, err, PairCheck, PoolSide, SliceCheck, SlotTarget, TablePtr};
@@ -728,4 +728,35 @@ pub unsafe fn naive_spans(a: &NaiveArgs, g: Group) {
         }
         i += g.step;
     }
+}
+
+/// The value thread `thread` of the spin yardstick computes: a chain of `iters` dependent
+/// multiply-adds (`x = x * a + b`, converging to 1 from `thread`'s own start, so it stays finite
+/// for any length). Pure register arithmetic: no memory access until the one store. Rust does
+/// not fuse the multiply and the add (the PTX has `mul.rn` then `add.rn`), so the GPU computes
+/// the very bits the CPU does.
+#[inline(always)]
+pub fn spin_value(thread: u64, iters: u32) -> f32 {
+    const A: f32 = 0.999_9;
+    const B: f32 = 1.0e-4;
+    let mut x = (thread % 1024) as f32 * 1.0e-3;
+    let mut i = 0;
+    while i < iters {
+        x = x * A + B;
+        i += 1;
+    }
+    x
+}
+
+/// The benchmarks' compute-bound yardstick: every thread runs [`spin_value`]'s dependent chain
+/// and stores its result in `out[thread]`, so the chain is not optimised away.
+///
+/// # Safety
+/// `out` holds one writable `f32` per thread of the grid.
+#[inline(always)]
+pub unsafe fn spin(a: &SpinArgs, g: Group) {
+    let v = spin_value(g.first, a.iters);
+    // SAFETY: one `f32` per thread (the caller's contract); with shift 0, `g.first` is the
+    // thread's global index.
+    unsafe { *a.out.add(g.first as usize) = v };
 }
