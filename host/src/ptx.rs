@@ -27,6 +27,7 @@ pub const KERNELS: &[&str] = &[
     "kvio_transfer_blocks",
     "kvio_noop",
     "kvio_naive_spans",
+    "kvio_produce",
 ];
 
 /// A PTX target architecture kvio ships.

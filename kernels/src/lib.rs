@@ -7,7 +7,7 @@
 #![no_std]
 #![feature(portable_simd)]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx))]
-// Inline PTX (fp8::hw) is used only where the sm_90+ conversion instructions exist.
+// Inline PTX (fp8::hw, pdl) is used only where the sm_90+ instructions exist.
 #![cfg_attr(
     all(target_arch = "nvptx64", target_feature = "sm_90"),
     feature(asm_experimental_arch)
@@ -59,6 +59,7 @@ pub mod convert;
 pub mod fp8;
 pub mod index;
 pub mod ops;
+pub mod pdl;
 pub mod span;
 pub mod tile;
 
