@@ -9,8 +9,9 @@
 //! Settings (environment): `KVIO_BENCH_LAYERS` (32), `KVIO_BENCH_HEADS` (8), `KVIO_BENCH_DIM`
 //! (128), `KVIO_BENCH_ELEM` (2 = bf16), `KVIO_BENCH_PAGES` (`1,2,4,8,16,32,64,128,256`),
 //! `KVIO_BENCH_GROUPS` (comma list of groups to run; default all), `KVIO_BENCH_SPLIT`
-//! (`2,4`: CTAs of the offload and onload kernels in group `concurrent`). Without a GPU it says
-//! so and exits 0.
+//! (`2,4`: CTAs of the offload and onload kernels in group `concurrent`),
+//! `KVIO_BENCH_PRODUCER_ITERS` (256: arithmetic steps per thread of the `pdl` group's
+//! producer). Without a GPU it says so and exits 0.
 //!
 //! Group `concurrent` (`KVIO_BENCH_GROUPS=concurrent`) runs offload (GPU -> pinned host) and
 //! onload (pinned host -> GPU) at the same time on two non-blocking streams, A and B. Its timer
@@ -33,6 +34,19 @@
 //!   CTAs of 1024 threads, calibrated to about 1 ms a round) alone on a third stream
 //!   (`spin-alone`), then beside the kernel+kernel and dma+dma pairs (`<pair>/spin`: its time
 //!   there; the report gives the slowdown and whether both transfers outlasted it).
+//!
+//! Group `pdl` (programmatic dependent launch, `StreamRef::pdl`): the per-call floor of a
+//! decode-size slot update chained after the kernel that produced its K/V. The producer is
+//! `kvio_produce` (one CTA of 256 threads per SM, `KVIO_BENCH_PRODUCER_ITERS` dependent integer
+//! steps per thread, then it writes the K and V the update reads, signalling its dependents
+//! just before those stores); the update is the NHD slot update of `slot-update` (H × D ×
+//! elem of the model, page size 16, random distinct slots) at T = 1, 16, 64, 256. Each row is a
+//! CUDA graph of 100 of something, timed per replay: `producer-x100` (the producer alone),
+//! `update-x100` (the update alone), `pair-x100` (producer then update, plain launches) and
+//! `pair-pdl-x100` (the update launched with PDL: a programmatic edge in the graph). The
+//! report gives µs per item and the time a pair adds to the producer alone
+//! (`added` = pair − producer, `added-pdl` = pair-pdl − producer), the target being ≤ 1.0 µs
+//! with PDL.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -579,6 +593,115 @@ fn slot_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, 
             stream,
             || graph.launch(stream),
         );
+    }
+    grp.finish();
+}
+
+/// The `pdl` group's setup: one buffer the producer writes (K then V, `t` tokens each) and the
+/// NHD caches the update writes.
+struct PdlSetup {
+    kv: Mem,
+    kc: Mem,
+    vc: Mem,
+    input: TokenLayout,
+    cache: PagedLayout,
+    slots: DeviceBuffer<i64>,
+}
+
+impl PdlSetup {
+    fn new(cfg: &Cfg, t: usize, seed: u64) -> PdlSetup {
+        let bs = 16;
+        let blocks = t.div_ceil(bs) + 8;
+        let cache = PagedLayout::nhd(blocks, bs, cfg.heads, cfg.dim, cfg.elem);
+        let input = TokenLayout::contiguous(t, cfg.heads, cfg.dim, cfg.elem);
+        let n = input.extent("i").unwrap() as usize;
+        let ext = cache.extent("c").unwrap() as usize;
+        PdlSetup {
+            kv: random_mem(2 * n, seed),
+            kc: random_mem(ext, seed + 1),
+            vc: random_mem(ext, seed + 2),
+            input,
+            cache,
+            slots: upload(&random_slots(blocks * bs, t, seed + 3)),
+        }
+    }
+    fn op(&self) -> SlotUpdate<'_> {
+        let kv = self.kv.bytes();
+        let n = kv.len() / 2;
+        SlotUpdate::new(
+            kv.slice(0, n).unwrap(),
+            self.input,
+            self.kc.bytes_mut(),
+            self.cache,
+            SlotMapping::I64(DeviceBytes::of(&self.slots)),
+        )
+        .value(kv.slice(n, n).unwrap(), self.vc.bytes_mut())
+    }
+}
+
+/// Group `pdl` (see the module docs): producer → decode-size update pairs in CUDA graphs, with
+/// and without programmatic dependent launch.
+fn pdl(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
+    let mut grp = c.benchmark_group("pdl");
+    let iters = env_usize("KVIO_BENCH_PRODUCER_ITERS", 256) as u32;
+    println!(
+        "pdl: programmatic dependent launch {} ({:?} PTX); producer {iters} steps per thread",
+        if g.kv.supports_pdl() {
+            "on"
+        } else {
+            "NOT available: the pdl rows launch plainly"
+        },
+        g.kv.arch()
+    );
+    for t in [1usize, 16, 64, 256] {
+        let w = PdlSetup::new(cfg, t, 500 + t as u64);
+        let op = w.op();
+        let produce = |s: StreamRef<'_>| {
+            g.kv.bench_produce(w.kv.bytes_mut(), iters, t as u32, false, s)
+                .expect("producer")
+        };
+        let graphs = [
+            (
+                "producer-x100",
+                Graph::capture(stream, |s| {
+                    for _ in 0..100 {
+                        produce(s);
+                    }
+                }),
+            ),
+            (
+                "update-x100",
+                Graph::capture(stream, |s| {
+                    for _ in 0..100 {
+                        g.kv.update_slots(&op, s).expect("update_slots");
+                    }
+                }),
+            ),
+            (
+                "pair-x100",
+                Graph::capture(stream, |s| {
+                    for _ in 0..100 {
+                        produce(s);
+                        g.kv.update_slots(&op, s).expect("update_slots");
+                    }
+                }),
+            ),
+            (
+                "pair-pdl-x100",
+                Graph::capture(stream, |s| {
+                    for _ in 0..100 {
+                        produce(s);
+                        g.kv.update_slots(&op, s.pdl(true))
+                            .expect("update_slots with PDL");
+                    }
+                }),
+            ),
+        ];
+        for (variant, graph) in &graphs {
+            measure(&mut grp, rec, "pdl", t, variant, 0, stream, || {
+                graph.launch(stream)
+            });
+        }
     }
     grp.finish();
 }
@@ -1772,6 +1895,49 @@ fn report(rec: &Rec, device: &str, driver: i32) {
             d2d
         };
         println!("\n--- {group} ---");
+        if group == "pdl" {
+            println!(
+                "{:>8} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
+                "T", "producer", "update", "pair", "pair-pdl", "added", "added-pdl"
+            );
+            let params: std::collections::BTreeSet<usize> = rec
+                .runs
+                .keys()
+                .filter(|k| k.0 == group)
+                .map(|k| k.1)
+                .collect();
+            for p in params {
+                // µs per item of the graph's 100.
+                let us = |v: &str| {
+                    get(&group, p, v)
+                        .map(|r| r.median() * 1e6 / 100.0)
+                        .unwrap_or(f64::NAN)
+                };
+                let (prod, upd, pair, pdl) = (
+                    us("producer-x100"),
+                    us("update-x100"),
+                    us("pair-x100"),
+                    us("pair-pdl-x100"),
+                );
+                let (added, added_pdl) = (pair - prod, pdl - prod);
+                println!(
+                    "{p:>8} {prod:>12.3} {upd:>12.3} {pair:>12.3} {pdl:>12.3} {added:>12.3} {added_pdl:>12.3}"
+                );
+                for (v, x) in [
+                    ("producer-x100", prod),
+                    ("update-x100", upd),
+                    ("pair-x100", pair),
+                    ("pair-pdl-x100", pdl),
+                    ("added", added),
+                    ("added-pdl", added_pdl),
+                ] {
+                    rows.push(format!(
+                        "    {{\"group\": \"{group}\", \"param\": {p}, \"variant\": \"{v}\", \"us_per_item\": {x:.3}}}"
+                    ));
+                }
+            }
+            continue;
+        }
         if group.ends_with("graph-latency") {
             println!(
                 "{:>8} {:<18} {:>14} {:>16}",
@@ -1910,6 +2076,9 @@ fn main() {
     }
     if cfg.wants("concurrent") {
         concurrent(&mut c, &rec, g, &cfg);
+    }
+    if cfg.wants("pdl") {
+        pdl(&mut c, &rec, g, &stream, &cfg);
     }
     c.final_summary();
     report(&rec.borrow(), &device, driver);

@@ -1,6 +1,7 @@
 //! The parameter lists the host packs (`kvio_kernels::args::*Args::SIZES`, generated from the
 //! same definition as the entry points) match the `.param` lists in the shipped PTX, for every
-//! kernel and architecture.
+//! kernel and architecture; the `sm_90` entry points wait for their programmatic prerequisites
+//! before touching memory, and the `sm_80` PTX holds no `griddepcontrol`.
 
 use kvio_kernels::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs, SpinArgs, TileArgs};
 
@@ -29,7 +30,11 @@ fn param_sizes(ptx: &str, name: &str) -> Vec<usize> {
 #[test]
 fn host_parameter_lists_match_the_ptx() {
     for (arch, ptx) in [("sm_80", kvio::PTX_SM80), ("sm_90", kvio::PTX_SM90)] {
-        let mut all: Vec<(&str, Vec<usize>)> = vec![("kvio_noop", vec![])];
+        let mut all: Vec<(&str, Vec<usize>)> = vec![
+            ("kvio_noop", vec![]),
+            // dst, n, iters, seed, early
+            ("kvio_produce", vec![8, 8, 4, 4, 4]),
+        ];
         for (entries, sizes) in [
             (SlotArgs::ENTRIES, SlotArgs::SIZES.to_vec()),
             (TileArgs::ENTRIES, TileArgs::SIZES.to_vec()),
@@ -53,4 +58,77 @@ fn host_parameter_lists_match_the_ptx() {
             );
         }
     }
+}
+
+/// The body of entry `name` in `ptx` (from its `.entry` line to its closing brace).
+fn entry_body<'a>(ptx: &'a str, name: &str) -> &'a str {
+    let start = ptx
+        .find(&format!(".entry {name}("))
+        .unwrap_or_else(|| panic!("{name} missing"));
+    let body = &ptx[start..];
+    &body[..body.find("\n}\n").expect("end of entry")]
+}
+
+/// Whether a PTX instruction (predicate removed) touches memory other than the kernel's
+/// parameters, or calls a function that might.
+fn touches_memory(op: &str) -> bool {
+    (op.starts_with("ld.") && !op.starts_with("ld.param"))
+        || op.starts_with("st.")
+        || op.starts_with("atom.")
+        || op.starts_with("red.")
+        || op.starts_with("cp.")
+        || op.starts_with("call")
+}
+
+#[test]
+fn sm90_entry_points_wait_before_touching_memory() {
+    let entries = [
+        SlotArgs::ENTRIES,
+        TileArgs::ENTRIES,
+        SliceArgs::ENTRIES,
+        CopyArgs::ENTRIES,
+        NaiveArgs::ENTRIES,
+    ]
+    .concat();
+    for name in entries {
+        let body = entry_body(kvio::PTX_SM90, name);
+        let lines: Vec<&str> = body
+            .lines()
+            .map(|l| {
+                // Predicated instructions: `@%p1 ld.global...` -> `ld.global...`.
+                let l = l.trim_start();
+                match l.strip_prefix('@') {
+                    Some(rest) => rest.split_once(' ').map_or(rest, |(_, op)| op),
+                    None => l,
+                }
+            })
+            .collect();
+        let wait = lines
+            .iter()
+            .position(|l| l.starts_with("griddepcontrol.wait;"))
+            .unwrap_or_else(|| panic!("sm_90 {name}: no griddepcontrol.wait"));
+        let signal = lines
+            .iter()
+            .position(|l| l.starts_with("griddepcontrol.launch_dependents;"))
+            .unwrap_or_else(|| panic!("sm_90 {name}: no griddepcontrol.launch_dependents"));
+        assert!(wait < signal, "sm_90 {name}: signals before it waits");
+        if let Some(first) = lines.iter().position(|l| touches_memory(l)) {
+            assert!(
+                wait < first,
+                "sm_90 {name}: `{}` comes before griddepcontrol.wait",
+                lines[first]
+            );
+        }
+    }
+    // The producer signals (it is launched plainly, so it has nothing to wait for).
+    let produce = entry_body(kvio::PTX_SM90, "kvio_produce");
+    assert!(produce.contains("griddepcontrol.launch_dependents;"));
+    assert!(!produce.contains("griddepcontrol.wait"));
+}
+
+#[test]
+fn sm80_ptx_has_no_griddepcontrol() {
+    // PTX ISA: griddepcontrol requires sm_90.
+    assert!(!kvio::PTX_SM80.contains("griddepcontrol"));
+    assert!(kvio::PTX_SM90.contains("griddepcontrol.wait;"));
 }

@@ -80,6 +80,7 @@ pub(crate) fn sync_context(ctx: cu::CUcontext) -> Result<()> {
 #[derive(Clone, Copy, Debug)]
 pub struct StreamRef<'a> {
     raw: cu::CUstream,
+    pdl: bool,
     _life: PhantomData<&'a ()>,
 }
 
@@ -92,6 +93,7 @@ impl<'a> StreamRef<'a> {
     pub unsafe fn from_raw(raw: cu::CUstream) -> Self {
         StreamRef {
             raw,
+            pdl: false,
             _life: PhantomData,
         }
     }
@@ -100,6 +102,7 @@ impl<'a> StreamRef<'a> {
     pub fn from_cust(stream: &'a cust::stream::Stream) -> Self {
         StreamRef {
             raw: stream.as_inner(),
+            pdl: false,
             _life: PhantomData,
         }
     }
@@ -107,6 +110,56 @@ impl<'a> StreamRef<'a> {
     /// The raw `CUstream`.
     pub fn cu_stream(&self) -> cu::CUstream {
         self.raw
+    }
+
+    /// The same stream, with kvio's kernels launched through it using programmatic dependent
+    /// launch (`on`) or not (PDL, Hopper and later): each launch carries the attribute
+    /// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1` (`cuLaunchKernelEx`), so
+    /// it may be scheduled while the kernel enqueued before it on the stream (the one that
+    /// produced K/V, say) is still finishing, once that kernel's CTAs have all signalled
+    /// (`griddepcontrol.launch_dependents`) or exited. kvio's kernels then wait
+    /// (`griddepcontrol.wait`) for that kernel to complete and its writes to be visible
+    /// before they read or write anything, so the results are those of plain stream order:
+    /// what overlaps is the launch and the CTAs' start-up, not memory accesses.
+    ///
+    /// Inside stream capture the dependency becomes a programmatic edge of the graph (CUDA
+    /// 12.3 and later). kvio launches plainly instead (same results, no overlap) where PDL is
+    /// not available ([`Kvio::supports_pdl`](crate::Kvio::supports_pdl) is false: the `sm_80`
+    /// PTX, whose kernels do not wait, or a driver older than CUDA 12.3), for operations that
+    /// enqueue a host-to-device copy before their kernel (a block copy with a host block map)
+    /// and for those that launch no kernel (DMA copies).
+    ///
+    /// ```no_run
+    /// # fn main() -> kvio::Result<()> {
+    /// # use cust::memory::DeviceBuffer;
+    /// # use kvio::{DeviceBytes, DeviceBytesMut, PagedLayout, SlotMapping, SlotUpdate, TokenLayout};
+    /// let _ctx = kvio::PrimaryContext::retain(0)?;
+    /// let kv = kvio::Kvio::load()?;
+    /// let stream = kvio::Stream::new()?;
+    /// # let (t, h, d) = (4, 8, 128);
+    /// # let key = DeviceBuffer::from_slice(&vec![1u16; t * h * d]).unwrap();
+    /// # let value = DeviceBuffer::from_slice(&vec![2u16; t * h * d]).unwrap();
+    /// # let mut kc = DeviceBuffer::from_slice(&vec![0u16; 64 * 16 * h * d]).unwrap();
+    /// # let mut vc = DeviceBuffer::from_slice(&vec![0u16; 64 * 16 * h * d]).unwrap();
+    /// # let slots = DeviceBuffer::from_slice(&[17i64, 18, -1, 40]).unwrap();
+    /// # let op = SlotUpdate::new(DeviceBytes::of(&key), TokenLayout::contiguous(t, h, d, 2),
+    /// #     DeviceBytesMut::of(&mut kc), PagedLayout::nhd(64, 16, h, d, 2),
+    /// #     SlotMapping::I64(DeviceBytes::of(&slots)))
+    /// #     .value(DeviceBytes::of(&value), DeviceBytesMut::of(&mut vc));
+    /// // ... the model's kernel that writes `key` and `value`, enqueued on `stream` ...
+    /// // The update may start while that kernel drains; it reads `key`/`value` only after it.
+    /// kv.update_slots(&op, stream.sref().pdl(true))?;
+    /// println!("overlapped launch: {}", kv.supports_pdl());
+    /// # Ok(()) }
+    /// ```
+    pub fn pdl(self, on: bool) -> Self {
+        StreamRef { pdl: on, ..self }
+    }
+
+    /// Whether kvio's launches through this reference ask for programmatic dependent launch
+    /// ([`StreamRef::pdl`]).
+    pub fn is_pdl(&self) -> bool {
+        self.pdl
     }
 }
 
@@ -157,6 +210,7 @@ impl Stream {
     pub fn sref(&self) -> StreamRef<'_> {
         StreamRef {
             raw: self.raw,
+            pdl: false,
             _life: PhantomData,
         }
     }
@@ -549,6 +603,87 @@ impl MemcpyBatch {
     }
 }
 
+/// `CUlaunchAttributeValue` (CUDA 12.0–13): a union of 64 bytes, 8-byte aligned (its
+/// access-policy and event members hold pointers). kvio sets one `int` member at offset 0
+/// (`programmaticStreamSerializationAllowed`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) union LaunchAttributeValue {
+    pad: [u8; 64],
+    int: i32,
+    _align: u64,
+}
+
+/// `CUlaunchAttribute` (CUDA 12.0–13): `{ CUlaunchAttributeID id; char pad[4];
+/// CUlaunchAttributeValue value; }`, 72 bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct LaunchAttribute {
+    id: u32,
+    pad: [u8; 4],
+    value: LaunchAttributeValue,
+}
+
+/// `CUlaunchConfig` (CUDA 12.0–13): grid and block sizes, dynamic shared memory, stream,
+/// attribute array; 56 bytes.
+#[repr(C)]
+pub(crate) struct LaunchConfig {
+    grid_dim_x: u32,
+    grid_dim_y: u32,
+    grid_dim_z: u32,
+    block_dim_x: u32,
+    block_dim_y: u32,
+    block_dim_z: u32,
+    shared_mem_bytes: u32,
+    stream: cu::CUstream,
+    attrs: *mut LaunchAttribute,
+    num_attrs: u32,
+}
+
+/// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION` (cuda.h, CUDA 11.8–13).
+const LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: u32 = 6;
+
+/// The driver version from which kvio launches with programmatic dependent launch: CUDA 12.3
+/// captures such launches into graphs as programmatic edges.
+pub(crate) const PDL_MIN_DRIVER: i32 = 12030;
+
+type LaunchKernelExFn = unsafe extern "C" fn(
+    *const LaunchConfig,
+    cu::CUfunction,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> cu::CUresult;
+
+/// `cuLaunchKernelEx` (CUDA 12.0+; cust 0.3.2's bindings predate it), resolved at run time
+/// with `cuGetProcAddress`. `None` from [`LaunchKernelEx::resolve`] on drivers older than
+/// [`PDL_MIN_DRIVER`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LaunchKernelEx(LaunchKernelExFn);
+
+impl LaunchKernelEx {
+    /// The driver's `cuLaunchKernelEx`, if the driver is recent enough for PDL in graphs.
+    pub(crate) fn resolve() -> Option<LaunchKernelEx> {
+        let mut version = 0;
+        // SAFETY: out-pointer to a local.
+        if unsafe { cu::cuDriverGetVersion(&mut version) } != cu::CUresult::CUDA_SUCCESS
+            || version < PDL_MIN_DRIVER
+        {
+            return None;
+        }
+        let mut f: *mut c_void = ptr::null_mut();
+        // SAFETY: a NUL-terminated name and an out-pointer to a local.
+        let r = unsafe { cu::cuGetProcAddress(c"cuLaunchKernelEx".as_ptr(), &mut f, 12000, 0) };
+        if r != cu::CUresult::CUDA_SUCCESS || f.is_null() {
+            return None;
+        }
+        // SAFETY: the driver returned the CUDA 12.0 ABI of `cuLaunchKernelEx`, whose
+        // signature (cuda.h of 12.0 through 13) is the one named here.
+        Some(LaunchKernelEx(unsafe {
+            std::mem::transmute::<*mut c_void, LaunchKernelExFn>(f)
+        }))
+    }
+}
+
 /// Whether `stream` is being captured into a CUDA graph (then kvio enqueues plain copies).
 pub(crate) fn capturing(stream: cu::CUstream) -> Result<bool> {
     let mut status = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
@@ -588,13 +723,28 @@ impl Params {
         Params { buf, len: off }
     }
 
-    /// Launches `f` on `stream` with `grid` blocks of `block` threads.
+    /// Launches `f` on `stream` with `grid` blocks of `block` threads (`cuLaunchKernel`).
     pub(crate) fn launch(
         &mut self,
         f: cu::CUfunction,
         grid: u32,
         block: u32,
         stream: StreamRef<'_>,
+    ) -> Result<()> {
+        self.launch_with(f, grid, block, stream, None)
+    }
+
+    /// Launches `f` on `stream` with `grid` blocks of `block` threads: through `ex`
+    /// (`cuLaunchKernelEx`) with programmatic stream serialization when given, else through
+    /// `cuLaunchKernel`. Only kernels that execute `griddepcontrol.wait` before touching
+    /// memory may be given `ex`.
+    pub(crate) fn launch_with(
+        &mut self,
+        f: cu::CUfunction,
+        grid: u32,
+        block: u32,
+        stream: StreamRef<'_>,
+        ex: Option<LaunchKernelEx>,
     ) -> Result<()> {
         // CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE, CU_LAUNCH_PARAM_END.
         let mut len = self.len;
@@ -613,6 +763,32 @@ impl Params {
         } else {
             extra.as_mut_ptr()
         };
+        if let Some(LaunchKernelEx(launch_ex)) = ex {
+            let mut attr = LaunchAttribute {
+                id: LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value: LaunchAttributeValue { pad: [0; 64] },
+            };
+            attr.value.int = 1;
+            let config = LaunchConfig {
+                grid_dim_x: grid,
+                grid_dim_y: 1,
+                grid_dim_z: 1,
+                block_dim_x: block,
+                block_dim_y: 1,
+                block_dim_z: 1,
+                shared_mem_bytes: 0,
+                stream: stream.cu_stream(),
+                attrs: &mut attr,
+                num_attrs: 1,
+            };
+            // SAFETY: as for `cuLaunchKernel` below; `config` and the one attribute it points
+            // to are live locals of the CUDA 12/13 layouts, read by the driver before it
+            // returns.
+            return check("cuLaunchKernelEx", unsafe {
+                launch_ex(&config, f, ptr::null_mut(), extra_ptr)
+            });
+        }
         // SAFETY: `f` is a loaded kernel whose parameters are exactly the packed buffer
         // (layout from its generated argument struct); the buffer and its size outlive the
         // call, which copies them before returning.
@@ -651,6 +827,95 @@ mod tests {
         let p = Params::new(&[u32::MAX as u64, 9], &[4, 8]);
         assert_eq!((p.len, p.buf[0], p.buf[1]), (16, u32::MAX as u64, 9));
         assert_eq!(Params::new(&[], &[]).len, 0);
+    }
+
+    #[test]
+    fn launch_structs_have_the_cuda_12_and_13_layouts() {
+        use super::{LaunchAttribute, LaunchAttributeValue, LaunchConfig};
+        use std::mem::{align_of, offset_of, size_of};
+        // cuda.h (12.0 through 13.x), x86-64 and aarch64.
+        assert_eq!(
+            (
+                size_of::<LaunchAttributeValue>(),
+                align_of::<LaunchAttributeValue>()
+            ),
+            (64, 8)
+        );
+        assert_eq!(
+            (size_of::<LaunchAttribute>(), align_of::<LaunchAttribute>()),
+            (72, 8)
+        );
+        assert_eq!(offset_of!(LaunchAttribute, id), 0);
+        assert_eq!(offset_of!(LaunchAttribute, pad), 4);
+        assert_eq!(offset_of!(LaunchAttribute, value), 8);
+        assert_eq!(
+            (size_of::<LaunchConfig>(), align_of::<LaunchConfig>()),
+            (56, 8)
+        );
+        let offsets = [
+            offset_of!(LaunchConfig, grid_dim_x),
+            offset_of!(LaunchConfig, grid_dim_y),
+            offset_of!(LaunchConfig, grid_dim_z),
+            offset_of!(LaunchConfig, block_dim_x),
+            offset_of!(LaunchConfig, block_dim_y),
+            offset_of!(LaunchConfig, block_dim_z),
+            offset_of!(LaunchConfig, shared_mem_bytes),
+            offset_of!(LaunchConfig, stream),
+            offset_of!(LaunchConfig, attrs),
+            offset_of!(LaunchConfig, num_attrs),
+        ];
+        assert_eq!(offsets, [0, 4, 8, 12, 16, 20, 24, 32, 40, 48]);
+        // The `int` member the attribute sets sits at the value's first byte.
+        let mut v = LaunchAttributeValue { pad: [0; 64] };
+        v.int = 1;
+        // SAFETY: every member is plain bytes; `pad` covers the whole union.
+        let bytes = unsafe { v.pad };
+        assert_eq!(bytes[..4], 1i32.to_ne_bytes());
+        assert!(bytes[4..].iter().all(|&b| b == 0));
+    }
+
+    /// The same layouts as cudarc's bindgen-generated ones (its `cuda-12080` bindings).
+    #[cfg(feature = "cudarc")]
+    #[test]
+    fn launch_structs_match_cudarc() {
+        use cudarc::driver::sys as c;
+        use std::mem::{align_of, offset_of, size_of};
+        assert_eq!(
+            size_of::<super::LaunchAttributeValue>(),
+            size_of::<c::CUlaunchAttributeValue>()
+        );
+        assert_eq!(
+            align_of::<super::LaunchAttributeValue>(),
+            align_of::<c::CUlaunchAttributeValue>()
+        );
+        assert_eq!(
+            size_of::<super::LaunchAttribute>(),
+            size_of::<c::CUlaunchAttribute>()
+        );
+        assert_eq!(
+            offset_of!(super::LaunchAttribute, value),
+            offset_of!(c::CUlaunchAttribute, value)
+        );
+        assert_eq!(
+            size_of::<super::LaunchConfig>(),
+            size_of::<c::CUlaunchConfig>()
+        );
+        assert_eq!(
+            offset_of!(super::LaunchConfig, stream),
+            offset_of!(c::CUlaunchConfig, hStream)
+        );
+        assert_eq!(
+            offset_of!(super::LaunchConfig, attrs),
+            offset_of!(c::CUlaunchConfig, attrs)
+        );
+        assert_eq!(
+            offset_of!(super::LaunchConfig, num_attrs),
+            offset_of!(c::CUlaunchConfig, numAttrs)
+        );
+        assert_eq!(
+            c::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION as u32,
+            super::LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        );
     }
 
     #[test]

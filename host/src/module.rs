@@ -7,7 +7,7 @@ use cust::sys as cu;
 
 use crate::alloc::memory_kind;
 use crate::driver::{
-    check, current_context, current_device, device_attribute, with_ctx, MemcpyBatch,
+    check, current_context, current_device, device_attribute, with_ctx, LaunchKernelEx, MemcpyBatch,
 };
 use crate::error::{Error, Result};
 use crate::launch::{resident_ctas, GridCap, BLOCK_THREADS, SMALL_CTA_THREADS, TRANSFER_THREADS};
@@ -42,12 +42,16 @@ pub struct Kvio {
     noop: cu::CUfunction,
     naive_spans: cu::CUfunction,
     spin: cu::CUfunction,
+    produce: cu::CUfunction,
     sm_count: u32,
     grid_cap: GridCap,
     arch: Arch,
     /// Where host block maps go without a staging buffer (`None`: no memory pools).
     scratch: Option<Scratch>,
     memcpy_batch: Option<MemcpyBatch>,
+    /// `cuLaunchKernelEx` for programmatic dependent launch: `Some` only with the `sm_90` PTX
+    /// (whose entry points wait) on a driver of CUDA ≥ 12.3.
+    launch_ex: Option<LaunchKernelEx>,
 }
 
 impl Kvio {
@@ -107,11 +111,16 @@ impl Kvio {
             noop: ptr::null_mut(),
             naive_spans: ptr::null_mut(),
             spin: ptr::null_mut(),
+            produce: ptr::null_mut(),
             sm_count: sms.max(1) as u32,
             grid_cap: GridCap::uniform(1),
             arch,
             scratch: None,
             memcpy_batch: MemcpyBatch::resolve(),
+            launch_ex: match arch {
+                Arch::Sm90 => LaunchKernelEx::resolve(),
+                Arch::Sm80 => None,
+            },
         };
         this.update_slots = this.function("kvio_update_slots")?;
         this.update_slots_general = this.function("kvio_update_slots_general")?;
@@ -139,6 +148,7 @@ impl Kvio {
         this.noop = this.function("kvio_noop")?;
         this.naive_spans = this.function("kvio_naive_spans")?;
         this.spin = this.function("kvio_spin")?;
+        this.produce = this.function("kvio_produce")?;
         Ok(this)
     }
 
@@ -189,6 +199,36 @@ impl Kvio {
     /// per-span copies are used.
     pub fn batched_dma(&self) -> bool {
         self.memcpy_batch.is_some()
+    }
+
+    /// Whether launches through a [`StreamRef::pdl`](crate::StreamRef::pdl) reference use
+    /// programmatic dependent launch: the `sm_90` PTX is loaded (its entry points execute
+    /// `griddepcontrol.wait` before they touch memory; the `sm_80` PTX cannot) and the
+    /// driver is of CUDA 12.3 or later (`cuLaunchKernelEx`, programmatic edges in captured
+    /// graphs). When false, such launches are plain `cuLaunchKernel` launches: the same
+    /// results, without the overlap.
+    ///
+    /// ```no_run
+    /// # fn main() -> kvio::Result<()> {
+    /// let _ctx = kvio::PrimaryContext::retain(0)?;
+    /// let kv = kvio::Kvio::load()?;
+    /// if kv.arch() == kvio::Arch::Sm80 {
+    ///     assert!(!kv.supports_pdl());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn supports_pdl(&self) -> bool {
+        self.launch_ex.is_some()
+    }
+
+    /// `cuLaunchKernelEx` for a launch on `stream` that may use programmatic dependent launch
+    /// (`None`: launch plainly).
+    pub(crate) fn launch_ex(&self, stream: crate::StreamRef<'_>) -> Option<LaunchKernelEx> {
+        if stream.is_pdl() {
+            self.launch_ex
+        } else {
+            None
+        }
     }
 
     /// The runner's scratch pool, if the device has memory pools.
@@ -276,6 +316,43 @@ impl Kvio {
             block.max(1),
             stream,
         )
+    }
+
+    /// The benchmarks' and tests' K/V producer (`kvio_produce`): one CTA of 256 threads per
+    /// multiprocessor, each thread running `iters` dependent integer steps, then the grid
+    /// writing pseudo-random 32-bit words over all of `dst` (a function of `seed`, `iters`
+    /// and the position). It signals its programmatic dependents before the arithmetic with
+    /// `early`, else just before its stores (on the `sm_90` PTX; the `sm_80` one does not
+    /// signal). Launched plainly, like any kernel before a [`StreamRef::pdl`] launch.
+    ///
+    /// [`StreamRef::pdl`]: crate::StreamRef::pdl
+    #[doc(hidden)]
+    pub fn bench_produce(
+        &self,
+        dst: crate::DeviceBytesMut<'_>,
+        iters: u32,
+        seed: u32,
+        early: bool,
+        stream: crate::StreamRef<'_>,
+    ) -> Result<()> {
+        if !dst.ptr().is_multiple_of(4) || !dst.len().is_multiple_of(4) {
+            return Err(crate::error::invalid(
+                "dst",
+                (dst.ptr(), dst.len()),
+                "the producer writes 4-byte words: address and length must be multiples of 4",
+            ));
+        }
+        crate::driver::Params::new(
+            &[
+                dst.ptr(),
+                dst.len() as u64,
+                iters as u64,
+                seed as u64,
+                early as u64,
+            ],
+            &[8, 8, 4, 4, 4],
+        )
+        .launch(self.produce, self.sm_count, 256, stream)
     }
 
     /// Number of multiprocessors of the device (used to size grids).

@@ -29,6 +29,7 @@ pub const KERNELS: &[&str] = &[
     "kvio_noop",
     "kvio_naive_spans",
     "kvio_spin",
+    "kvio_produce",
 ];
 
 /// A PTX target architecture kvio ships.

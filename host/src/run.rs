@@ -4,7 +4,7 @@
 use cust::sys as cu;
 use kvio_kernels::args::{CopyArgs, SliceArgs, SlotArgs, TileArgs};
 
-use crate::driver::{capturing, check, Params, StreamRef};
+use crate::driver::{capturing, check, LaunchKernelEx, Params, StreamRef};
 use crate::error::{Error, Result};
 use crate::module::Kvio;
 use crate::plan::{Kernel, Launch, Plan, Staging};
@@ -38,7 +38,8 @@ impl Kvio {
             }
             Plan::Kernel { upload, launch } => {
                 let Some(u) = upload else {
-                    return self.launch(launch.kernel, launch, stream);
+                    // The only launches that may be programmatic: kernel after kernel.
+                    return self.launch(launch.kernel, launch, stream, self.launch_ex(stream));
                 };
                 let to = match u.dst {
                     Staging::Given(ptr) => ptr,
@@ -62,9 +63,13 @@ impl Kvio {
                         stream.cu_stream(),
                     )
                 });
+                // After a copy: plain launches (a programmatic dependency is one between
+                // kernels).
                 let launched = copied.and_then(|()| match u.dst {
-                    Staging::Given(_) => self.launch(launch.kernel, launch, stream),
-                    Staging::Scratch => self.launch(launch.kernel.with_map(to), launch, stream),
+                    Staging::Given(_) => self.launch(launch.kernel, launch, stream, None),
+                    Staging::Scratch => {
+                        self.launch(launch.kernel.with_map(to), launch, stream, None)
+                    }
                 });
                 if u.dst == Staging::Scratch {
                     // Given back after the launch (or at once if nothing was enqueued).
@@ -77,14 +82,21 @@ impl Kvio {
         }
     }
 
-    /// Launches `kernel` with `launch`'s grid and CTA size.
-    fn launch(&self, kernel: Kernel, launch: &Launch, stream: StreamRef<'_>) -> Result<()> {
+    /// Launches `kernel` with `launch`'s grid and CTA size, programmatically through `ex`
+    /// when given (every kernel of a plan waits for its programmatic prerequisites first).
+    fn launch(
+        &self,
+        kernel: Kernel,
+        launch: &Launch,
+        stream: StreamRef<'_>,
+        ex: Option<LaunchKernelEx>,
+    ) -> Result<()> {
         let mut params = match &kernel {
             Kernel::Slots(a) => Params::new(&a.to_words(), &SlotArgs::SIZES),
             Kernel::Tiles(a) => Params::new(&a.to_words(), &TileArgs::SIZES),
             Kernel::Slices(a) => Params::new(&a.to_words(), &SliceArgs::SIZES),
             Kernel::Copy(a) | Kernel::Transfer(a) => Params::new(&a.to_words(), &CopyArgs::SIZES),
         };
-        params.launch(self.entry(&kernel), launch.grid, launch.threads, stream)
+        params.launch_with(self.entry(&kernel), launch.grid, launch.threads, stream, ex)
     }
 }

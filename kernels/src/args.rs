@@ -53,7 +53,9 @@ macro_rules! entry_points {
 
 macro_rules! entry_point {
     ($args:ident, $body:path, $entry:ident, ($($field:ident : $ty:ty),*)) => {
-        /// PTX entry point: rebuilds the argument struct and runs the body on this thread's
+        /// PTX entry point: waits for the grids it programmatically depends on (a no-op
+        /// unless launched with programmatic dependent launch, and before `sm_90`; see
+        /// [`crate::pdl`]), rebuilds the argument struct and runs the body on this thread's
         /// group.
         ///
         /// # Safety
@@ -61,6 +63,9 @@ macro_rules! entry_point {
         #[cfg(target_arch = "nvptx64")]
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $entry($($field: $ty),*) {
+            // Before the first read of any argument's memory (inputs, slots, scales, tables)
+            // and the first write.
+            $crate::pdl::prologue();
             let a = $args { $($field),* };
             // SAFETY: forwarded from the launcher's validation.
             unsafe { $body(&a, $crate::ops::Group::this_thread(a.shift)) }

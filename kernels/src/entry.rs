@@ -3,3 +3,60 @@
 /// An empty kernel: the benchmarks' launch-overhead yardstick.
 #[no_mangle]
 pub extern "ptx-kernel" fn kvio_noop() {}
+
+/// The benchmarks' and tests' stand-in for the kernel that computes K/V before a slot update
+/// (a projection and its epilogue): every thread first runs `iters` dependent integer steps,
+/// then the grid stores `n / 4` 32-bit words (grid-stride, each a hash of the thread's result
+/// and the word's index) to `dst`. It signals its programmatic dependents
+/// (`griddepcontrol.launch_dependents`, `sm_90` only) before the arithmetic when `early` is
+/// non-zero (the tests: the widest window in which a dependent that did not wait would read
+/// stale data), else after it, just before the stores (the benchmarks: a producer that lets
+/// its dependent launch during its tail). Launched without the programmatic attribute, it
+/// waits for nothing itself.
+///
+/// # Safety
+/// `dst` is 4-byte aligned device memory of `n` bytes, `n` a multiple of 4 (checked by the
+/// host's launcher).
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn kvio_produce(
+    dst: *mut u8,
+    n: u64,
+    iters: u32,
+    seed: u32,
+    early: u32,
+) {
+    use core::arch::nvptx::{_block_dim_x, _block_idx_x, _grid_dim_x, _thread_idx_x};
+    if early != 0 {
+        crate::pdl::launch_dependents();
+    }
+    // SAFETY: reading special registers has no preconditions.
+    let (tid, bid, bdim, gdim) = unsafe {
+        (
+            _thread_idx_x(),
+            _block_idx_x(),
+            _block_dim_x(),
+            _grid_dim_x(),
+        )
+    };
+    let first = bid as u64 * bdim as u64 + tid as u64;
+    let stride = gdim as u64 * bdim as u64;
+    let mut acc = seed ^ (first as u32).wrapping_mul(0x9e37_79b9);
+    for _ in 0..iters {
+        acc = acc.wrapping_mul(0x0019_660d).wrapping_add(seed | 1);
+        acc ^= acc >> 15;
+    }
+    if early == 0 {
+        crate::pdl::launch_dependents();
+    }
+    let words = dst.cast::<u32>();
+    let mut i = first;
+    while i < n / 4 {
+        let mut x = acc ^ (i as u32).wrapping_mul(0x85eb_ca6b) ^ ((i >> 32) as u32);
+        x ^= x >> 13;
+        x = x.wrapping_mul(0xc2b2_ae35);
+        x ^= x >> 16;
+        // SAFETY: i < n / 4 words of the caller's aligned buffer.
+        unsafe { words.add(i as usize).write(x) };
+        i += stride;
+    }
+}

@@ -56,6 +56,7 @@ pub mod convert;
 pub mod fp8;
 pub mod index;
 pub mod ops;
+pub mod pdl;
 pub mod span;
 pub mod tile;
 

@@ -277,6 +277,11 @@ impl Graph {
         Graph { graph, exec }
     }
 
+    /// The captured (not instantiated) graph, for queries of its nodes and edges.
+    pub fn raw(&self) -> cu::CUgraph {
+        self.graph
+    }
+
     /// Enqueues one replay on `stream`.
     pub fn launch(&self, stream: &Stream) {
         // SAFETY: instantiated graph, valid stream.

@@ -1,0 +1,60 @@
+//! Programmatic dependent launch (PDL, Hopper and later): the two `griddepcontrol`
+//! instructions every `args::kernel!` entry point executes before it touches memory.
+//!
+//! PTX ISA (8.x, "griddepcontrol"; needs PTX ISA 7.8 and `sm_90`):
+//! - `griddepcontrol.wait` "causes the executing thread to wait until all prerequisite grids in
+//!   flight have completed and all the memory operations from the prerequisite grids are
+//!   performed and made visible to the current grid". A grid launched without the
+//!   programmatic attribute has no prerequisite grid in flight (stream order already waited
+//!   for it), so there it returns at once.
+//! - `griddepcontrol.launch_dependents` "signals that specific dependents the runtime system
+//!   designated to react to this instruction can be scheduled as soon as all other CTAs in the
+//!   grid issue the same instruction or have completed"; it does not publish memory: a
+//!   dependent still sees this grid's writes only through its own `griddepcontrol.wait`,
+//!   which waits for this grid to *complete*.
+//!
+//! kvio's entry points run `wait` first (nothing is read or written before the producer of
+//! their inputs and the previous user of their outputs has finished), then
+//! `launch_dependents` (a dependent launched with the attribute may be scheduled while this
+//! grid runs; it waits for its completion before touching memory, so an early signal is safe
+//! for every dependent that waits, and a dependent that does not wait is unsafe whatever the
+//! signal's position). Signalling after the wait rather than before it keeps a chain of
+//! programmatic launches from filling the SMs with grids that only wait.
+//!
+//! On targets without the instructions (the `sm_80` PTX, the host CPU) both are no-ops, so
+//! the `sm_80` PTX holds no `griddepcontrol` and kvio never launches it with the attribute.
+
+/// Waits until the grids this one programmatically depends on have completed and their
+/// memory operations are visible (`griddepcontrol.wait`); a no-op without such grids and on
+/// targets before `sm_90`.
+#[inline(always)]
+pub fn wait() {
+    #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90"))]
+    // SAFETY: sm_90+ is guaranteed by the cfg. No `nomem`: the asm is a memory barrier for the
+    // compiler, so no load or store of the kernel is moved above it.
+    unsafe {
+        core::arch::asm!("griddepcontrol.wait;", options(nostack, preserves_flags));
+    }
+}
+
+/// Lets the dependents launched with the programmatic attribute be scheduled once every CTA
+/// of this grid has signalled or exited (`griddepcontrol.launch_dependents`); a no-op on
+/// targets before `sm_90`.
+#[inline(always)]
+pub fn launch_dependents() {
+    #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90"))]
+    // SAFETY: sm_90+ is guaranteed by the cfg; the instruction only signals the scheduler.
+    unsafe {
+        core::arch::asm!(
+            "griddepcontrol.launch_dependents;",
+            options(nostack, preserves_flags)
+        );
+    }
+}
+
+/// The entry-point prologue: [`wait`], then [`launch_dependents`].
+#[inline(always)]
+pub fn prologue() {
+    wait();
+    launch_dependents();
+}
