@@ -189,7 +189,11 @@ fn divider_matches_ieee_division_for_every_f32() {
             stream.synchronize().unwrap();
             out.copy_to(&mut got[..]).unwrap();
             if got[0] != 0 {
-                eprintln!("{arch}: scale {scale:e} ({:#010x}): {} mismatches", scale.to_bits(), got[0]);
+                eprintln!(
+                    "{arch}: scale {scale:e} ({:#010x}): {} mismatches",
+                    scale.to_bits(),
+                    got[0]
+                );
             }
             total += got[0] as u64;
             // Every pattern was looked at: in-range scales take the fast path exactly for the
@@ -198,9 +202,15 @@ fn divider_matches_ieee_division_for_every_f32() {
             let a = scale.abs();
             let in_range = a >= f32::from_bits(0x2f80_0000) && a <= f32::from_bits(0x4f80_0000);
             let want_fast = if in_range { 0xa000_0000u32 } else { 0 };
-            assert_eq!(got[1], want_fast, "{arch}: scale {scale:e}: fast-path patterns");
+            assert_eq!(
+                got[1], want_fast,
+                "{arch}: scale {scale:e}: fast-path patterns"
+            );
         }
-        eprintln!("{arch}: {} scales x 2^32 patterns: {total} mismatches", scales.len());
+        eprintln!(
+            "{arch}: {} scales x 2^32 patterns: {total} mismatches",
+            scales.len()
+        );
         assert_eq!(total, 0, "{arch}: fp8::Divider differs from IEEE division");
     }
 }

@@ -34,27 +34,33 @@ macro_rules! by_code {
     ($code:expr, $c:ident => $body:expr) => {
         match $code {
             0x02 => {
-                const $c: u32 = $crate::convert::code($crate::convert::SRC_F16, $crate::convert::TO_E4M3);
+                const $c: u32 =
+                    $crate::convert::code($crate::convert::SRC_F16, $crate::convert::TO_E4M3);
                 $body
             }
             0x03 => {
-                const $c: u32 = $crate::convert::code($crate::convert::SRC_F32, $crate::convert::TO_E4M3);
+                const $c: u32 =
+                    $crate::convert::code($crate::convert::SRC_F32, $crate::convert::TO_E4M3);
                 $body
             }
             0x11 => {
-                const $c: u32 = $crate::convert::code($crate::convert::SRC_BF16, $crate::convert::TO_E5M2);
+                const $c: u32 =
+                    $crate::convert::code($crate::convert::SRC_BF16, $crate::convert::TO_E5M2);
                 $body
             }
             0x12 => {
-                const $c: u32 = $crate::convert::code($crate::convert::SRC_F16, $crate::convert::TO_E5M2);
+                const $c: u32 =
+                    $crate::convert::code($crate::convert::SRC_F16, $crate::convert::TO_E5M2);
                 $body
             }
             0x13 => {
-                const $c: u32 = $crate::convert::code($crate::convert::SRC_F32, $crate::convert::TO_E5M2);
+                const $c: u32 =
+                    $crate::convert::code($crate::convert::SRC_F32, $crate::convert::TO_E5M2);
                 $body
             }
             _ => {
-                const $c: u32 = $crate::convert::code($crate::convert::SRC_BF16, $crate::convert::TO_E4M3);
+                const $c: u32 =
+                    $crate::convert::code($crate::convert::SRC_BF16, $crate::convert::TO_E4M3);
                 $body
             }
         }
