@@ -124,12 +124,13 @@ fn build_ptx(kernels: &Path, out: &Path) {
 }
 
 /// PTX performance directives rustc cannot express, per entry point:
-/// - `kvio_transfer_blocks` runs in 1024-thread CTAs (few CTAs, many bytes in flight over
-///   PCIe), so ptxas must fit it in 64 registers;
+/// - `kvio_transfer_blocks` runs in 512-thread CTAs (few CTAs, many bytes in flight over
+///   PCIe): ptxas may use up to 128 registers, which its batch of three items' loads per
+///   group needs without spilling (see `TRANSFER_THREADS` in `src/launch.rs`);
 /// - `kvio_update_tiles` holds eight tokens' rows per thread: at least two 256-thread CTAs
 ///   per multiprocessor (≤ 128 registers) keep enough loads in flight.
 const DIRECTIVES: [(&str, &str); 2] = [
-    ("kvio_transfer_blocks", ".maxntid 1024, 1, 1\n"),
+    ("kvio_transfer_blocks", ".maxntid 512, 1, 1\n"),
     ("kvio_update_tiles", ".maxntid 256, 1, 1\n.minnctapersm 2\n"),
 ];
 

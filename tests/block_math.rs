@@ -482,3 +482,152 @@ fn copy_blocks_round_trip_through_a_permutation() {
         assert_eq!(back, orig, "e {e} perm {perm:?}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// ops::transfer_blocks (the batched body of kvio_transfer_blocks) against ops::copy_blocks
+// ---------------------------------------------------------------------------------------------
+
+/// One side of a random block copy: byte strides `[layer, part, block, token, head]` from a
+/// random nesting order with random padding (multiples of `width`), and the buffer size.
+fn random_side(rng: &mut SmallRng, ext: [u64; 5], chunk: u64, width: u64) -> ([u64; 5], u64) {
+    let mut order = [0usize, 1, 2, 3, 4];
+    order.shuffle(rng);
+    let mut strides = [0u64; 5];
+    let mut span = chunk;
+    // Innermost first: each dimension's stride is the span so far plus some padding.
+    for &d in order.iter().rev() {
+        let stride = span + width * rng.gen_range(0..3u64);
+        strides[d] = stride;
+        span = stride * ext[d];
+    }
+    (strides, span)
+}
+
+/// `ops::transfer_blocks` (items in batches per group, one instance per access width) copies
+/// exactly what `ops::copy_blocks` copies and counts the same errors, for random strided and
+/// table-addressed pools, every access width, group size, piece split and grid (padding and
+/// out-of-range pairs included).
+#[test]
+fn transfer_blocks_matches_copy_blocks() {
+    use kvio_kernels::args::CopyArgs;
+    use kvio_kernels::index::err;
+    use kvio_kernels::ops;
+
+    let mut rng = SmallRng::seed_from_u64(0x7a5f_e12b);
+    for case in 0..400 {
+        let width = [1u64, 2, 4, 8, 16][rng.gen_range(0..5)];
+        let (layers, parts) = (rng.gen_range(1..4u64), rng.gen_range(1..3u64));
+        let (tokens, heads) = (rng.gen_range(1..4u64), rng.gen_range(1..4u64));
+        let units = rng.gen_range(1..80u64);
+        let chunk = units * width;
+        let pieces = (1..=units)
+            .filter(|p| units.is_multiple_of(*p))
+            .collect::<Vec<_>>()
+            .choose(&mut rng)
+            .copied()
+            .unwrap();
+        let (src_blocks, dst_blocks) = (rng.gen_range(1..6u64), rng.gen_range(1..6u64));
+        let table = rng.gen_bool(0.3);
+        let (ss, s_len) = random_side(
+            &mut rng,
+            [layers, parts, src_blocks, tokens, heads],
+            chunk,
+            width,
+        );
+        let (ds, d_len) = random_side(
+            &mut rng,
+            [layers, parts, dst_blocks, tokens, heads],
+            chunk,
+            width,
+        );
+        // 16-byte aligned buffers (u128), filled with random bytes.
+        let words = |n: u64| n.div_ceil(16) as usize;
+        let src: Vec<u128> = (0..words(s_len)).map(|_| rng.gen()).collect();
+        let dst0: Vec<u128> = (0..words(d_len)).map(|_| rng.gen()).collect();
+        // Pairs: valid, padding and out-of-range ids; valid destinations distinct.
+        let mut free: Vec<i64> = (0..dst_blocks as i64).collect();
+        free.shuffle(&mut rng);
+        let pairs: Vec<i64> = (0..rng.gen_range(1..8))
+            .flat_map(|_| match rng.gen_range(0..8) {
+                0 => [-1, rng.gen_range(-1..3)],
+                1 => [src_blocks as i64 + rng.gen_range(0..2), 0],
+                2 => [0, dst_blocks as i64],
+                _ => [
+                    rng.gen_range(0..src_blocks as i64),
+                    free.pop().unwrap_or(-1),
+                ],
+            })
+            .collect();
+        let shift = rng.gen_range(0..6u32);
+        let threads = [32u32, 64, 96][rng.gen_range(0..3)];
+        let grid = rng.gen_range(1..4u32);
+        let run = |transfer: bool| -> (Vec<u128>, [u32; err::WORDS]) {
+            let mut dst = dst0.clone();
+            let mut errors = [0u32; err::WORDS];
+            let (sb, db) = (src.as_ptr() as *mut u8, dst.as_mut_ptr() as *mut u8);
+            // Layer tables: entry layer * parts + part is that (layer, part)'s base.
+            let bases = |base: *mut u8, s: &[u64; 5]| -> Vec<u64> {
+                (0..layers * parts)
+                    .map(|i| base as u64 + (i / parts) * s[0] + (i % parts) * s[1])
+                    .collect()
+            };
+            let (st, dt) = (bases(sb, &ss), bases(db, &ds));
+            let a = CopyArgs {
+                src_base: sb,
+                src_table: if table { st.as_ptr() } else { std::ptr::null() },
+                src_layer_stride: ss[0],
+                src_part_stride: ss[1],
+                src_block_stride: ss[2],
+                src_token_stride: ss[3],
+                src_head_stride: ss[4],
+                dst_base: db,
+                dst_table: if table { dt.as_ptr() } else { std::ptr::null() },
+                dst_layer_stride: ds[0],
+                dst_part_stride: ds[1],
+                dst_block_stride: ds[2],
+                dst_token_stride: ds[3],
+                dst_head_stride: ds[4],
+                layers,
+                parts,
+                tokens,
+                heads,
+                chunk,
+                piece: chunk / pieces,
+                pieces,
+                pairs: pairs.as_ptr(),
+                num_pairs: pairs.len() as u64 / 2,
+                src_blocks,
+                dst_blocks,
+                table_parts: parts,
+                width: width as u32,
+                shift,
+                errors: errors.as_mut_ptr(),
+            };
+            ops::emulate(grid, threads, shift, |g| {
+                // SAFETY: every chunk of a valid pair lies inside both buffers (the strides
+                // were derived from the extents), all 16-byte aligned and multiples of
+                // `width`; the tables hold layers * parts entries.
+                unsafe {
+                    if transfer {
+                        ops::transfer_blocks(&a, g)
+                    } else {
+                        ops::copy_blocks(&a, g)
+                    }
+                }
+            });
+            (dst, errors)
+        };
+        let (want, want_err) = run(false);
+        let (got, got_err) = run(true);
+        assert!(
+            want != dst0
+                || pairs.chunks(2).all(|p| p[0] < 0
+                    || p[1] < 0
+                    || p[0] >= src_blocks as i64
+                    || p[1] >= dst_blocks as i64),
+            "case {case}: nothing copied"
+        );
+        assert_eq!(got_err, want_err, "case {case}: error counts");
+        assert!(got == want, "case {case}: bytes differ (width {width}, shift {shift}, threads {threads}, grid {grid}, pieces {pieces}, table {table})");
+    }
+}

@@ -114,7 +114,8 @@ unsafe fn run(plan: &Plan<'_>) {
                     Kernel::Tiles(a) if a.tile == 1 => ops::update_tiles_one(a, g),
                     Kernel::Tiles(a) => ops::update_tiles(a, g),
                     Kernel::Slices(a) => ops::update_slices(a, g),
-                    Kernel::Copy(a) | Kernel::Transfer(a) => ops::copy_blocks(a, g),
+                    Kernel::Copy(a) => ops::copy_blocks(a, g),
+                    Kernel::Transfer(a) => ops::transfer_blocks(a, g),
                 }
             });
             drop(scratch); // alive until the kernel bodies have run

@@ -10,9 +10,13 @@ use crate::error::Result;
 pub(crate) const BLOCK_THREADS: u32 = 256;
 /// Threads per CTA of the one-token-per-thread tiled update (`kvio_update_tiles_one`).
 pub(crate) const SMALL_CTA_THREADS: u32 = 64;
-/// Threads per CTA of block copies touching host memory (SGLang's transfer kernels use the
-/// same): few CTAs, many bytes in flight. The build gives that entry point `.maxntid 1024`.
-pub(crate) const TRANSFER_THREADS: u32 = 1024;
+/// Threads per CTA of block copies touching host memory: few CTAs, many bytes in flight. The
+/// build gives that entry point `.maxntid 512`, so ptxas may use 128 registers per thread:
+/// each group holds three items' loads at once (`kvio_kernels::ops::TRANSFER_BATCH`), which
+/// needs ~120 registers (at 1024 threads and 64 registers, even one item per group spilled).
+/// Bytes in flight per CTA: 512 threads × 3 items × 4 units × 16 B = 96 KiB, so the two
+/// offload CTAs hold ~192 KiB, above the ~110 KB (55 GB/s × 2 µs) a PCIe link needs.
+pub(crate) const TRANSFER_THREADS: u32 = 512;
 /// Accesses each lane of a group is given per span (enough loads in flight, few idle lanes).
 pub(crate) const PER_LANE: u64 = 4;
 /// Default CTA budget of block copies when a pool is in host memory (leaves the SMs to the

@@ -315,8 +315,9 @@ kernel! {
 kernel! {
     /// Arguments of the block copy (see [`crate::ops::copy_blocks`]). Two entry points run
     /// it: `kvio_copy_blocks` (device-side copies, 256-thread CTAs) and `kvio_transfer_blocks`
-    /// (copies touching host memory, 1024-thread CTAs: the build gives it `.maxntid 1024`).
-    kvio_copy_blocks | kvio_transfer_blocks(CopyArgs) => crate::ops::copy_blocks {
+    /// (copies touching host memory, 512-thread CTAs: the build gives it `.maxntid 512`; its own
+    /// body, [`crate::ops::transfer_blocks`], moves the same bytes in batches of items).
+    kvio_copy_blocks | kvio_transfer_blocks [crate::ops::transfer_blocks] (CopyArgs) => crate::ops::copy_blocks {
         /// Source pool base (strided pools).
         src_base: *mut u8,
         /// Source layer/part pointer table (null: strided).

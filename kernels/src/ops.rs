@@ -3,6 +3,7 @@
 //! thread; on the CPU [`emulate`] calls them for every thread of a grid in turn, so the very
 //! same code is property-tested against the reference without a GPU.
 
+use core::ptr::{read, write};
 use core::sync::atomic::{AtomicU32, Ordering};
 
 use crate::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs, SpinArgs, TileArgs};
@@ -697,6 +698,204 @@ pub unsafe fn copy_blocks(a: &CopyArgs, g: Group) {
             }
         }
         item += g.step;
+    }
+}
+
+/// Work items one group of the transfer entry ([`transfer_blocks`]) holds in flight at once.
+///
+/// Bytes in flight: a PCIe link at ~55 GB/s with ~2 µs of latency per host access needs
+/// 55 GB/s × 2 µs ≈ 110 KB outstanding across the (≤ 2 offload, ≤ 4 onload) CTAs of a
+/// transfer. A group's lanes each hold up to [`PER_LANE_UNITS`] units of every item of the
+/// batch, so a 512-thread CTA (`.maxntid 512`) has up to 512 × 3 items × 4 units × 16 B =
+/// 96 KiB in flight, and two CTAs ~192 KiB: 1.7× the link's bandwidth-delay product, so the
+/// address lookups (pair, layer table) that precede each batch's loads stay hidden too. For
+/// small chunks the batch is what keeps the link busy: a 1-KiB chunk (64 units) gets a
+/// 16-lane group, so a warp has 2 groups × 3 = 6 chunks (6 KiB) in flight, where one item
+/// per group left it 1 KiB behind a chain of dependent lookups; a 2-KiB chunk gets a whole
+/// warp, 3 chunks (6 KiB) in flight. Three items need ~120 registers (data: 3 × 4 × 4 = 48;
+/// the rest is the three items' addresses and index splits), under the 128 a 512-thread CTA
+/// allows, without spills; four spill, and at 1024 threads (64 registers) even two do.
+pub const TRANSFER_BATCH: usize = 3;
+
+/// Units (accesses of the copy's width) each lane holds per item of a batch.
+pub const PER_LANE_UNITS: u32 = 4;
+
+/// A value one access of the transfer copies: the access widths of [`copy_span`].
+trait Unit: Copy {
+    /// A value to initialise registers with (never stored).
+    const ZERO: Self;
+}
+impl Unit for V16 {
+    const ZERO: Self = V16::from_array([0; 4]);
+}
+impl Unit for u64 {
+    const ZERO: Self = 0;
+}
+impl Unit for u32 {
+    const ZERO: Self = 0;
+}
+impl Unit for u16 {
+    const ZERO: Self = 0;
+}
+impl Unit for u8 {
+    const ZERO: Self = 0;
+}
+
+/// [`copy_blocks`] for copies touching pinned host memory (`kvio_transfer_blocks`: few
+/// 1024-thread CTAs, every access crossing PCIe): the same items and the same bytes, but each
+/// group takes [`TRANSFER_BATCH`] items at once (`item`, `item + step`, ...), looks up all
+/// their addresses, issues all their loads, then all their stores, so small chunks keep many
+/// bytes in flight per warp (see [`TRANSFER_BATCH`]).
+///
+/// # Safety
+/// As [`copy_blocks`].
+#[inline(always)]
+pub unsafe fn transfer_blocks(a: &CopyArgs, g: Group) {
+    // SAFETY: forwarded; each arm's unit is the width the host checked every address against.
+    unsafe {
+        match a.width {
+            16 => transfer_body::<V16>(a, g),
+            8 => transfer_body::<u64>(a, g),
+            4 => transfer_body::<u32>(a, g),
+            2 => transfer_body::<u16>(a, g),
+            _ => transfer_body::<u8>(a, g),
+        }
+    }
+}
+
+/// Source and destination of item `item` of a block copy, `None` when its pair is padding or
+/// out of range (counted once per pair, by lane 0 of the group holding its first item).
+///
+/// # Safety
+/// As [`copy_blocks`]; `item < num_pairs * per_pair`.
+#[inline(always)]
+unsafe fn item_span(
+    a: &CopyArgs,
+    item: u64,
+    per_pair: u64,
+    lane: u64,
+) -> Option<(*const u8, *mut u8)> {
+    let ext = [a.layers, a.parts, a.tokens, a.heads, a.pieces];
+    let mut ix = [0u64; 5];
+    let pair = index::split_n(item, ext, &mut ix);
+    let [layer, part, token, head, piece] = ix;
+    // SAFETY: pair < num_pairs.
+    let (s, d) = unsafe {
+        (
+            *a.pairs.add(2 * pair as usize),
+            *a.pairs.add(2 * pair as usize + 1),
+        )
+    };
+    match index::check_pair(s, d, a.src_blocks, a.dst_blocks) {
+        PairCheck::Skip => None,
+        PairCheck::OutOfRange => {
+            if lane == 0 && item == pair * per_pair {
+                // SAFETY: see count_error.
+                unsafe { count_error(a.errors, err::BAD_BLOCK) };
+            }
+            None
+        }
+        PairCheck::Valid => {
+            let side = |base: *mut u8, table: *const u64, strides: [u64; 5]| PoolSide {
+                base,
+                table: if table.is_null() {
+                    None
+                } else {
+                    Some(TablePtr(table))
+                },
+                parts: a.table_parts,
+                strides,
+            };
+            let src = side(
+                a.src_base,
+                a.src_table,
+                [
+                    a.src_layer_stride,
+                    a.src_part_stride,
+                    a.src_block_stride,
+                    a.src_token_stride,
+                    a.src_head_stride,
+                ],
+            );
+            let dst = side(
+                a.dst_base,
+                a.dst_table,
+                [
+                    a.dst_layer_stride,
+                    a.dst_part_stride,
+                    a.dst_block_stride,
+                    a.dst_token_stride,
+                    a.dst_head_stride,
+                ],
+            );
+            let at = [layer, part, token, head];
+            let off = (piece * a.piece) as usize;
+            // SAFETY: both blocks are inside their pools, the other indices below their
+            // validated extents.
+            unsafe {
+                Some((
+                    chunk_at(&src, s as u64, at).add(off) as *const u8,
+                    chunk_at(&dst, d as u64, at).add(off),
+                ))
+            }
+        }
+    }
+}
+
+/// [`transfer_blocks`] with accesses of `T`.
+///
+/// # Safety
+/// As [`copy_blocks`], with every address and length a multiple of `size_of::<T>()`.
+#[inline(always)]
+unsafe fn transfer_body<T: Unit>(a: &CopyArgs, g: Group) {
+    const B: usize = TRANSFER_BATCH;
+    const P: usize = PER_LANE_UNITS as usize;
+    let per_pair = a.layers * a.parts * a.tokens * a.heads * a.pieces;
+    let items = a.num_pairs * per_pair;
+    // A piece is at most 16 KiB (the host's MAX_PIECE): unit indices fit in 32 bits.
+    let units = (a.piece / core::mem::size_of::<T>() as u64) as u32;
+    let (lane, lanes) = (g.lane as u32, g.lanes as u32);
+    let mut item = g.first;
+    while item < items {
+        let mut from = [core::ptr::null::<T>(); B];
+        let mut to = [core::ptr::null_mut::<T>(); B];
+        let mut live = [false; B];
+        // Constant indices only (unrolled), so the batch's addresses stay in registers.
+        unroll4!(k => {
+            let it = item + k as u64 * g.step;
+            if k < B && it < items {
+                // SAFETY: it < items.
+                if let Some((f, t)) = unsafe { item_span(a, it, per_pair, g.lane) } {
+                    from[k] = f.cast();
+                    to[k] = t.cast();
+                    live[k] = true;
+                }
+            }
+        });
+        let mut u = lane;
+        while u < units {
+            let mut v = [[T::ZERO; P]; B];
+            unroll4!(k => {
+                unroll4!(j => {
+                    let i = u + j as u32 * lanes;
+                    if k < B && j < P && live[k] && i < units {
+                        // SAFETY: i < units: inside item k's piece, aligned for T.
+                        v[k][j] = unsafe { read(from[k].add(i as usize)) };
+                    }
+                });
+            });
+            unroll4!(k => {
+                unroll4!(j => {
+                    let i = u + j as u32 * lanes;
+                    if k < B && j < P && live[k] && i < units {
+                        // SAFETY: as for the load.
+                        unsafe { write(to[k].add(i as usize), v[k][j]) };
+                    }
+                });
+            });
+            u += P as u32 * lanes;
+        }
+        item += B as u64 * g.step;
     }
 }
 
