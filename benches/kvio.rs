@@ -1620,8 +1620,8 @@ fn concurrent(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, cfg: &Cfg) {
         );
     }
 
-    // The spin yardstick: its grid leaves off + on SMs free for the transfer kernel (1024-thread
-    // CTAs of 64 registers: each needs a whole SM's register file). At 10 registers two spin
+    // The spin yardstick: its grid leaves off + on SMs free for the transfer kernel (512-thread
+    // CTAs of 120 registers: each needs nearly a whole SM's register file). At 10 registers two spin
     // CTAs could share an SM; the block scheduler spreads them over empty SMs first in practice.
     let reserved = cfg.split.0 + cfg.split.1;
     let spin_grid = g.kv.sm_count().saturating_sub(reserved).max(1);

@@ -742,7 +742,7 @@ impl Unit for u8 {
 }
 
 /// [`copy_blocks`] for copies touching pinned host memory (`kvio_transfer_blocks`: few
-/// 1024-thread CTAs, every access crossing PCIe): the same items and the same bytes, but each
+/// 512-thread CTAs, every access crossing PCIe): the same items and the same bytes, but each
 /// group takes [`TRANSFER_BATCH`] items at once (`item`, `item + step`, ...), looks up all
 /// their addresses, issues all their loads, then all their stores, so small chunks keep many
 /// bytes in flight per warp (see [`TRANSFER_BATCH`]).
