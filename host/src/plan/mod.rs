@@ -8,6 +8,8 @@
 //! [`validate_slices`] check host copies of index lists before the caller uploads them
 //! (device-resident lists are checked by the kernels).
 
+#[cfg(test)]
+mod cpu_bench;
 mod lists;
 
 use kvio_kernels::args::{CopyArgs, SliceArgs, SlotArgs, TileArgs};
