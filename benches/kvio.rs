@@ -47,10 +47,31 @@
 //! report gives µs per item and the time a pair adds to the producer alone
 //! (`added` = pair − producer, `added-pdl` = pair-pdl − producer), the target being ≤ 1.0 µs
 //! with PDL.
+//!
+//! Group `host` (`KVIO_BENCH_GROUPS=host`): host time per call of every operation, the CPU
+//! side of the per-call floor (plan + enqueue; issue 13's target is 2 µs). Each variant runs
+//! `KVIO_BENCH_HOST_ROUNDS` (50) batches of `KVIO_BENCH_HOST_CALLS` (100) back-to-back calls on
+//! one stream, each batch timed with `Instant` and nothing inside it waiting for the GPU; the
+//! stream is synchronised before each batch, outside the timing, so a batch starts on an empty
+//! queue and never fills it (DMA calls, which enqueue a copy per span, take fewer calls per
+//! batch: at most 256 spans). Rows: median µs per call over the batches (p10, p90), and the
+//! ratio to `empty-launch` (an empty kernel launched from the host the same way).
+//! - `host/update` (param = T = 16, the model's heads × head size): `empty-launch`,
+//!   `naive-kernel` (the `slot-update` baseline's launch), `slots-nhd` (`update_slots`, NHD
+//!   bf16, K and V), `slots-nhd-pdl` (the same through `StreamRef::pdl`), `slots-fp8` (e4m3
+//!   per-tensor scales), `slots-v0`, `slots-v0-fp8` (vLLM v0 layout), `mla`, `mla-fp8`
+//!   (`update_mla`, 512 + 64), `slices` (`update_slices`).
+//! - `host/copy-blocks` (GPU → GPU, one pool, copy-on-write), `host/offload` (GPU → pinned
+//!   host), `host/onload` (pinned host → GPU), param = 4 pairs of page size 16: variants
+//!   `<pools>/<how>`, pools `layer-separate` (GPU: per-layer caches through a `LayerTable`;
+//!   host: SGLang's layer-first pool) or `cross-layer`, how `kernel-device-map` (kernel
+//!   backend, map in device memory), `kernel-host-map` (kernel, host map uploaded through
+//!   kvio's scratch), `kernel-host-map-staging` (through a caller's staging buffer), `dma`
+//!   (`Backend::Dma`) and `auto-host-map` (`Backend::Auto`, host map, no staging).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::{measurement::WallTime, BenchmarkGroup, Criterion, Throughput};
 use cust::memory::DeviceBuffer;
@@ -704,6 +725,222 @@ fn pdl(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cf
         }
     }
     grp.finish();
+}
+
+/// Calls per timed batch of group `host` (`KVIO_BENCH_HOST_CALLS`, default 100): few enough
+/// that the stream's queue never fills (a full queue would make the host wait for the GPU).
+fn host_calls() -> usize {
+    env_usize("KVIO_BENCH_HOST_CALLS", 100).clamp(1, 1000)
+}
+
+/// Timed batches per variant of group `host` (`KVIO_BENCH_HOST_ROUNDS`, default 50).
+fn host_rounds() -> usize {
+    env_usize("KVIO_BENCH_HOST_ROUNDS", 50).max(1)
+}
+
+/// Host time of one call of `f`: `rounds` batches of `calls` back-to-back calls each timed with
+/// `Instant` (plan and enqueue only: nothing waits for the GPU inside the timed region), the
+/// stream synchronised before each batch (outside the timing) so every batch starts on an
+/// empty queue. Records each batch's seconds per call under (`group`, `param`, `variant`);
+/// the report gives the median.
+#[allow(clippy::too_many_arguments)]
+fn measure_host(
+    rec: &RefCell<Rec>,
+    group: &str,
+    param: usize,
+    variant: &str,
+    calls: usize,
+    stream: &Stream,
+    mut f: impl FnMut(),
+) {
+    f(); // first call outside timing: module/JIT/first-touch costs, scratch pool growth
+    stream.synchronize().expect("sync");
+    let mut secs = Vec::with_capacity(host_rounds());
+    for _ in 0..host_rounds() {
+        stream.synchronize().expect("sync");
+        let t0 = Instant::now();
+        for _ in 0..calls {
+            f();
+        }
+        secs.push(t0.elapsed().as_secs_f64() / calls as f64);
+    }
+    stream
+        .synchronize()
+        .expect("sync (a kernel fault shows here)");
+    rec.borrow_mut().runs.insert(
+        (group.to_string(), param, variant.to_string()),
+        Run { bytes: 0, secs },
+    );
+}
+
+/// Tokens of the write-path operations of group `host` (decode size).
+const HOST_T: usize = 16;
+/// Block pairs of the block-copy operations of group `host`.
+const HOST_PAIRS: usize = 4;
+
+/// Group `host` (see the module docs): host time per call of every operation, no GPU wait.
+fn host(rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
+    let calls = host_calls();
+    let s = StreamRef::from(stream);
+    let t = HOST_T;
+    // Yardsticks: an empty kernel, and the naive update kernel of `slot-update` at T.
+    let grp = "host/update";
+    measure_host(rec, grp, t, "empty-launch", calls, stream, || {
+        g.kv.bench_noop(s).expect("noop")
+    });
+    let w = WriteSetup::new(cfg, t, 16, 4000);
+    let spans = w.spans();
+    let table = span_table(&spans);
+    let row = cfg.heads * cfg.dim * cfg.elem;
+    measure_host(rec, grp, t, "naive-kernel", calls, stream, || {
+        naive(g, &table, spans.len(), row, cfg.elem, stream)
+    });
+    let op = w.op();
+    measure_host(rec, grp, t, "slots-nhd", calls, stream, || {
+        g.kv.update_slots(&op, s).expect("update_slots")
+    });
+    measure_host(rec, grp, t, "slots-nhd-pdl", calls, stream, || {
+        g.kv.update_slots(&op, s.pdl(true))
+            .expect("update_slots pdl")
+    });
+    let f8 = Fp8Setup::new(t, cfg.heads, cfg.dim, 16, 4001);
+    let op = f8.op();
+    measure_host(rec, grp, t, "slots-fp8", calls, stream, || {
+        g.kv.update_slots(&op, s).expect("update_slots fp8")
+    });
+    for fp8 in [false, true] {
+        let v0 = V0Setup::new(t, 16, fp8, false, cfg, 4002);
+        let op = v0.op();
+        let v = if fp8 { "slots-v0-fp8" } else { "slots-v0" };
+        measure_host(rec, grp, t, v, calls, stream, || {
+            g.kv.update_slots(&op, s).expect("update_slots v0")
+        });
+        let mla = MlaSetup::new(t, fp8, 4003);
+        let op = mla.op();
+        let v = if fp8 { "mla-fp8" } else { "mla" };
+        measure_host(rec, grp, t, v, calls, stream, || {
+            g.kv.update_mla(&op, s).expect("update_mla")
+        });
+    }
+    {
+        let heads = 2 * cfg.heads;
+        let bs = 16;
+        let blocks = t.div_ceil(bs) + 8;
+        let layout = PagedLayout::nhd(blocks, bs, heads, cfg.dim, cfg.elem);
+        let input = TokenLayout::contiguous(t, heads, cfg.dim, cfg.elem);
+        let src = upload(&random_bytes(input.extent("i").unwrap() as usize, 7));
+        let cache = Mem::new(false, layout.extent("l").unwrap() as usize);
+        let slots = random_slots(blocks * bs, t, 4004);
+        let slices = slots_to_slices(&slots, bs).unwrap();
+        let padded = slices.len() + 8;
+        let table = upload(&slices_to_table(&slices, padded).unwrap());
+        let count = upload(&[slices.len() as i32]);
+        let op = SliceUpdate::new(
+            DeviceBytes::of(&src),
+            input,
+            cache.bytes_mut(),
+            layout,
+            DeviceBytes::of(&table),
+            padded,
+            DeviceBytes::of(&count),
+        );
+        measure_host(rec, grp, t, "slices", calls, stream, || {
+            g.kv.update_slices(&op, s).expect("update_slices")
+        });
+    }
+    // Block copies: HOST_PAIRS pairs at page size 16, every backend and map kind, inside the
+    // GPU (one pool, copy-on-write) and to and from pinned host pools.
+    let bs = 16;
+    let n = HOST_PAIRS;
+    let staging = Mem::new(false, 16 * n);
+    for (grp, src_host, dst_host) in [
+        ("host/copy-blocks", false, false),
+        ("host/offload", false, true),
+        ("host/onload", true, false),
+    ] {
+        for (label, gpu_kind, host_kind) in [
+            (
+                "layer-separate",
+                PoolKind::LayerSeparate,
+                PoolKind::LayerFirst,
+            ),
+            ("cross-layer", PoolKind::CrossLayer, PoolKind::CrossLayer),
+        ] {
+            let kind = |on_host: bool| if on_host { host_kind } else { gpu_kind };
+            // Inside the GPU: one pool, blocks 0..n copied to n..2n.
+            let (src, dst, pairs) = if !src_host && !dst_host {
+                let pool = Pool::new(cfg, gpu_kind, false, 2 * n, bs);
+                (pool, None, shuffled_pairs(n, n, n, 4005))
+            } else {
+                let src = Pool::new(cfg, kind(src_host), src_host, n, bs);
+                let dst = Pool::new(cfg, kind(dst_host), dst_host, n, bs);
+                (src, Some(dst), shuffled_pairs(n, n, 0, 4006))
+            };
+            let dst_pool = dst.as_ref().unwrap_or(&src);
+            let map_d = upload(&pairs.iter().flatten().copied().collect::<Vec<i64>>());
+            let base = BlockCopy {
+                src: src.pool(cfg, bs).into(),
+                dst: dst_pool.pool(cfg, bs),
+                map: BlockMap::Device {
+                    pairs: DeviceBytes::of(&map_d),
+                    len: n,
+                },
+                backend: Backend::Kernel,
+                max_ctas: None,
+                staging: None,
+                errors: None,
+            };
+            let host_map = BlockCopy {
+                map: BlockMap::Host(&pairs),
+                ..base
+            };
+            // Copy-engine spans one call enqueues (blocks merge only between cross-layer
+            // pools; shuffled pairs never form runs).
+            let dma_spans = if label == "cross-layer" {
+                n
+            } else {
+                n * cfg.layers * 2
+            };
+            let cases = [
+                ("kernel-device-map", base),
+                ("kernel-host-map", host_map),
+                (
+                    "kernel-host-map-staging",
+                    BlockCopy {
+                        staging: Some(staging.bytes_mut()),
+                        ..host_map
+                    },
+                ),
+                (
+                    "dma",
+                    BlockCopy {
+                        backend: Backend::Dma,
+                        ..host_map
+                    },
+                ),
+                (
+                    "auto-host-map",
+                    BlockCopy {
+                        backend: Backend::Auto,
+                        ..host_map
+                    },
+                ),
+            ];
+            for (v, op) in cases {
+                let ran = g.kv.copy_blocks(&op, s).expect("copy_blocks");
+                // Keep a batch's queue short: DMA calls enqueue one copy per span (or one
+                // batch of them).
+                let calls = if ran == Backend::Dma {
+                    (256 / dma_spans).clamp(1, calls)
+                } else {
+                    calls
+                };
+                measure_host(rec, grp, n, &format!("{label}/{v}"), calls, stream, || {
+                    g.kv.copy_blocks(&op, s).expect("copy_blocks");
+                });
+            }
+        }
+    }
 }
 
 /// `n` bf16 values spread like activations (uniform in [-4, 4), no NaN or inf), as bytes: what
@@ -1938,6 +2175,29 @@ fn report(rec: &Rec, device: &str, driver: i32) {
             }
             continue;
         }
+        if group.starts_with("host/") {
+            // Host time per call (plan + enqueue), against an empty kernel's launch from the
+            // host; `p10`/`p90` over the batches.
+            let empty = get("host/update", HOST_T, "empty-launch")
+                .map(Run::median)
+                .unwrap_or(f64::NAN);
+            println!(
+                "{:>8} {:<40} {:>10} {:>10} {:>10} {:>10}",
+                "param", "variant", "us/call", "p10", "p90", "x empty"
+            );
+            for ((g, p, v), r) in rec.runs.iter().filter(|(k, _)| k.0 == group) {
+                let mut sorted = r.secs.clone();
+                sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize] * 1e6;
+                let (us, p10, p90) = (r.median() * 1e6, at(0.1), at(0.9));
+                let x = r.median() / empty;
+                println!("{p:>8} {v:<40} {us:>10.3} {p10:>10.3} {p90:>10.3} {x:>10.2}");
+                rows.push(format!(
+                    "    {{\"group\": \"{g}\", \"param\": {p}, \"variant\": \"{v}\", \"host_us\": {us:.4}, \"host_us_p10\": {p10:.4}, \"host_us_p90\": {p90:.4}, \"x_empty_launch_host\": {x:.3}}}"
+                ));
+            }
+            continue;
+        }
         if group.ends_with("graph-latency") {
             println!(
                 "{:>8} {:<18} {:>14} {:>16}",
@@ -2079,6 +2339,9 @@ fn main() {
     }
     if cfg.wants("pdl") {
         pdl(&mut c, &rec, g, &stream, &cfg);
+    }
+    if cfg.wants("host") {
+        host(&rec, g, &stream, &cfg);
     }
     c.final_summary();
     report(&rec.borrow(), &device, driver);

@@ -421,6 +421,13 @@ pub struct LayerTable<'a> {
     parts: usize,
     /// What the entries are, classified once here rather than on every launch.
     access: TableAccess,
+    /// Facts of the entries each block copy checks, computed once here rather than per call:
+    /// the bases in address order, the smallest gap between consecutive ones (`u64::MAX` for
+    /// one entry), the shortest view and the OR of all bases (their common alignment).
+    sorted: Vec<u64>,
+    min_gap: u64,
+    min_len: usize,
+    bases_or: u64,
 }
 
 /// The memory kind of a table's entries, as one verdict.
@@ -464,12 +471,23 @@ impl<'a> LayerTable<'a> {
                 }
             }
         }
+        let mut sorted = ptrs.clone();
+        sorted.sort_unstable();
+        let min_gap = sorted
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .min()
+            .unwrap_or(u64::MAX);
         Ok(LayerTable {
             table,
             entries: caches.to_vec(),
+            bases_or: ptrs.iter().fold(0, |a, &p| a | p),
+            min_len: caches.iter().map(DeviceBytesMut::len).min().unwrap_or(0),
             bases: ptrs,
             parts,
             access,
+            sorted,
+            min_gap,
         })
     }
 
@@ -505,10 +523,22 @@ impl<'a> LayerTable<'a> {
 
     /// Shortest view in the table.
     pub(crate) fn min_len(&self) -> usize {
-        self.entries
-            .iter()
-            .map(DeviceBytesMut::len)
-            .min()
-            .unwrap_or(0)
+        self.min_len
+    }
+
+    /// The bases in address order.
+    pub(crate) fn sorted_bases(&self) -> &[u64] {
+        &self.sorted
+    }
+
+    /// Smallest distance between two bases in address order (`u64::MAX` with one entry):
+    /// caches of `ext` bytes overlap exactly when it is less than `ext`.
+    pub(crate) fn min_gap(&self) -> u64 {
+        self.min_gap
+    }
+
+    /// The OR of all bases: the largest power of two dividing them all is its lowest set bit.
+    pub(crate) fn bases_or(&self) -> u64 {
+        self.bases_or
     }
 }

@@ -10,6 +10,7 @@ use std::ptr;
 use cust::sys as cu;
 
 use crate::error::{Error, Result};
+use crate::inline::InlineVec;
 use crate::plan::Span;
 
 /// Turns a `CUresult` into `Ok(())` or [`Error::Driver`] naming `call`.
@@ -560,9 +561,16 @@ impl MemcpyBatch {
     /// Every range is device or host memory the driver can reach, alive until the copies
     /// complete; no two ranges overlap.
     pub(crate) unsafe fn copy(&self, spans: &[Span], stream: cu::CUstream) -> Result<()> {
-        let mut dsts: Vec<u64> = spans.iter().map(|s| s.dst).collect();
-        let mut srcs: Vec<u64> = spans.iter().map(|s| s.src).collect();
-        let mut sizes: Vec<usize> = spans.iter().map(|s| s.bytes as usize).collect();
+        // The driver takes three parallel arrays: on the stack up to 64 copies, one heap
+        // allocation each beyond.
+        let mut dsts: InlineVec<u64, 64> = InlineVec::with_capacity(spans.len());
+        let mut srcs: InlineVec<u64, 64> = InlineVec::with_capacity(spans.len());
+        let mut sizes: InlineVec<usize, 64> = InlineVec::with_capacity(spans.len());
+        for s in spans {
+            dsts.push(s.dst);
+            srcs.push(s.src);
+            sizes.push(s.bytes as usize);
+        }
         let mut attrs = [MemcpyAttributes {
             src_access_order: SRC_ACCESS_ORDER_STREAM,
             ..Default::default()
@@ -699,28 +707,43 @@ pub(crate) fn capturing(stream: cu::CUstream) -> Result<bool> {
 /// `CU_LAUNCH_PARAM_BUFFER_POINTER`: the driver copies exactly `len` bytes from one buffer and
 /// dereferences no per-parameter pointers.
 pub(crate) struct Params {
-    buf: [u64; 64],
+    buf: ParamBytes,
     len: usize,
 }
+
+/// The packed parameter bytes, 8-byte aligned like the kernel's parameter space (every
+/// parameter sits at a multiple of its size).
+#[repr(C, align(8))]
+struct ParamBytes([u8; 512]);
 
 impl Params {
     /// Packs `words[i]` (little-endian, its low `sizes[i]` bytes) at naturally aligned offsets.
     pub(crate) fn new(words: &[u64], sizes: &[usize]) -> Self {
         const { assert!(cfg!(target_endian = "little")) };
         assert_eq!(words.len(), sizes.len(), "one size per parameter");
-        let mut bytes = [0u8; 512];
+        // Packed straight into the aligned buffer the driver reads (no second pass).
+        let mut buf = ParamBytes([0u8; 512]);
         let mut off = 0usize;
-        for (w, &size) in words.iter().zip(sizes) {
-            assert!(matches!(size, 1 | 2 | 4 | 8), "parameter size {size}");
+        for (&w, &size) in words.iter().zip(sizes) {
             off = off.next_multiple_of(size);
-            bytes[off..off + size].copy_from_slice(&w.to_le_bytes()[..size]);
+            // Fixed-size stores (a copy of `size` bytes would be a memcpy call per parameter).
+            let b = &mut buf.0;
+            match size {
+                1 => b[off] = w as u8,
+                2 => b[off..off + 2].copy_from_slice(&(w as u16).to_le_bytes()),
+                4 => b[off..off + 4].copy_from_slice(&(w as u32).to_le_bytes()),
+                8 => b[off..off + 8].copy_from_slice(&w.to_le_bytes()),
+                _ => panic!("parameter size {size}"),
+            }
             off += size;
         }
-        let mut buf = [0u64; 64];
-        for (i, chunk) in bytes.chunks_exact(8).enumerate() {
-            buf[i] = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
-        }
         Params { buf, len: off }
+    }
+
+    /// The `i`-th 8-byte word of the packed buffer.
+    #[cfg(test)]
+    fn word(&self, i: usize) -> u64 {
+        u64::from_le_bytes(self.buf.0[8 * i..8 * i + 8].try_into().expect("8 bytes"))
     }
 
     /// Launches `f` on `stream` with `grid` blocks of `block` threads (`cuLaunchKernel`).
@@ -753,7 +776,7 @@ impl Params {
         const BUFFER_SIZE: *mut c_void = ptr::without_provenance_mut(2);
         let mut extra: [*mut c_void; 5] = [
             BUFFER_POINTER,
-            self.buf.as_mut_ptr().cast(),
+            self.buf.0.as_mut_ptr().cast(),
             BUFFER_SIZE,
             (&mut len as *mut usize).cast(),
             ptr::null_mut(),
@@ -819,13 +842,13 @@ mod tests {
         // u64, u32, u64, u32, u32 -> offsets 0, 8, 16, 24, 28; 32 bytes.
         let p = Params::new(&[0x1111_2222_3333_4444, 5, 6, 7, 8], &[8, 4, 8, 4, 4]);
         assert_eq!(p.len, 32);
-        assert_eq!(p.buf[0], 0x1111_2222_3333_4444);
-        assert_eq!(p.buf[1], 5);
-        assert_eq!(p.buf[2], 6);
-        assert_eq!(p.buf[3], 7 | (8 << 32));
+        assert_eq!(p.word(0), 0x1111_2222_3333_4444);
+        assert_eq!(p.word(1), 5);
+        assert_eq!(p.word(2), 6);
+        assert_eq!(p.word(3), 7 | (8 << 32));
         // a u32 followed by a u64 leaves a 4-byte hole
         let p = Params::new(&[u32::MAX as u64, 9], &[4, 8]);
-        assert_eq!((p.len, p.buf[0], p.buf[1]), (16, u32::MAX as u64, 9));
+        assert_eq!((p.len, p.word(0), p.word(1)), (16, u32::MAX as u64, 9));
         assert_eq!(Params::new(&[], &[]).len, 0);
     }
 
@@ -930,7 +953,7 @@ mod tests {
             &SpinArgs::SIZES[..],
         ] {
             let p = Params::new(&vec![0; sizes.len()], sizes);
-            assert!(p.len <= 8 * p.buf.len() && p.len <= 4096, "{sizes:?}");
+            assert!(p.len <= p.buf.0.len() && p.len <= 4096, "{sizes:?}");
         }
     }
 }

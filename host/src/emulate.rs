@@ -83,7 +83,7 @@ unsafe fn run(plan: &Plan<'_>) {
     match plan {
         Plan::Nothing => {}
         Plan::Dma(spans) => {
-            for s in spans {
+            for s in spans.iter() {
                 // SAFETY: validated spans in host memory (caller).
                 unsafe { std::ptr::copy(s.src as *const u8, s.dst as *mut u8, s.bytes as usize) };
             }

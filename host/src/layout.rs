@@ -3,6 +3,7 @@
 //! buffer's length (vLLM #47056 is what guessing does).
 
 use crate::error::{invalid, Error, Result};
+use crate::inline::InlineVec;
 
 /// Token-major K or V input: token `t`, head `h`, element `d` at element offset
 /// `t * token_stride + h * head_stride + d`.
@@ -365,8 +366,8 @@ impl PagedLayout {
             self.elem_bytes,
         )?;
         let e = self.elem_bytes as u64;
-        let mut dims = self.dims().to_vec();
-        dims.push((pieces, piece_stride as u64 * e));
+        let [blocks, slots, heads] = self.dims();
+        let dims = [blocks, slots, heads, (pieces, piece_stride as u64 * e)];
         if !chunks_disjoint(&dims, self.piece_elems as u64 * e) {
             return Err(invalid(
                 name,
@@ -443,10 +444,16 @@ fn extent_bytes(
 /// least the span of everything below it. Layouts that interleave in stranger ways are
 /// rejected even if they happen to be disjoint.
 pub(crate) fn chunks_disjoint(dims: &[(usize, u64)], chunk: u64) -> bool {
-    let mut d: Vec<(usize, u64)> = dims.iter().copied().filter(|&(c, _)| c > 1).collect();
+    // A handful of dimensions (at most 5 from kvio's callers): sorted on the stack.
+    let mut d: InlineVec<(usize, u64), 8> = InlineVec::with_capacity(dims.len());
+    for &(c, s) in dims {
+        if c > 1 {
+            d.push((c, s));
+        }
+    }
     d.sort_by_key(|&(_, s)| s);
     let mut span = chunk as u128;
-    for (count, stride) in d {
+    for &(count, stride) in d.iter() {
         if (stride as u128) < span {
             return false;
         }

@@ -93,6 +93,7 @@ mod driver;
 pub mod emulate;
 mod error;
 mod error_word;
+mod inline;
 mod launch;
 pub mod layout;
 mod mem;

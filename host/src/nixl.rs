@@ -91,7 +91,7 @@ pub fn descriptors(copy: &BlockCopy<'_>, op: XferOp) -> Result<Vec<Desc>> {
     map::check_host_ids(&copy.src, &dst, pairs)?;
     let spans = dma::spans(&copy.src, &dst, &geo, pairs);
     Ok(spans
-        .into_iter()
+        .iter()
         .map(|s| match op {
             XferOp::Write => Desc {
                 local: s.src,

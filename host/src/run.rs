@@ -1,5 +1,27 @@
 //! The runner: executes a [`Plan`] on the caller's stream, in order, without synchronising.
 //! (The CPU emulator, [`crate::emulate`], executes the same plans on host memory.)
+//!
+//! Driver calls per operation, planning and running together (the per-call floor, issue 13;
+//! bench group `host` measures them). Nothing else reaches the driver per call: no context or
+//! device query, no function lookup (entry points and occupancy caps are resolved by
+//! [`Kvio::load`](crate::Kvio::load)), no synchronisation, and no heap allocation up to 64 host
+//! pairs, 16 DMA spans and 64 batched copies (beyond, one allocation per list).
+//! - `update_slots`, `update_mla`, `update_slices`: one launch, `cuLaunchKernel`
+//!   (`cuLaunchKernelEx` through a [`StreamRef::pdl`] reference where PDL is supported).
+//! - `copy_blocks`, planning: one `cuPointerGetAttributes` per pool given as one strided
+//!   range (`blocks::plan::geometry`): whether it is device or pinned host memory decides the
+//!   entry point and CTA size, and refuses memory the kernels cannot reach. The answer cannot
+//!   be cached by address, since the caller may free and reuse the range between calls; a
+//!   [`LayerTable`](crate::LayerTable) classifies its caches once, when it is built.
+//! - `copy_blocks`, kernel backend: one launch, after the host map's upload if the map is
+//!   on the host: `cuMemcpyHtoDAsync` into the caller's staging buffer, or else
+//!   `cuMemAllocFromPoolAsync` + `cuMemcpyHtoDAsync` + launch + `cuMemFreeAsync` on kvio's
+//!   scratch pool (stream-ordered, so concurrent streams never share the bytes and graph
+//!   capture records them as nodes).
+//! - `copy_blocks`, DMA backend: `cuStreamIsCapturing` (under capture kvio enqueues the
+//!   per-span copies) and one `cuMemcpyBatchAsync` for all spans where the driver has it
+//!   (CUDA ≥ 12.8, more than one span, not the legacy default stream); else one
+//!   `cuMemcpyAsync` per span.
 
 use cust::sys as cu;
 use kvio_kernels::args::{CopyArgs, SliceArgs, SlotArgs, TileArgs};
@@ -27,7 +49,7 @@ impl Kvio {
                         return unsafe { batch.copy(spans, raw) };
                     }
                 }
-                for s in spans {
+                for s in spans.iter() {
                     // SAFETY: the planner validated both ranges against their pools (device or
                     // pinned, mapped memory the caller keeps alive for the work).
                     check("cuMemcpyAsync", unsafe {

@@ -5,7 +5,7 @@ use kvio_kernels::index::{check_pair, chunk_at, PairCheck};
 
 use super::plan::Geometry;
 use super::pool::BlockPool;
-use crate::plan::Span;
+use crate::plan::{Span, Spans};
 
 /// The spans of a validated block copy with a host map; consecutive pairs `(s, d)`,
 /// `(s+1, d+1)` merge into one span when a block's chunk fills its block stride on both sides
@@ -17,22 +17,26 @@ pub(crate) fn spans(
     dst: &BlockPool<'_>,
     geo: &Geometry,
     pairs: &[[i64; 2]],
-) -> Vec<Span> {
+) -> Spans {
     let (nsrc, ndst) = (src.layout.num_blocks as u64, dst.layout.num_blocks as u64);
-    let valid: Vec<(u64, u64)> = pairs
+    // The valid pairs in order (padding dropped), without collecting them.
+    let mut valid = pairs
         .iter()
         .filter(|p| check_pair(p[0], p[1], nsrc, ndst) == PairCheck::Valid)
         .map(|p| (p[0] as u64, p[1] as u64))
-        .collect();
+        .peekable();
     let (from, to) = (src.side(), dst.side());
     let [nl, np, nt, nh] = geo.ext;
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < valid.len() {
-        let (s0, d0) = valid[i];
+    // At most one span per chunk of each pair: one allocation of that size at most.
+    let per_pair = geo.ext.iter().product::<u64>();
+    let bound = (pairs.len() as u64).saturating_mul(per_pair);
+    // (reserved up to 2^20 spans; a larger plan grows as it goes).
+    let mut out = Spans::with_capacity(bound.min(1 << 20) as usize);
+    while let Some((s0, d0)) = valid.next() {
         let mut run = 1;
         if geo.block_contiguous {
-            while i + run < valid.len() && valid[i + run] == (s0 + run as u64, d0 + run as u64) {
+            while valid.peek() == Some(&(s0 + run as u64, d0 + run as u64)) {
+                valid.next();
                 run += 1;
             }
         }
@@ -53,7 +57,6 @@ pub(crate) fn spans(
                 }
             }
         }
-        i += run;
     }
     out
 }

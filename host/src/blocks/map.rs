@@ -5,6 +5,7 @@ use kvio_kernels::index::{check_pair, pair_fault, PairCheck, PairFault};
 
 use super::pool::{Bases, BlockPool};
 use crate::error::{invalid, Error, Result};
+use crate::inline::InlineVec;
 use crate::mem::DeviceBytes;
 
 /// The `(src_block, dst_block)` pairs of a block copy.
@@ -39,6 +40,26 @@ pub enum BlockMap<'a> {
     },
 }
 
+/// Pairs of a host map checked without a heap allocation (larger maps allocate once).
+const INLINE_PAIRS: usize = 64;
+
+/// Whether two lists of disjoint ranges, each in address order, share a byte (one sweep).
+fn intersect(a: impl Iterator<Item = (u64, u64)>, b: impl Iterator<Item = (u64, u64)>) -> bool {
+    let (mut a, mut b) = (a.peekable(), b.peekable());
+    while let (Some(&(a0, a1)), Some(&(b0, b1))) = (a.peek(), b.peek()) {
+        if a0 < b1 && b0 < a1 {
+            return true;
+        }
+        // The range that ends first cannot meet any later range of the other list.
+        if a1 <= b1 {
+            a.next();
+        } else {
+            b.next();
+        }
+    }
+    false
+}
+
 /// Validates a host map: ids in range (negatives are padding), no destination twice, and —
 /// when the pools share memory — no block both read and written.
 pub(crate) fn check_host_map(
@@ -49,21 +70,19 @@ pub(crate) fn check_host_map(
     let dsts = check_host_ids(src, dst, pairs)?;
     let (nsrc, ndst) = (src.layout.num_blocks as u64, dst.layout.num_blocks as u64);
     let (se, de) = (src.layout.extent("src")?, dst.layout.extent("dst")?);
-    let shared = src
-        .ranges(se)
-        .iter()
-        .any(|&(a0, a1)| dst.ranges(de).iter().any(|&(b0, b1)| a0 < b1 && b0 < a1));
+    let shared = intersect(src.sorted_ranges(se), dst.sorted_ranges(de));
     if shared {
         if let (Some(a), Some(b)) = (block_footprint(src), block_footprint(dst)) {
             // Block-major pools: compare the byte ranges blocks occupy.
-            let mut reads: Vec<(u64, u64, usize)> = pairs
-                .iter()
-                .enumerate()
-                .filter(|(_, p)| check_pair(p[0], p[1], nsrc, ndst) == PairCheck::Valid)
-                .map(|(i, p)| (a.0 + p[0] as u64 * a.1, a.0 + (p[0] as u64 + 1) * a.1, i))
-                .collect();
+            let mut reads: InlineVec<(u64, u64, usize), INLINE_PAIRS> =
+                InlineVec::with_capacity(pairs.len());
+            for (i, p) in pairs.iter().enumerate() {
+                if check_pair(p[0], p[1], nsrc, ndst) == PairCheck::Valid {
+                    reads.push((a.0 + p[0] as u64 * a.1, a.0 + (p[0] as u64 + 1) * a.1, i));
+                }
+            }
             reads.sort_unstable();
-            for &(d, di) in &dsts {
+            for &(d, di) in dsts.iter() {
                 let (lo, hi) = (b.0 + d as u64 * b.1, b.0 + (d as u64 + 1) * b.1);
                 // first read range ending after lo; it overlaps if it starts before hi
                 let k = reads.partition_point(|r| r.0 + a.1 <= lo);
@@ -77,14 +96,15 @@ pub(crate) fn check_host_map(
             }
         } else if same_block_addressing(src, dst) {
             // Scattered blocks, addressed identically: ids name the same bytes.
-            let mut srcs: Vec<(i64, usize)> = pairs
-                .iter()
-                .enumerate()
-                .filter(|(_, p)| check_pair(p[0], p[1], nsrc, ndst) == PairCheck::Valid)
-                .map(|(i, p)| (p[0], i))
-                .collect();
+            let mut srcs: InlineVec<(i64, usize), INLINE_PAIRS> =
+                InlineVec::with_capacity(pairs.len());
+            for (i, p) in pairs.iter().enumerate() {
+                if check_pair(p[0], p[1], nsrc, ndst) == PairCheck::Valid {
+                    srcs.push((p[0], i));
+                }
+            }
             srcs.sort_unstable();
-            for &(d, di) in &dsts {
+            for &(d, di) in dsts.iter() {
                 if let Ok(k) = srcs.binary_search_by_key(&d, |&(s, _)| s) {
                     return Err(Error::Overlap {
                         name: "map",
@@ -111,7 +131,7 @@ pub(crate) fn check_host_ids(
     src: &BlockPool<'_>,
     dst: &BlockPool<'_>,
     pairs: &[[i64; 2]],
-) -> Result<Vec<(i64, usize)>> {
+) -> Result<InlineVec<(i64, usize), INLINE_PAIRS>> {
     let (nsrc, ndst) = (src.layout.num_blocks as u64, dst.layout.num_blocks as u64);
     for (i, &[s, d]) in pairs.iter().enumerate() {
         // The kernel's rule (`index::check_pair`), with the bad side named.
@@ -128,12 +148,12 @@ pub(crate) fn check_host_ids(
             });
         }
     }
-    let mut dsts: Vec<(i64, usize)> = pairs
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| check_pair(p[0], p[1], nsrc, ndst) == PairCheck::Valid)
-        .map(|(i, p)| (p[1], i))
-        .collect();
+    let mut dsts: InlineVec<(i64, usize), INLINE_PAIRS> = InlineVec::with_capacity(pairs.len());
+    for (i, p) in pairs.iter().enumerate() {
+        if check_pair(p[0], p[1], nsrc, ndst) == PairCheck::Valid {
+            dsts.push((p[1], i));
+        }
+    }
     dsts.sort_unstable();
     if let Some(w) = dsts.windows(2).find(|w| w[0].0 == w[1].0) {
         return Err(Error::Overlap {

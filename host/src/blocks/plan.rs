@@ -205,10 +205,20 @@ pub(crate) fn geometry(
     }
     // Memory the pools live in: device or pinned host, nothing else. One driver query per
     // strided pool; a layer table was classified when it was built.
+    // A copy inside one pool asks once: the same address, classified at the same moment.
+    let mut asked: Option<(u64, MemoryKind)> = None;
+    let mut classify = |ptr: u64| match asked {
+        Some((at, kind)) if at == ptr => kind,
+        _ => {
+            let kind = kind_of(ptr);
+            asked = Some((ptr, kind));
+            kind
+        }
+    };
     let mut host_involved = false;
     for (name, pool) in [("src", s), ("dst", d)] {
         let verdict = match pool.bases {
-            Bases::Strided { mem, .. } => match kind_of(mem.ptr()) {
+            Bases::Strided { mem, .. } => match classify(mem.ptr()) {
                 MemoryKind::Device => TableAccess::Device,
                 MemoryKind::PinnedHost => TableAccess::WithHost,
                 _ => TableAccess::Unreachable(mem.ptr()),
@@ -272,21 +282,14 @@ pub(crate) fn geometry(
     })
 }
 
-/// Largest divisor of `n` that is at most `cap` (1 if none larger).
+/// Largest divisor of `n` that is at most `cap` (1 if none larger). Counts down from
+/// `min(cap, n)`: at most `cap` (≤ 1,024 here) divisions, usually one (chunks are powers of two
+/// times small factors), where a search up to `sqrt(n)` took hundreds per call.
 fn largest_divisor_at_most(n: u64, cap: u64) -> u64 {
-    let mut best = 1;
-    let mut i = 1;
-    while i * i <= n {
-        if n.is_multiple_of(i) {
-            for d in [i, n / i] {
-                if d <= cap && d > best {
-                    best = d;
-                }
-            }
-        }
-        i += 1;
-    }
-    best
+    (1..=cap.min(n))
+        .rev()
+        .find(|d| n.is_multiple_of(*d))
+        .unwrap_or(1)
 }
 
 /// The launch of a validated block copy whose `n` pairs are at device address `pairs`;
@@ -312,15 +315,17 @@ fn launch(
     };
     let (sb, st, ss) = side(&op.src);
     let (db, dt, ds) = side(&op.dst.read());
-    let mut widths = vec![geo.chunk, sb, db];
-    widths.extend_from_slice(&ss);
-    widths.extend_from_slice(&ds);
-    for pool in [&op.src, &op.dst.read()] {
-        if let Bases::Table(t) = pool.bases {
-            widths.extend_from_slice(t.bases());
-        }
-    }
-    let width = access_width(&widths);
+    // `access_width` ORs its values, so a table's bases enter as the OR the table keeps.
+    let bases_or = |p: &BlockPool<'_>| match p.bases {
+        Bases::Table(t) => t.bases_or(),
+        Bases::Strided { .. } => 0,
+    };
+    let (so, dor) = (bases_or(&op.src), bases_or(&op.dst.read()));
+    let [s0, s1, s2, s3, s4] = ss;
+    let [d0, d1, d2, d3, d4] = ds;
+    let width = access_width(&[
+        geo.chunk, sb, db, s0, s1, s2, s3, s4, d0, d1, d2, d3, d4, so, dor,
+    ]);
     // Split big chunks into pieces of at most MAX_PIECE bytes (whole multiples of the access).
     let units = geo.chunk / width as u64;
     let piece = largest_divisor_at_most(units, (MAX_PIECE / width as u64).max(1)) * width as u64;
@@ -843,6 +848,21 @@ mod tests {
     }
 
     #[test]
+    fn largest_divisor_matches_a_full_search() {
+        let full = |n: u64, cap: u64| {
+            (1..=n)
+                .filter(|d| n.is_multiple_of(*d) && *d <= cap)
+                .max()
+                .unwrap_or(1)
+        };
+        for n in (0..600).chain([1 << 17, 3 << 12, 1_000_003, 65_536 * 3 * 5]) {
+            for cap in [0, 1, 2, 7, 64, 1024] {
+                assert_eq!(largest_divisor_at_most(n, cap), full(n, cap), "{n} {cap}");
+            }
+        }
+    }
+
+    #[test]
     fn dma_spans_merge_runs_of_whole_blocks() {
         let (s, d) = (nhd(SRC, NB, L, BS, H, D, E), nhd(DST, 7, L, BS, H, D, E));
         let block = (L * 2 * BS * H * D * E) as u64;
@@ -855,7 +875,7 @@ mod tests {
         let (_, p) = plan(&dma, &target(MemoryKind::Device)).unwrap();
         let Plan::Dma(spans) = p else { panic!("{p:?}") };
         assert_eq!(
-            spans,
+            spans.to_vec(),
             vec![
                 Span {
                     dst: DST + block,
@@ -896,7 +916,7 @@ mod tests {
                 });
             }
         }
-        assert_eq!(spans, want);
+        assert_eq!(spans.to_vec(), want);
     }
 
     #[test]

@@ -436,22 +436,25 @@ impl<'a, A: Copy> BlockPool<'a, A> {
                         len: mem.len() as u64,
                     });
                 }
-                let (mut dims, chunk) = match pieced_block {
-                    Some(block) => (
-                        vec![(
+                // (count, byte stride) of each dimension, on the stack: [blocks] or [blocks,
+                // slots, heads], then layers and parts.
+                let mut dims = [(0usize, 0u64); 5];
+                let (inner, chunk) = match pieced_block {
+                    Some(block) => {
+                        dims[0] = (
                             self.layout.num_blocks,
                             (self.layout.block_stride * self.layout.elem_bytes) as u64,
-                        )],
-                        block,
-                    ),
-                    None => (
-                        self.layout.dims().to_vec(),
-                        self.layout.chunk_bytes() as u64,
-                    ),
+                        );
+                        (1, block)
+                    }
+                    None => {
+                        dims[..3].copy_from_slice(&self.layout.dims());
+                        (3, self.layout.chunk_bytes() as u64)
+                    }
                 };
-                dims.push((self.layers, layer_stride as u64));
-                dims.push((self.parts, part_stride as u64));
-                if !chunks_disjoint(&dims, chunk) {
+                dims[inner] = (self.layers, layer_stride as u64);
+                dims[inner + 1] = (self.parts, part_stride as u64);
+                if !chunks_disjoint(&dims[..inner + 2], chunk) {
                     return Err(invalid(
                         name,
                         (layer_stride, part_stride),
@@ -474,13 +477,9 @@ impl<'a, A: Copy> BlockPool<'a, A> {
                         len: t.min_len() as u64,
                     });
                 }
-                let mut r: Vec<(u64, u64)> = t
-                    .entries()
-                    .iter()
-                    .map(|e| (e.ptr(), e.ptr() + ext))
-                    .collect();
-                r.sort_unstable();
-                if r.windows(2).any(|w| w[1].0 < w[0].1) {
+                // Sorted by address, two caches of `ext` bytes overlap exactly when two
+                // consecutive bases are less than `ext` apart (the table keeps that gap).
+                if t.min_gap() < ext {
                     return Err(invalid(name, "table", "two layer/part caches overlap"));
                 }
             }
@@ -489,6 +488,7 @@ impl<'a, A: Copy> BlockPool<'a, A> {
     }
 
     /// Address ranges of the pool's caches (for overlap and memory-kind checks).
+    #[cfg(feature = "nixl")]
     pub(crate) fn ranges(&self, ext: u64) -> Vec<(u64, u64)> {
         match self.bases {
             Bases::Strided { mem, .. } => vec![(mem.ptr(), mem.ptr() + mem.len() as u64)],
@@ -498,6 +498,22 @@ impl<'a, A: Copy> BlockPool<'a, A> {
                 .map(|e| (e.ptr(), e.ptr() + ext))
                 .collect(),
         }
+    }
+
+    /// Address ranges of the pool's caches (a strided pool's whole view, or `ext` bytes from
+    /// each table base), in address order and without allocating (a table sorts its bases
+    /// when it is built). Disjoint for a pool that passed [`BlockPool::extent`] with `ext`.
+    pub(crate) fn sorted_ranges(&self, ext: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let (one, table) = match self.bases {
+            Bases::Strided { mem, .. } => (Some((mem.ptr(), mem.ptr() + mem.len() as u64)), None),
+            Bases::Table(t) => (None, Some(t.sorted_bases())),
+        };
+        one.into_iter().chain(
+            table
+                .into_iter()
+                .flatten()
+                .map(move |&p| (p, p.saturating_add(ext))),
+        )
     }
 
     /// The pool as the shared addressing sees it (`index::chunk_at`): strided base or the

@@ -8,6 +8,8 @@
 //! [`validate_slices`] check host copies of index lists before the caller uploads them
 //! (device-resident lists are checked by the kernels).
 
+#[cfg(test)]
+mod cpu_bench;
 mod lists;
 
 use kvio_kernels::args::{CopyArgs, SliceArgs, SlotArgs, TileArgs};
@@ -17,6 +19,7 @@ pub use lists::{
 };
 
 use crate::alloc::MemoryKind;
+use crate::inline::InlineVec;
 use crate::launch::GridCap;
 
 /// What one operation does once validated.
@@ -27,7 +30,7 @@ pub(crate) enum Plan<'a> {
     /// Nothing (no token, no pair).
     Nothing,
     /// Copy-engine copies, in order.
-    Dma(Vec<Span>),
+    Dma(Spans),
     /// One kernel launch, after an optional host-to-device upload of its index list.
     Kernel {
         /// Copied to the device first, on the same stream.
@@ -37,8 +40,12 @@ pub(crate) enum Plan<'a> {
     },
 }
 
+/// The copies of a DMA plan: inline up to 16 (a decode-size transfer between cross-layer
+/// pools plans no heap allocation), else one allocation of the planned count.
+pub(crate) type Spans = InlineVec<Span, 16>;
+
 /// One contiguous copy of the DMA backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Span {
     /// Destination address.
     pub(crate) dst: u64,
