@@ -15,44 +15,14 @@ use kvio::nixl::nixl_sys::{Agent, XferOp};
 use kvio::nixl::{self, Notifications, PostArgs, Registration};
 use kvio::reference::{self, PoolImage};
 use kvio::{BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceBytesMut, Writable};
-use kvio_suite::{assert_same, random_bytes, skipped, Kind, Rng, Shape};
+use kvio_suite::nixl::{agent, loopback_only, present};
+use kvio_suite::{assert_same, random_bytes, Kind, Rng, Shape};
 
 /// Longest a transfer may take before the test fails (loopback: milliseconds).
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Bytes a destination holds before a transfer (never what a source holds everywhere).
 const POISON: u8 = 0xA5;
-
-/// Whether the NIXL libraries are there; panics when they must be (`KVIO_REQUIRE_NIXL=1`).
-fn nixl_present(test: &str) -> bool {
-    if nixl::available() {
-        return true;
-    }
-    let why = "libnixl_capi.so not found (install the nixl-cu12 wheel and put its libraries \
-               on LD_LIBRARY_PATH, see .ci/run)";
-    if std::env::var("KVIO_REQUIRE_NIXL").as_deref() == Ok("1") {
-        panic!("{test}: KVIO_REQUIRE_NIXL=1 but {why}");
-    }
-    skipped(test, why);
-    false
-}
-
-/// Keeps UCX on this host (shared memory, self, TCP on `lo`) unless the caller chose.
-fn loopback_only() {
-    for (k, v) in [("UCX_TLS", "sm,self,tcp"), ("UCX_NET_DEVICES", "lo")] {
-        if std::env::var_os(k).is_none() {
-            std::env::set_var(k, v);
-        }
-    }
-}
-
-/// An agent with a UCX backend on its default parameters.
-fn agent(name: &str) -> Agent {
-    let a = Agent::new(name).expect("Agent::new");
-    let (_mems, params) = a.get_plugin_params("UCX").expect("UCX plugin parameters");
-    a.create_backend("UCX", &params).expect("UCX backend");
-    a
-}
 
 /// Pairs in runs of consecutive ids (1 to 4 long, shuffled), one in 8 padding: every block of
 /// `dst_blocks` written once, sources random.
@@ -267,11 +237,11 @@ fn notifications() {
 
 #[test]
 fn nixl_loopback_dram() {
-    if !nixl_present("nixl_loopback_dram") {
+    if !present("nixl_loopback_dram") {
         return;
     }
     // One test function: the UCX environment is set before any agent exists, on one thread.
-    loopback_only();
+    loopback_only(false);
     write_then_read_back(Kind::CrossNhd, 1);
     write_then_read_back(Kind::LayerFirst, 2);
     notifications();
