@@ -1,7 +1,9 @@
 //! NIXL block transfers between two agents of this process over UCX on loopback, DRAM to
 //! DRAM, against the CPU reference, bit for bit: agent A writes blocks of its pool into agent
 //! B's pool, then reads blocks of B's pool back into a second pool of its own, for a
-//! cross-layer pool and a layer-first (layer-separate style) strided pool.
+//! cross-layer pool and a layer-first (layer-separate style) strided pool. The write carries
+//! a notification: B learns from it (not from A) that the bytes are there. Notification
+//! timeouts and plain notifications are checked too.
 //!
 //! UCX is kept on this host: `UCX_TLS=sm,self,tcp`, `UCX_NET_DEVICES=lo` (unless already set).
 //! Skips when `libnixl_capi.so` cannot be loaded unless `KVIO_REQUIRE_NIXL=1` (see `.ci/run`
@@ -10,47 +12,17 @@
 use std::time::Duration;
 
 use kvio::nixl::nixl_sys::{Agent, XferOp};
-use kvio::nixl::{self, Registration};
+use kvio::nixl::{self, Notifications, PostArgs, Registration};
 use kvio::reference::{self, PoolImage};
 use kvio::{BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceBytesMut, Writable};
-use kvio_suite::{assert_same, random_bytes, skipped, Kind, Rng, Shape};
+use kvio_suite::nixl::{agent, loopback_only, present};
+use kvio_suite::{assert_same, random_bytes, Kind, Rng, Shape};
 
 /// Longest a transfer may take before the test fails (loopback: milliseconds).
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Bytes a destination holds before a transfer (never what a source holds everywhere).
 const POISON: u8 = 0xA5;
-
-/// Whether the NIXL libraries are there; panics when they must be (`KVIO_REQUIRE_NIXL=1`).
-fn nixl_present(test: &str) -> bool {
-    if nixl::available() {
-        return true;
-    }
-    let why = "libnixl_capi.so not found (install the nixl-cu12 wheel and put its libraries \
-               on LD_LIBRARY_PATH, see .ci/run)";
-    if std::env::var("KVIO_REQUIRE_NIXL").as_deref() == Ok("1") {
-        panic!("{test}: KVIO_REQUIRE_NIXL=1 but {why}");
-    }
-    skipped(test, why);
-    false
-}
-
-/// Keeps UCX on this host (shared memory, self, TCP on `lo`) unless the caller chose.
-fn loopback_only() {
-    for (k, v) in [("UCX_TLS", "sm,self,tcp"), ("UCX_NET_DEVICES", "lo")] {
-        if std::env::var_os(k).is_none() {
-            std::env::set_var(k, v);
-        }
-    }
-}
-
-/// An agent with a UCX backend on its default parameters.
-fn agent(name: &str) -> Agent {
-    let a = Agent::new(name).expect("Agent::new");
-    let (_mems, params) = a.get_plugin_params("UCX").expect("UCX plugin parameters");
-    a.create_backend("UCX", &params).expect("UCX backend");
-    a
-}
 
 /// Pairs in runs of consecutive ids (1 to 4 long, shuffled), one in 8 padding: every block of
 /// `dst_blocks` written once, sources random.
@@ -178,10 +150,29 @@ fn write_then_read_back(kind: Kind, seed: u64) {
     b.load_remote_md(&a.get_local_md().expect("A's metadata"))
         .expect("B loads A's metadata");
 
-    // 1. A writes blocks of its pool into B's pool.
+    // 1. A writes blocks of its pool into B's pool with a notification; B waits for that
+    //    notification, then reads its pool (A's transfer handle is only dropped afterwards).
     let pairs = run_pairs(sa.blocks, sb.blocks, &mut rng);
     let write = BlockCopy::new(a_pool, b_pool, BlockMap::Host(&pairs));
-    let descs = run(&a, &b_name, XferOp::Write, &write);
+    let mut inbox = Notifications::new(&b);
+    let msg = format!("blocks-ready-{kind:?}");
+    let args = PostArgs {
+        notify: Some(msg.as_bytes()),
+        ..PostArgs::default()
+    };
+    // SAFETY: both pools are Vecs of this test, alive and untouched until B got the
+    // notification and A's transfer reports completion.
+    let t = unsafe { nixl::post_with(&a, &b_name, XferOp::Write, &write, &args) }.expect("post");
+    // One thread plays both agents: A's side must be progressed (its status polled) for the
+    // transfer to finish and the notification to go out, as a sending process does.
+    let start = std::time::Instant::now();
+    while !inbox.take(&a.name(), msg.as_bytes()).expect("B polls") {
+        t.done().expect("A progresses its transfer");
+        assert!(start.elapsed() < TIMEOUT, "{test}: no notification");
+    }
+    t.wait(Some(TIMEOUT)).expect("wait");
+    let descs = t.descs();
+    drop(t);
     let valid = pairs.iter().filter(|p| p[0] >= 0).count();
     eprintln!("{test}: write: {valid} blocks in {descs} descriptors");
     let want = expected(
@@ -211,13 +202,47 @@ fn write_then_read_back(kind: Kind, seed: u64) {
     assert_same(&format!("{test} read"), &back_mem, &want);
 }
 
+/// Notifications without transfers, and waits that time out.
+fn notifications() {
+    let (a, b) = (agent("kvio-notify-a"), agent("kvio-notify-b"));
+    b.load_remote_md(&a.get_local_md().expect("A's metadata"))
+        .expect("B loads A's metadata");
+    a.load_remote_md(&b.get_local_md().expect("B's metadata"))
+        .expect("A loads B's metadata");
+    let mut inbox = Notifications::new(&b);
+    // Nothing sent: a short wait times out, as a typed error.
+    let e = inbox
+        .wait("kvio-notify-a", b"never", Some(Duration::from_millis(50)))
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            kvio::Error::Timeout {
+                op: "Notifications::wait",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // Two messages; waiting for the second leaves the first pending.
+    nixl::notify(&a, &b.name(), b"first").expect("notify");
+    nixl::notify(&a, &b.name(), b"second").expect("notify");
+    inbox
+        .wait("kvio-notify-a", b"second", Some(TIMEOUT))
+        .expect("second");
+    assert!(inbox.take("kvio-notify-a", b"first").expect("take"));
+    assert!(!inbox.take("kvio-notify-a", b"first").expect("take"));
+    assert!(inbox.drain().is_empty());
+}
+
 #[test]
 fn nixl_loopback_dram() {
-    if !nixl_present("nixl_loopback_dram") {
+    if !present("nixl_loopback_dram") {
         return;
     }
     // One test function: the UCX environment is set before any agent exists, on one thread.
-    loopback_only();
+    loopback_only(false);
     write_then_read_back(Kind::CrossNhd, 1);
     write_then_read_back(Kind::LayerFirst, 2);
+    notifications();
 }

@@ -87,6 +87,13 @@ pub enum Error {
         /// What NIXL reported.
         detail: String,
     },
+    /// A wait gave up: what it waited for did not happen in time (feature `nixl`).
+    Timeout {
+        /// What was waited for (`"Transfer::wait"`, `"Notifications::wait"`).
+        op: &'static str,
+        /// How long it waited.
+        waited: std::time::Duration,
+    },
 }
 
 /// `Result` with kvio's [`Error`].
@@ -144,6 +151,7 @@ impl fmt::Display for Error {
             ),
             Error::Overflow { name } => write!(f, "size of `{name}` overflows"),
             Error::Nixl { op, detail } => write!(f, "NIXL call {op} failed: {detail}"),
+            Error::Timeout { op, waited } => write!(f, "{op} timed out after {waited:?}"),
         }
     }
 }
@@ -409,6 +417,10 @@ mod tests {
                 op: "x",
                 detail: "d".into(),
             },
+            Error::Timeout {
+                op: "w",
+                waited: std::time::Duration::from_millis(5),
+            },
         ];
         for e in all {
             let named = match &e {
@@ -421,7 +433,7 @@ mod tests {
                 | Error::Overlap { name, .. }
                 | Error::NotDeviceAccessible { name, .. }
                 | Error::Overflow { name } => name,
-                Error::Nixl { op, .. } => op,
+                Error::Nixl { op, .. } | Error::Timeout { op, .. } => op,
             };
             let msg = e.to_string();
             assert!(msg.contains(named), "{msg:?} does not name {named:?}");

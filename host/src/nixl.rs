@@ -1,5 +1,7 @@
-//! NIXL interop (feature `nixl`): kvio block pools as NIXL memory, a block map between a local
-//! and a remote pool as NIXL descriptor lists. DRAM only for now.
+//! NIXL interop (feature `nixl`): kvio block pools as NIXL memory (host pools as DRAM, device
+//! pools as VRAM), a block map between a local and a remote pool as NIXL descriptor lists,
+//! transfers that end with a notification to the remote agent ([`PostArgs::notify`],
+//! [`Notifications`]).
 //!
 //! The mapping is the one Dynamo's block manager and vLLM's `NixlConnector` use: whole pool
 //! allocations are registered once ([`register_pool`]), and a transfer names one descriptor per
@@ -21,15 +23,16 @@
 use std::ffi::{c_char, c_int, c_void};
 use std::time::{Duration, Instant};
 
+use cust::sys as cu;
 pub use nixl_sys;
 use nixl_sys::{
-    Agent, MemType, MemoryRegion, NixlDescriptor, NixlError, RegistrationHandle, XferDescList,
-    XferOp, XferRequest, XferStatus,
+    Agent, MemType, MemoryRegion, NixlDescriptor, NixlError, NotificationMap, OptArgs,
+    RegistrationHandle, XferDescList, XferOp, XferRequest, XferStatus,
 };
 
 use crate::blocks::{dma, map, plan};
 use crate::error::{invalid, Error, Result};
-use crate::{BlockCopy, BlockMap, BlockPool, MemoryKind};
+use crate::{memory_kind, BlockCopy, BlockMap, BlockPool, MemoryKind};
 
 /// One NIXL descriptor pair: `len` contiguous bytes at `local` in this agent's memory and at
 /// `remote` in the remote agent's memory.
@@ -107,6 +110,80 @@ pub fn descriptors(copy: &BlockCopy<'_>, op: XferOp) -> Result<Vec<Desc>> {
         .collect())
 }
 
+/// The descriptor counts of the two ways to move a block copy between pools of different
+/// layouts ([`plans`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plans {
+    /// Descriptors of the direct transfer ([`descriptors`]): one per contiguous run the two
+    /// layouts share, per (layer, part) chunk when one side is layer-separate.
+    pub direct: usize,
+    /// Descriptors of the staged transfer: the local blocks gathered first (by kvio, in map
+    /// order) into a staging pool with the remote pool's layout, `staging_blocks` blocks,
+    /// staging block `i` holding the map's `i`-th valid pair, then one descriptor per run of
+    /// consecutive remote blocks (per (layer, part) chunk of a run when the remote pool is
+    /// itself layer-separate). For a [`XferOp::Read`] the staging pool receives the remote
+    /// blocks and kvio scatters them afterwards.
+    pub staged: usize,
+    /// Blocks of the staging pool (the map's valid pairs).
+    pub staging_blocks: usize,
+}
+
+impl Plans {
+    /// Whether staging saves descriptors (the staged plan has fewer).
+    pub fn stage(&self) -> bool {
+        self.staged < self.direct
+    }
+}
+
+/// The descriptor counts of moving `copy` as `op` directly and through a staging pool with
+/// the remote pool's layout ([`Plans`]). Validates as [`descriptors`]. Pure: no NIXL call.
+///
+/// ```
+/// use kvio::nixl::{plans, nixl_sys::XferOp};
+/// use kvio::{BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceBytesMut, PagedLayout};
+/// let (nb, l, bs, h, d, e) = (8, 4, 16, 2, 64, 2);
+/// let layout = PagedLayout::nhd(nb, bs, h, d, e);
+/// let chunk = nb * bs * h * d * e; // one layer/part cache
+/// // SAFETY: descriptions only.
+/// let (local, remote) = unsafe {
+///     (DeviceBytes::from_raw(0x1000, 2 * l * chunk),
+///      DeviceBytesMut::from_raw(0x9000_0000, 2 * l * chunk))
+/// };
+/// // Local: layer-first caches (layer-separate style); remote: cross-layer blocks.
+/// let src = BlockPool::strided(local, chunk, l * chunk, l, 2, layout);
+/// let dst = BlockPool::cross_layer_nhd(remote, nb, l, bs, h, d, e);
+/// let pairs = [[0, 2], [1, 3], [2, 4], [5, 0]];
+/// let p = plans(&BlockCopy::new(src, dst, BlockMap::Host(&pairs)), XferOp::Write)?;
+/// assert_eq!((p.direct, p.staged, p.staging_blocks), (4 * 2 * l, 2, 4));
+/// assert!(p.stage());
+/// # Ok::<(), kvio::Error>(())
+/// ```
+pub fn plans(copy: &BlockCopy<'_>, op: XferOp) -> Result<Plans> {
+    let direct = descriptors(copy, op)?.len();
+    let BlockMap::Host(pairs) = copy.map else {
+        unreachable!("descriptors refused a device map");
+    };
+    // The staged transfer is a copy between the staging pool and the remote pool, staging
+    // ids in map order: its runs are the runs of the remote ids, in the remote layout.
+    // Counted as the remote pool copied onto itself with those ids.
+    let (remote, col) = match op {
+        XferOp::Write => (copy.dst.read(), 1),
+        XferOp::Read => (copy.src, 0),
+    };
+    let ids: Vec<[i64; 2]> = pairs
+        .iter()
+        .filter(|p| p[0] >= 0 && p[1] >= 0)
+        .map(|p| [p[col], p[col]])
+        .collect();
+    let own = BlockCopy::new(remote, remote.description(), BlockMap::Host(&ids));
+    let staged = descriptors(&own, XferOp::Write)?.len();
+    Ok(Plans {
+        direct,
+        staged,
+        staging_blocks: ids.len(),
+    })
+}
+
 /// Whether the NIXL C API library (`libnixl_capi.so`) can be loaded. `nixl-sys` (built with
 /// `stub-api`) aborts the process on its first call when it cannot, so check this first.
 pub fn available() -> bool {
@@ -136,14 +213,102 @@ fn nixl_err(op: &'static str) -> impl FnOnce(NixlError) -> Error {
     }
 }
 
-/// One byte range of host memory, as NIXL registers it.
-#[derive(Debug)]
-struct Dram {
-    addr: u64,
-    len: usize,
+/// Where memory lives, as NIXL registers and addresses it: host memory (`DRAM`, pageable or
+/// pinned) or the memory of one CUDA device (`VRAM`, with the device's ordinal as NIXL's
+/// device id, the id vLLM's `NixlConnector` and Dynamo register GPU caches with).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Memory {
+    /// Host memory: a [`crate::PinnedHost`] pool, or any host allocation.
+    #[default]
+    Dram,
+    /// Device memory of CUDA device `device` (its ordinal): a [`crate::DeviceAlloc`] pool or
+    /// the device caches of a [`crate::LayerTable`].
+    Vram {
+        /// CUDA device ordinal.
+        device: u32,
+    },
 }
 
-impl MemoryRegion for Dram {
+impl Memory {
+    /// NIXL's memory type.
+    pub fn mem_type(self) -> MemType {
+        match self {
+            Memory::Dram => MemType::Dram,
+            Memory::Vram { .. } => MemType::Vram,
+        }
+    }
+
+    /// NIXL's device id (0 for host memory).
+    pub fn device_id(self) -> u64 {
+        match self {
+            Memory::Dram => 0,
+            Memory::Vram { device } => u64::from(device),
+        }
+    }
+
+    /// Classifies the address `ptr` with the CUDA driver: device memory is VRAM of its
+    /// device, pinned host memory and memory the driver does not know (pageable host memory)
+    /// DRAM. Managed memory is refused ([`Error::InvalidArgument`]). Without a CUDA driver
+    /// every address is DRAM.
+    pub fn of(ptr: u64) -> Result<Memory> {
+        match memory_kind(ptr) {
+            MemoryKind::PinnedHost | MemoryKind::Unregistered => Ok(Memory::Dram),
+            MemoryKind::Other => Err(invalid(
+                "ptr",
+                format_args!("{ptr:#x}"),
+                "managed memory: register it as DRAM or VRAM explicitly",
+            )),
+            MemoryKind::Device => {
+                let mut ordinal: c_int = -1;
+                // SAFETY: one attribute whose value is an int, written to a local int.
+                let r = unsafe {
+                    cu::cuPointerGetAttribute(
+                        (&mut ordinal as *mut c_int).cast(),
+                        cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                        ptr,
+                    )
+                };
+                crate::driver::check("cuPointerGetAttribute", r)?;
+                let device = u32::try_from(ordinal).map_err(|_| Error::Overflow { name: "ptr" })?;
+                Ok(Memory::Vram { device })
+            }
+        }
+    }
+}
+
+/// Where the memory of `pool` lives ([`Memory::of`] for each cache: the one allocation of a
+/// strided pool, every layer/part cache of a layer-table pool). A table whose caches lie in
+/// different memories is refused ([`Error::InvalidArgument`]): one NIXL descriptor list has
+/// one memory type.
+pub fn pool_memory<A: Copy>(pool: &BlockPool<'_, A>) -> Result<Memory> {
+    let ext = pool.extent("pool")?;
+    let mut found = None;
+    for (start, _) in pool.ranges(ext) {
+        let m = Memory::of(start)?;
+        match found {
+            None => found = Some(m),
+            Some(f) if f == m => {}
+            Some(f) => {
+                return Err(invalid(
+                    "pool",
+                    format_args!("{f:?} and {m:?}"),
+                    "caches in different memories",
+                ))
+            }
+        }
+    }
+    Ok(found.unwrap_or_default())
+}
+
+/// One byte range as NIXL registers it.
+#[derive(Debug)]
+struct Region {
+    addr: u64,
+    len: usize,
+    mem: Memory,
+}
+
+impl MemoryRegion for Region {
     unsafe fn as_ptr(&self) -> *const u8 {
         self.addr as *const u8
     }
@@ -153,13 +318,13 @@ impl MemoryRegion for Dram {
     }
 }
 
-impl NixlDescriptor for Dram {
+impl NixlDescriptor for Region {
     fn mem_type(&self) -> MemType {
-        MemType::Dram
+        self.mem.mem_type()
     }
 
     fn device_id(&self) -> u64 {
-        0
+        self.mem.device_id()
     }
 }
 
@@ -179,24 +344,47 @@ impl Registration {
     }
 }
 
-/// Registers the memory of `pool` with `agent` as DRAM: the whole allocation of a strided pool,
-/// every layer/part cache of a layer-table pool. A remote agent that loads `agent`'s metadata
-/// afterwards ([`Agent::get_local_md`]) can read and write these bytes.
+/// Registers the memory of `pool` with `agent` as DRAM: [`register_pool_in`] with
+/// [`Memory::Dram`].
 ///
 /// # Safety
 ///
-/// The pool's memory must be host memory (not device memory) that stays allocated until the
-/// returned [`Registration`] is dropped, and no Rust reference may be used to access it while a
-/// NIXL transfer (one this agent posts, or one a remote agent posts into it) can touch it.
+/// As [`register_pool_in`]; the pool's memory must be host memory.
 pub unsafe fn register_pool<A: Copy>(
     agent: &Agent,
     pool: &BlockPool<'_, A>,
+) -> Result<Registration> {
+    // SAFETY: forwarded from the caller.
+    unsafe { register_pool_in(agent, pool, Memory::Dram) }
+}
+
+/// Registers the memory of `pool` with `agent` as `mem`: the whole allocation of a strided
+/// pool, every layer/part cache of a layer-table pool (a [`crate::LayerTable`]'s caches, each
+/// one registration). A remote agent that loads `agent`'s metadata afterwards
+/// ([`Agent::get_local_md`]) can read and write these bytes. [`pool_memory`] tells `mem` for
+/// kvio's allocations.
+///
+/// # Safety
+///
+/// The pool's memory must be memory of kind `mem` (host memory for [`Memory::Dram`], memory
+/// of that CUDA device for [`Memory::Vram`]) that stays allocated until the returned
+/// [`Registration`] is dropped, and nothing (no Rust reference, no kernel or copy on a
+/// stream) may access it while a NIXL transfer (one this agent posts, or one a remote agent
+/// posts into it) can touch it.
+pub unsafe fn register_pool_in<A: Copy>(
+    agent: &Agent,
+    pool: &BlockPool<'_, A>,
+    mem: Memory,
 ) -> Result<Registration> {
     let ext = pool.extent("pool")?;
     let mut handles = Vec::new();
     for (start, end) in pool.ranges(ext) {
         let len = usize::try_from(end - start).map_err(|_| Error::Overflow { name: "pool" })?;
-        let region = Dram { addr: start, len };
+        let region = Region {
+            addr: start,
+            len,
+            mem,
+        };
         let h = agent
             .register_memory(&region, None)
             .map_err(nixl_err("register_memory"))?;
@@ -207,15 +395,38 @@ pub unsafe fn register_pool<A: Copy>(
 
 /// The local and remote DRAM descriptor lists of `descs` (device id 0), in order.
 pub fn desc_lists(descs: &[Desc]) -> Result<(XferDescList<'static>, XferDescList<'static>)> {
-    let mut local = XferDescList::new(MemType::Dram).map_err(nixl_err("XferDescList::new"))?;
-    let mut remote = XferDescList::new(MemType::Dram).map_err(nixl_err("XferDescList::new"))?;
+    desc_lists_in(descs, Memory::Dram, Memory::Dram)
+}
+
+/// The local (`local` memory) and remote (`remote` memory) descriptor lists of `descs`, in
+/// order.
+pub fn desc_lists_in(
+    descs: &[Desc],
+    local: Memory,
+    remote: Memory,
+) -> Result<(XferDescList<'static>, XferDescList<'static>)> {
+    let mut l = XferDescList::new(local.mem_type()).map_err(nixl_err("XferDescList::new"))?;
+    let mut r = XferDescList::new(remote.mem_type()).map_err(nixl_err("XferDescList::new"))?;
     for d in descs {
         let addr = |a: u64| usize::try_from(a).map_err(|_| Error::Overflow { name: "descs" });
         let len = addr(d.len)?;
-        local.add_desc(addr(d.local)?, len, 0);
-        remote.add_desc(addr(d.remote)?, len, 0);
+        l.add_desc(addr(d.local)?, len, local.device_id());
+        r.add_desc(addr(d.remote)?, len, remote.device_id());
     }
-    Ok((local, remote))
+    Ok((l, r))
+}
+
+/// How [`post_with`] posts a transfer: where the local and the remote memory live, and the
+/// notification the remote agent receives once the transfer is complete.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PostArgs<'a> {
+    /// The local pool's memory (the default: DRAM).
+    pub local: Memory,
+    /// The remote pool's memory (the default: DRAM).
+    pub remote: Memory,
+    /// A message NIXL delivers to the remote agent after the transfer's data (the remote
+    /// side's completion signal: [`Notifications`]); `None`: no notification.
+    pub notify: Option<&'a [u8]>,
 }
 
 /// A posted NIXL transfer ([`post`]).
@@ -240,8 +451,8 @@ impl Transfer {
         }
     }
 
-    /// Polls until the transfer is complete, or fails with [`Error::Nixl`] (`op` "wait") once
-    /// `timeout` has passed (`None`: no limit).
+    /// Polls until the transfer is complete, or fails with [`Error::Timeout`] once `timeout`
+    /// has passed (`None`: no limit); a failed transfer is [`Error::Nixl`].
     pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
         let start = Instant::now();
         loop {
@@ -249,9 +460,9 @@ impl Transfer {
                 return Ok(());
             }
             if timeout.is_some_and(|t| start.elapsed() > t) {
-                return Err(Error::Nixl {
-                    op: "wait",
-                    detail: format!("transfer not complete after {timeout:?}"),
+                return Err(Error::Timeout {
+                    op: "Transfer::wait",
+                    waited: start.elapsed(),
                 });
             }
             std::thread::yield_now();
@@ -260,34 +471,195 @@ impl Transfer {
 }
 
 /// Posts `copy` as one NIXL transfer of `op` to `remote_agent` (whose metadata `agent` has
-/// loaded): its [`descriptors`] as two DRAM descriptor lists, `create_xfer_req`, then
-/// `post_xfer_req`. Returns the transfer to wait for; nothing is posted on an error.
+/// loaded), DRAM to DRAM, without a notification: [`post_with`] with the default
+/// [`PostArgs`].
 ///
 /// # Safety
 ///
-/// Both pools' memory must stay allocated, and the local pool's bytes untouched by Rust
-/// references, until [`Transfer::done`] returned `true` (or [`Transfer::wait`] `Ok`): the
-/// transfer outlives the borrows `copy` holds. Dropping an unfinished [`Transfer`] asks NIXL to
-/// abort it, which can fail; the memory must not be released then either.
+/// As [`post_with`].
 pub unsafe fn post(
     agent: &Agent,
     remote_agent: &str,
     op: XferOp,
     copy: &BlockCopy<'_>,
 ) -> Result<Transfer> {
+    // SAFETY: forwarded from the caller.
+    unsafe { post_with(agent, remote_agent, op, copy, &PostArgs::default()) }
+}
+
+/// Posts `copy` as one NIXL transfer of `op` to `remote_agent` (whose metadata `agent` has
+/// loaded): its [`descriptors`] as two descriptor lists in `args`' memories,
+/// `create_xfer_req`, then `post_xfer_req` with `args.notify`. Returns the transfer to wait
+/// for; nothing is posted on an error.
+///
+/// # Safety
+///
+/// Both pools' memory must be of the kinds `args` names, and stay allocated, and the local
+/// pool's bytes untouched (by Rust references, kernels or copies), until [`Transfer::done`]
+/// returned `true` (or [`Transfer::wait`] `Ok`): the transfer outlives the borrows `copy`
+/// holds. Work that wrote the local source (a kernel on a stream) must be complete before
+/// this call. Dropping an unfinished [`Transfer`] asks NIXL to abort it, which can fail; the
+/// memory must not be released then either.
+pub unsafe fn post_with(
+    agent: &Agent,
+    remote_agent: &str,
+    op: XferOp,
+    copy: &BlockCopy<'_>,
+    args: &PostArgs<'_>,
+) -> Result<Transfer> {
     let descs = descriptors(copy, op)?;
-    let (local, remote) = desc_lists(&descs)?;
+    // SAFETY: the descriptors lie in `copy`'s pools; the rest is forwarded from the caller.
+    unsafe { post_descs(agent, remote_agent, op, &descs, args) }
+}
+
+/// Posts `descs` (from [`descriptors`], or a plan of the caller's such as a staging pool's)
+/// as one NIXL transfer of `op` to `remote_agent`, as [`post_with`] does.
+///
+/// # Safety
+///
+/// Every descriptor's local bytes must lie in memory of kind `args.local` registered with
+/// `agent`, its remote bytes in memory of kind `args.remote` the remote agent registered,
+/// and both must satisfy what [`post_with`] requires of the pools, until the transfer is
+/// complete.
+pub unsafe fn post_descs(
+    agent: &Agent,
+    remote_agent: &str,
+    op: XferOp,
+    descs: &[Desc],
+    args: &PostArgs<'_>,
+) -> Result<Transfer> {
+    let (local, remote) = desc_lists_in(descs, args.local, args.remote)?;
+    let opt = match args.notify {
+        Some(msg) => {
+            let mut o = OptArgs::new().map_err(nixl_err("OptArgs::new"))?;
+            o.set_notification_message(msg)
+                .map_err(nixl_err("set_notification_message"))?;
+            o.set_has_notification(true)
+                .map_err(nixl_err("set_has_notification"))?;
+            Some(o)
+        }
+        None => None,
+    };
     let req = agent
-        .create_xfer_req(op, &local, &remote, remote_agent, None)
+        .create_xfer_req(op, &local, &remote, remote_agent, opt.as_ref())
         .map_err(nixl_err("create_xfer_req"))?;
     agent
-        .post_xfer_req(&req, None)
+        .post_xfer_req(&req, opt.as_ref())
         .map_err(nixl_err("post_xfer_req"))?;
     Ok(Transfer {
         agent: agent.clone(),
         req,
         descs: descs.len(),
     })
+}
+
+/// One notification an agent received: the remote agent's name and its message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notification {
+    /// The agent that sent it.
+    pub from: String,
+    /// Its message.
+    pub msg: Vec<u8>,
+}
+
+/// The notifications an agent receives ([`PostArgs::notify`] of a remote agent's transfer,
+/// or [`notify`]), kept until asked for: [`Notifications::take`] and
+/// [`Notifications::wait`] pick one (sender, message) and leave the others.
+///
+/// A notification sent with a transfer arrives after the transfer's data (NIXL delivers it
+/// once the transfer is complete): the receiving side's signal that the bytes are there. The
+/// sender must keep progressing its transfer ([`Transfer::done`] or [`Transfer::wait`]) for
+/// it to complete and the notification to go out (seen with UCX on its default parameters:
+/// a receiver polling alone waits forever).
+pub struct Notifications {
+    agent: Agent,
+    pending: Vec<Notification>,
+}
+
+impl Notifications {
+    /// Receives `agent`'s notifications (those not yet fetched by another receiver).
+    pub fn new(agent: &Agent) -> Notifications {
+        Notifications {
+            agent: agent.clone(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Fetches what arrived (progressing the agent's backends); returns how many are pending.
+    pub fn poll(&mut self) -> Result<usize> {
+        let mut map = NotificationMap::new().map_err(nixl_err("NotificationMap::new"))?;
+        self.agent
+            .get_notifications(&mut map, None)
+            .map_err(nixl_err("get_notifications"))?;
+        let agents = map
+            .agents()
+            .map(|a| a.map(String::from))
+            .collect::<std::result::Result<Vec<String>, _>>()
+            .map_err(nixl_err("NotificationMap::agents"))?;
+        for from in agents {
+            let n = map
+                .get_notifications_size(&from)
+                .map_err(nixl_err("get_notifications_size"))?;
+            for i in 0..n {
+                let msg = map
+                    .get_notification_bytes(&from, i)
+                    .map_err(nixl_err("get_notification_bytes"))?;
+                self.pending.push(Notification {
+                    from: from.clone(),
+                    msg,
+                });
+            }
+        }
+        Ok(self.pending.len())
+    }
+
+    /// Every pending notification, in arrival order (after a [`Notifications::poll`]).
+    pub fn drain(&mut self) -> Vec<Notification> {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// Polls, then removes the first pending notification from `from` with message `msg`;
+    /// returns whether there was one.
+    pub fn take(&mut self, from: &str, msg: &[u8]) -> Result<bool> {
+        self.poll()?;
+        match self
+            .pending
+            .iter()
+            .position(|n| n.from == from && n.msg == msg)
+        {
+            Some(i) => {
+                self.pending.remove(i);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Polls until a notification from `from` with message `msg` arrived (and removes it), or
+    /// fails with [`Error::Timeout`] once `timeout` has passed (`None`: no limit).
+    pub fn wait(&mut self, from: &str, msg: &[u8], timeout: Option<Duration>) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            if self.take(from, msg)? {
+                return Ok(());
+            }
+            if timeout.is_some_and(|t| start.elapsed() > t) {
+                return Err(Error::Timeout {
+                    op: "Notifications::wait",
+                    waited: start.elapsed(),
+                });
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Sends `msg` to `remote_agent` as a notification without a transfer (a side signal: "ready",
+/// "done").
+pub fn notify(agent: &Agent, remote_agent: &str, msg: &[u8]) -> Result<()> {
+    agent
+        .send_notification(remote_agent, msg, None)
+        .map_err(nixl_err("send_notification"))
 }
 
 /// Runs `copy` as one NIXL transfer of `op` to `remote_agent` and polls until it is complete:
@@ -370,6 +742,45 @@ mod tests {
         let pairs = [[0, 1], [1, 2]];
         let op = BlockCopy::new(cross(SRC, NB), cross(SRC, NB), BlockMap::Host(&pairs));
         assert_eq!(descriptors(&op, XferOp::Write).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn memories_name_nixl_types_and_devices() {
+        assert_eq!(
+            (Memory::Dram.mem_type(), Memory::Dram.device_id()),
+            (MemType::Dram, 0)
+        );
+        let v = Memory::Vram { device: 3 };
+        assert_eq!((v.mem_type(), v.device_id()), (MemType::Vram, 3));
+        // Host memory, unknown to the driver (or no driver): DRAM.
+        let host = [0u8; 64];
+        assert_eq!(Memory::of(host.as_ptr() as u64).unwrap(), Memory::Dram);
+        assert_eq!(
+            pool_memory(&cross(host.as_ptr() as u64, NB)).unwrap(),
+            Memory::Dram
+        );
+    }
+
+    #[test]
+    fn plans_count_direct_and_staged_descriptors() {
+        let pairs = [[0, 3], [1, 4], [6, 5], [-1, -1], [2, 0]];
+        // Same layouts: nothing to gain.
+        let same = BlockCopy::new(cross(SRC, 8), cross(DST, 8), BlockMap::Host(&pairs));
+        let p = plans(&same, XferOp::Write).unwrap();
+        assert_eq!((p.direct, p.staged, p.staging_blocks), (3, 2, 4));
+        // Layer-first local, cross-layer remote: per chunk directly, per remote run staged.
+        let lf = layer_first(SRC, 8, L, BS, H, D, E);
+        let mixed = BlockCopy::new(lf, cross(DST, 8), BlockMap::Host(&pairs));
+        let p = plans(&mixed, XferOp::Write).unwrap();
+        assert_eq!(
+            (p.direct, p.staged),
+            (descriptors(&mixed, XferOp::Write).unwrap().len(), 2)
+        );
+        assert!(p.direct >= 4 * L * 2 && p.stage());
+        // Read: the remote pool is the source; its runs count.
+        let p = plans(&mixed, XferOp::Read).unwrap();
+        // Remote (layer-first) source ids 0, 1, 6, 2: three runs, each one per layer and part.
+        assert_eq!(p.staged, 3 * L * 2);
     }
 
     #[test]

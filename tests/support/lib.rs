@@ -675,3 +675,65 @@ pub fn gpu_slot_cases<C: SlotCase>(g: &Gpu, cases: &[C]) -> usize {
     }
     cases.len()
 }
+
+/// NIXL helpers of the NIXL tests (feature `nixl`): the library gate, UCX kept on this host,
+/// agents with a UCX backend.
+#[cfg(feature = "nixl")]
+pub mod nixl {
+    use kvio::nixl::nixl_sys::Agent;
+
+    /// Whether the NIXL libraries are there (`libnixl_capi.so` loads); panics when they must
+    /// be (`KVIO_REQUIRE_NIXL=1`), notes the skip otherwise.
+    pub fn present(test: &str) -> bool {
+        if kvio::nixl::available() {
+            return true;
+        }
+        let why = "libnixl_capi.so not found (install the nixl-cu12 wheel and put its \
+                   libraries on LD_LIBRARY_PATH, see .ci/run)";
+        if std::env::var("KVIO_REQUIRE_NIXL").as_deref() == Ok("1") {
+            panic!("{test}: KVIO_REQUIRE_NIXL=1 but {why}");
+        }
+        super::skipped(test, why);
+        false
+    }
+
+    /// Keeps UCX on this host unless the caller chose: shared memory, self and TCP on `lo`,
+    /// plus, with `gpu`, UCX's CUDA transports (`cuda_copy`: host <-> device and device copies
+    /// in one process; `cuda_ipc`, allowed between two agents of one process on one device).
+    /// Call before the first agent exists, on one thread.
+    pub fn loopback_only(gpu: bool) {
+        let tls = if gpu {
+            "sm,self,tcp,cuda_copy,cuda_ipc"
+        } else {
+            "sm,self,tcp"
+        };
+        let mut vars = vec![("UCX_TLS", tls), ("UCX_NET_DEVICES", "lo")];
+        if gpu {
+            vars.push(("UCX_CUDA_IPC_ENABLE_SAME_PROCESS", "y"));
+        }
+        for (k, v) in vars {
+            if std::env::var_os(k).is_none() {
+                std::env::set_var(k, v);
+            }
+        }
+    }
+
+    /// An agent with a UCX backend on its default parameters.
+    pub fn agent(name: &str) -> Agent {
+        let a = Agent::new(name).expect("Agent::new");
+        let (_mems, params) = a.get_plugin_params("UCX").expect("UCX plugin parameters");
+        a.create_backend("UCX", &params).expect("UCX backend");
+        a
+    }
+
+    /// Two agents that loaded each other's metadata (what a side channel carries between
+    /// hosts); call after registering their memory.
+    pub fn connect(a: &Agent, b: &Agent) {
+        let name = a
+            .load_remote_md(&b.get_local_md().expect("metadata"))
+            .expect("load_remote_md");
+        assert_eq!(name, b.name());
+        b.load_remote_md(&a.get_local_md().expect("metadata"))
+            .expect("load_remote_md");
+    }
+}

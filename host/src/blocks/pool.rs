@@ -206,6 +206,19 @@ impl<'a, A: Copy> BlockPool<'a, A> {
         self.bases
     }
 
+    /// The same description as a copy destination, for computations that never touch the
+    /// memory (NIXL descriptor counts): the result must not reach a kernel or a DMA.
+    #[cfg(feature = "nixl")]
+    pub(crate) fn description(&self) -> BlockPool<'a, Writable> {
+        BlockPool {
+            bases: self.bases,
+            layers: self.layers,
+            parts: self.parts,
+            layout: self.layout,
+            access: PhantomData,
+        }
+    }
+
     /// The same pool, read-only (the source of a copy).
     pub fn read(&self) -> BlockPool<'a, ReadOnly> {
         BlockPool {
