@@ -10,6 +10,28 @@
 // Inline PTX: fp8::hw (sm_90+ conversion instructions) and fp8's division arithmetic.
 #![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
 
+/// Runs `$body` four times with `$i` bound to the constants `0..4` (see `unroll8`).
+macro_rules! unroll4 {
+    ($i:ident => $body:block) => {{
+        {
+            let $i: usize = 0;
+            $body
+        }
+        {
+            let $i: usize = 1;
+            $body
+        }
+        {
+            let $i: usize = 2;
+            $body
+        }
+        {
+            let $i: usize = 3;
+            $body
+        }
+    }};
+}
+
 /// Runs `$body` eight times with `$i` bound to the constants `0..8`: the tile code indexes
 /// register arrays with `$i`, and only constant indices keep them out of local memory
 /// (LLVM does not always unroll such loops itself).
@@ -58,6 +80,7 @@ pub mod index;
 pub mod ops;
 pub mod pdl;
 pub mod span;
+pub mod stage;
 pub mod tile;
 
 #[cfg(target_arch = "nvptx64")]
