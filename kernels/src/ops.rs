@@ -78,7 +78,7 @@ pub fn emulate(grid: u32, block: u32, shift: u32, mut body: impl FnMut(Group)) {
 /// # Safety
 /// `errors` is null or points at `err::WORDS` aligned `u32` alive for the launch.
 #[inline(always)]
-unsafe fn count_error(errors: *mut u32, which: usize) {
+pub(crate) unsafe fn count_error(errors: *mut u32, which: usize) {
     if !errors.is_null() {
         // SAFETY: forwarded; atomics make concurrent increments sound.
         unsafe { AtomicU32::from_ptr(errors.add(which)).fetch_add(1, Ordering::Relaxed) };
@@ -310,15 +310,45 @@ pub unsafe fn update_tiles_wide(a: &TileArgs, g: Group) {
 }
 
 /// One cache part of a tiled update, as the stores see it.
-struct TilePart {
-    dst: *mut u8,
-    block: u64,
-    token: u64,
-    head: u64,
-    piece: u64,
-    piece_stride: u64,
-    unit: u64,
-    runs: bool,
+pub(crate) struct TilePart {
+    pub(crate) dst: *mut u8,
+    pub(crate) block: u64,
+    pub(crate) token: u64,
+    pub(crate) head: u64,
+    pub(crate) piece: u64,
+    pub(crate) piece_stride: u64,
+    pub(crate) unit: u64,
+    pub(crate) runs: bool,
+}
+
+impl TilePart {
+    /// Part `part` of a tiled update: 0 = K, else V.
+    #[inline(always)]
+    pub(crate) fn of(a: &TileArgs, part: u64) -> TilePart {
+        if part == 0 {
+            TilePart {
+                dst: a.dst_k,
+                block: a.block_stride_k,
+                token: a.token_stride_k,
+                head: a.head_stride_k,
+                piece: a.piece_k,
+                piece_stride: a.piece_stride_k,
+                unit: a.unit_k as u64,
+                runs: a.runs & 1 != 0,
+            }
+        } else {
+            TilePart {
+                dst: a.dst_v,
+                block: a.block_stride_v,
+                token: a.token_stride_v,
+                head: a.head_stride_v,
+                piece: a.piece_v,
+                piece_stride: a.piece_stride_v,
+                unit: a.unit_v as u64,
+                runs: a.runs & 2 != 0,
+            }
+        }
+    }
 }
 
 /// The slot of token `t`.
@@ -326,7 +356,7 @@ struct TilePart {
 /// # Safety
 /// `t < num_tokens`, the length of the slot array.
 #[inline(always)]
-unsafe fn tile_slot(a: &TileArgs, t: u64) -> i64 {
+pub(crate) unsafe fn tile_slot(a: &TileArgs, t: u64) -> i64 {
     // SAFETY: forwarded.
     unsafe {
         if a.slot_is_i64 != 0 {
@@ -343,7 +373,12 @@ unsafe fn tile_slot(a: &TileArgs, t: u64) -> i64 {
 /// # Safety
 /// `src` holds the group (see [`tile::load_copy`], [`tile::load_convert`]).
 #[inline(always)]
-unsafe fn tile_row<const E: usize>(a: &TileArgs, src: *const u8, vec: bool, div: &Divider) -> Row {
+pub(crate) unsafe fn tile_row<const E: usize>(
+    a: &TileArgs,
+    src: *const u8,
+    vec: bool,
+    div: &Divider,
+) -> Row {
     // SAFETY: forwarded.
     unsafe {
         // Conversions produce fp8: only the 1-byte instance converts.
@@ -361,7 +396,7 @@ unsafe fn tile_row<const E: usize>(a: &TileArgs, src: *const u8, vec: bool, div:
 /// # Safety
 /// `d` is a valid target's head; the host checked the alignment of the part's stores.
 #[inline(always)]
-unsafe fn tile_store_row<const E: usize>(p: &TilePart, d: *mut u8, row: &Row, e0: u64) {
+pub(crate) unsafe fn tile_store_row<const E: usize>(p: &TilePart, d: *mut u8, row: &Row, e0: u64) {
     let e = E as u64;
     // SAFETY: every element stored belongs to the target's head (forwarded).
     unsafe {
@@ -414,29 +449,7 @@ unsafe fn tiles_body<const E: usize, const RUNS: bool>(a: &TileArgs, g: Group) {
             continue;
         }
         let n = (a.num_tokens - t0).min(tile);
-        let p = if part == 0 {
-            TilePart {
-                dst: a.dst_k,
-                block: a.block_stride_k,
-                token: a.token_stride_k,
-                head: a.head_stride_k,
-                piece: a.piece_k,
-                piece_stride: a.piece_stride_k,
-                unit: a.unit_k as u64,
-                runs: a.runs & 1 != 0,
-            }
-        } else {
-            TilePart {
-                dst: a.dst_v,
-                block: a.block_stride_v,
-                token: a.token_stride_v,
-                head: a.head_stride_v,
-                piece: a.piece_v,
-                piece_stride: a.piece_stride_v,
-                unit: a.unit_v as u64,
-                runs: a.runs & 2 != 0,
-            }
-        };
+        let p = TilePart::of(a, part);
         let src = if part == 0 { a.src_k } else { a.src_v };
         // SAFETY: t0 < num_tokens, head < heads, grp < groups: inside the validated source.
         let src = unsafe {
