@@ -127,10 +127,17 @@ fn build_ptx(kernels: &Path, out: &Path) {
 /// - `kvio_transfer_blocks` runs in 1024-thread CTAs (few CTAs, many bytes in flight over
 ///   PCIe), so ptxas must fit it in 64 registers;
 /// - `kvio_update_tiles` holds eight tokens' rows per thread: at least two 256-thread CTAs
-///   per multiprocessor (≤ 128 registers) keep enough loads in flight.
-const DIRECTIVES: [(&str, &str); 2] = [
+///   per multiprocessor (≤ 128 registers) keep enough loads in flight;
+/// - `kvio_update_slots_convert` keeps four 16-byte loads in flight per lane and is
+///   latency-bound: four 256-thread CTAs per multiprocessor (≤ 64 registers, which it fits
+///   without spilling) give it the warps to hide that latency.
+const DIRECTIVES: [(&str, &str); 3] = [
     ("kvio_transfer_blocks", ".maxntid 1024, 1, 1\n"),
     ("kvio_update_tiles", ".maxntid 256, 1, 1\n.minnctapersm 2\n"),
+    (
+        "kvio_update_slots_convert",
+        ".maxntid 256, 1, 1\n.minnctapersm 4\n",
+    ),
 ];
 
 fn add_directives(path: &Path) {
