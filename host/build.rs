@@ -129,8 +129,10 @@ fn build_ptx(kernels: &Path, out: &Path) {
 /// - `kvio_update_tiles` holds eight tokens' rows per thread: at least two 256-thread CTAs
 ///   per multiprocessor (≤ 128 registers) keep enough loads in flight;
 /// - `kvio_update_slots_convert` keeps four 16-byte loads in flight per lane and is
-///   latency-bound: four 256-thread CTAs per multiprocessor (≤ 64 registers, which it fits
-///   without spilling) give it the warps to hide that latency.
+///   latency-bound: four 256-thread CTAs per multiprocessor (≤ 64 registers) give it the
+///   warps to hide that latency. Uncapped it takes 88 registers (sm_90, bf16); at 64 ptxas
+///   keeps one loop-invariant word in local memory (8 bytes on sm_90, 16 on sm_80: one
+///   L1-resident load per item).
 const DIRECTIVES: [(&str, &str); 3] = [
     ("kvio_transfer_blocks", ".maxntid 1024, 1, 1\n"),
     ("kvio_update_tiles", ".maxntid 256, 1, 1\n.minnctapersm 2\n"),

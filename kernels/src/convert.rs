@@ -212,16 +212,15 @@ impl Span {
     #[inline(always)]
     pub unsafe fn load<const C: u32>(&self, j: u32, lanes: u32) -> Batch {
         let mut raw = [[V16::splat(0); 2]; MAX_BATCH];
-        let mut b = 0;
-        while b < batch(C) as usize {
+        // Unrolled: constant indices keep the batch in registers.
+        unroll4!(b => {
             let u = j + b as u32 * lanes;
-            if u < self.total {
+            if b < batch(C) as usize && u < self.total {
                 let (part, k) = self.at(u);
                 // SAFETY: unit u < total lies in its part (the caller's contract).
                 raw[b] = unsafe { load_raw(self.src[part], k as u64, C) };
             }
-            b += 1;
-        }
+        });
         raw
     }
 
@@ -239,17 +238,15 @@ impl Span {
         lanes: u32,
         div: &Divider,
     ) {
-        let mut b = 0;
-        while b < batch(C) as usize {
+        unroll4!(b => {
             let u = j + b as u32 * lanes;
-            if u < self.total {
+            if b < batch(C) as usize && u < self.total {
                 let (part, k) = self.at(u);
                 let v = pack8(&widen(&raw[b], C), format(C), div);
                 // SAFETY: unit u < total lies in its part (the caller's contract).
                 unsafe { write((dst[part] as *mut u64).add(k as usize), v) };
             }
-            b += 1;
-        }
+        });
     }
 
     /// Converts the lane's vector units from `j` on (`j`'s batch already loaded into `raw`),

@@ -50,6 +50,28 @@ macro_rules! unroll8 {
     }};
 }
 
+/// Runs `$body` four times with `$i` bound to the constants `0..4` (see `unroll8`).
+macro_rules! unroll4 {
+    ($i:ident => $body:block) => {{
+        {
+            let $i: usize = 0;
+            $body
+        }
+        {
+            let $i: usize = 1;
+            $body
+        }
+        {
+            let $i: usize = 2;
+            $body
+        }
+        {
+            let $i: usize = 3;
+            $body
+        }
+    }};
+}
+
 #[macro_use]
 pub mod args;
 pub mod convert;
