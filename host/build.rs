@@ -130,13 +130,22 @@ fn build_ptx(kernels: &Path, out: &Path) {
 /// - `kvio_update_tiles` holds eight tokens' rows per thread: at least two 256-thread CTAs
 ///   per multiprocessor (≤ 128 registers) keep enough loads in flight;
 /// - `kvio_update_tiles_staged` runs 256-thread CTAs with 34 KiB of shared memory each, two
-///   per multiprocessor (≤ 128 registers: fewer spill).
-const DIRECTIVES: [(&str, &str); 3] = [
+///   per multiprocessor (≤ 128 registers: fewer spill);
+/// - `kvio_update_slots_convert` keeps four 16-byte loads in flight per lane and is
+///   latency-bound: four 256-thread CTAs per multiprocessor (≤ 64 registers) give it the
+///   warps to hide that latency. Uncapped it takes 88 registers (sm_90, bf16); at 64 ptxas
+///   keeps one loop-invariant word in local memory (8 bytes on sm_90, 16 on sm_80: one
+///   L1-resident load per item).
+const DIRECTIVES: [(&str, &str); 4] = [
     ("kvio_transfer_blocks", ".maxntid 512, 1, 1\n"),
     ("kvio_update_tiles", ".maxntid 256, 1, 1\n.minnctapersm 2\n"),
     (
         "kvio_update_tiles_staged",
         ".maxntid 256, 1, 1\n.minnctapersm 2\n",
+    ),
+    (
+        "kvio_update_slots_convert",
+        ".maxntid 256, 1, 1\n.minnctapersm 4\n",
     ),
 ];
 

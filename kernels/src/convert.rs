@@ -159,88 +159,146 @@ pub(crate) fn widen(raw: &Raw, code: u32) -> [f32; 8] {
     x
 }
 
-/// The unit one lane holds from [`preload`] (the first of its share).
-pub struct Held(Raw);
-
-/// Loads lane `lane`'s first vector unit of a span of `n` elements (if it has one), so the
-/// load is in flight while the caller reads the slot; [`convert_held`] converts it and the
-/// rest of the lane's share.
-///
-/// # Safety
-/// As [`convert_span`] with `vec`.
-#[inline(always)]
-pub unsafe fn preload(src: *const u8, n: u64, lane: u64, code: u32) -> Held {
-    if lane < n / VEC {
-        // SAFETY: the unit is < n / VEC (the caller's span).
-        Held(unsafe { load_raw(src, lane, code) })
+/// Vector units a lane has in flight per batch of [`Span::load`]: four 16-byte loads (four
+/// units of bf16/f16, two of f32, whose units take two loads each).
+pub const fn batch(code: u32) -> u32 {
+    if code & 0xf == SRC_F32 {
+        2
     } else {
-        Held([V16::splat(0); 2])
+        4
     }
 }
 
-/// [`convert_span`] (vector units) for a lane that [`preload`]ed its first unit.
-///
-/// # Safety
-/// As [`convert_span`] with `vec`; `held` came from [`preload`] with the same span and lane.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn convert_held(
-    src: *const u8,
-    dst: *mut u8,
-    n: u64,
-    lane: u64,
-    lanes: u64,
-    code: u32,
-    scale: f32,
-    held: &Held,
-) {
-    let div = Divider::new(scale);
-    // SAFETY: the held unit is < units; the rest as in convert_span.
-    by_code!(code, C => unsafe {
-        let (fmt, units) = (format(C), n / VEC);
-        let d = dst as *mut u64;
-        if lane < units {
-            write(d.add(lane as usize), pack8(&widen(&held.0, C), fmt, &div));
-        }
-        convert_units(src, dst, lane + lanes, units, lanes, C, &div);
-    })
+/// Most units of a batch (the register array [`Span::load`] fills).
+pub const MAX_BATCH: usize = 4;
+
+/// A batch of raw units ([`Span::load`]), converted and stored by [`Span::store`].
+pub type Batch = [Raw; MAX_BATCH];
+
+/// The source of one work item of a converting update: `split` steps (vector units of
+/// [`VEC`] elements, or single elements) at `src[0]`, then the rest of `total` at `src[1]`
+/// from its first step (an MLA row: latent then rope part; otherwise `split == total`).
+/// Lane `lane` of a group of `lanes` converts steps `lane, lane + lanes, ...`; its
+/// destination is laid out alike (`split` steps at `dst[0]`, the rest at `dst[1]`).
+#[derive(Clone, Copy, Debug)]
+pub struct Span {
+    /// Where steps `0..split` and `split..total` start.
+    pub src: [*const u8; 2],
+    /// Steps at `src[0]`.
+    pub split: u32,
+    /// Steps in all.
+    pub total: u32,
 }
 
-/// Vector units `first, first + lanes, ...` below `units`, two a step (both loaded before
-/// either is converted).
-///
-/// # Safety
-/// As [`convert_span`] with `vec`.
-#[inline(always)]
-unsafe fn convert_units(
-    src: *const u8,
-    dst: *mut u8,
-    first: u64,
-    units: u64,
-    lanes: u64,
-    code: u32,
-    div: &Divider,
-) {
-    let fmt = format(code);
-    let d = dst as *mut u64;
-    let mut u = first;
-    // SAFETY: every unit loaded and stored is < units (the caller's span).
-    unsafe {
-        // Two units in flight per lane: both loads are issued before either is converted
-        // (four would need registers that cost more occupancy than they gain).
-        while u + lanes < units {
-            let (a, b) = (load_raw(src, u, code), load_raw(src, u + lanes, code));
-            write(d.add(u as usize), pack8(&widen(&a, code), fmt, div));
-            let v = pack8(&widen(&b, code), fmt, div);
-            write(d.add((u + lanes) as usize), v);
-            u += 2 * lanes;
+impl Span {
+    /// Which part step `j` lies in, and its index there.
+    #[inline(always)]
+    fn at(&self, j: u32) -> (usize, u32) {
+        if j < self.split {
+            (0, j)
+        } else {
+            (1, j - self.split)
         }
-        while u < units {
-            write(
-                d.add(u as usize),
-                pack8(&widen(&load_raw(src, u, code), code), fmt, div),
-            );
-            u += lanes;
+    }
+
+    /// Loads the lane's vector units `j, j + lanes, ...` (at most [`batch`]`(C)` of them,
+    /// those below `total`) without converting them, so the loads are in flight while the
+    /// caller looks up where they go. Volatile, so the compiler cannot sink them past that
+    /// lookup.
+    ///
+    /// # Safety
+    /// Every unit below `total` lies in its part of the source, 16-byte aligned (vector
+    /// units of conversion `C`).
+    #[inline(always)]
+    pub unsafe fn load<const C: u32>(&self, j: u32, lanes: u32) -> Batch {
+        let mut raw = [[V16::splat(0); 2]; MAX_BATCH];
+        // Unrolled: constant indices keep the batch in registers.
+        unroll4!(b => {
+            let u = j + b as u32 * lanes;
+            if b < batch(C) as usize && u < self.total {
+                let (part, k) = self.at(u);
+                // SAFETY: unit u < total lies in its part (the caller's contract).
+                raw[b] = unsafe { load_raw(self.src[part], k as u64, C) };
+            }
+        });
+        raw
+    }
+
+    /// Converts and stores what [`Span::load`] loaded for the same `j` and `lanes`, one unit
+    /// after the other (8 bytes of fp8 each), into `dst` (laid out as the source).
+    ///
+    /// # Safety
+    /// Every unit below `total` lies in its part of the destination, 8-byte aligned.
+    #[inline(always)]
+    pub unsafe fn store<const C: u32>(
+        &self,
+        dst: [*mut u8; 2],
+        raw: &Batch,
+        j: u32,
+        lanes: u32,
+        div: &Divider,
+    ) {
+        unroll4!(b => {
+            let u = j + b as u32 * lanes;
+            if b < batch(C) as usize && u < self.total {
+                let (part, k) = self.at(u);
+                let v = pack8(&widen(&raw[b], C), format(C), div);
+                // SAFETY: unit u < total lies in its part (the caller's contract).
+                unsafe { write((dst[part] as *mut u64).add(k as usize), v) };
+            }
+        });
+    }
+
+    /// Converts the lane's vector units from `j` on (`j`'s batch already loaded into `raw`),
+    /// batch after batch.
+    ///
+    /// # Safety
+    /// As [`Span::load`] and [`Span::store`]; `raw` is `self.load::<C>(j, lanes)`.
+    #[inline(always)]
+    pub unsafe fn convert<const C: u32>(
+        &self,
+        dst: [*mut u8; 2],
+        raw: &Batch,
+        j: u32,
+        lanes: u32,
+        div: &Divider,
+    ) {
+        // SAFETY: forwarded.
+        unsafe { self.store::<C>(dst, raw, j, lanes, div) };
+        let mut j = j + batch(C) * lanes;
+        while j < self.total {
+            // SAFETY: forwarded.
+            unsafe {
+                let raw = self.load::<C>(j, lanes);
+                self.store::<C>(dst, &raw, j, lanes, div);
+            }
+            j += batch(C) * lanes;
+        }
+    }
+
+    /// Converts the lane's elements one at a time (steps are elements), dividing by `scale`.
+    ///
+    /// # Safety
+    /// Every element below `total` lies in its part of the source (aligned for conversion
+    /// `C`'s source type) and of the destination.
+    #[inline(always)]
+    pub unsafe fn convert_scalar<const C: u32>(
+        &self,
+        dst: [*mut u8; 2],
+        lane: u32,
+        lanes: u32,
+        scale: f32,
+    ) {
+        let fmt = format(C);
+        let mut i = lane;
+        while i < self.total {
+            let (part, k) = self.at(i);
+            // SAFETY: element i < total lies in its part of both spans.
+            unsafe {
+                let x = load(self.src[part], k as u64, C);
+                write(dst[part].add(k as usize), fmt.quantize(x, scale));
+            }
+            i += lanes;
         }
     }
 }
@@ -259,48 +317,57 @@ pub(crate) fn pack8(x: &[f32; 8], fmt: Fp8, div: &Divider) -> u64 {
     packed.to_le()
 }
 
-/// Converts the `n` source elements at `src` into `n` fp8 bytes at `dst`, `fp8(x / scale)`,
-/// as lane `lane` of a group of `lanes`. With `vec`, units of [`VEC`] elements (one 16-byte
-/// load per 8 bf16/f16, two per 8 f32; one 8-byte store); otherwise one element at a time.
-/// Lanes touch disjoint elements; together they convert the span exactly once.
-///
-/// # Safety
-/// `src` holds `n` source elements of `code`'s type and `dst` `n` writable bytes; with `vec`,
-/// `n` is a multiple of [`VEC`], `src` 16-byte aligned and `dst` 8-byte aligned; otherwise
-/// `src` is aligned for its element type.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn convert_span(
-    src: *const u8,
-    dst: *mut u8,
-    n: u64,
-    lane: u64,
-    lanes: u64,
-    code: u32,
-    scale: f32,
-    vec: bool,
-) {
-    if vec {
-        let div = Divider::new(scale);
-        // SAFETY: forwarded from the caller.
-        by_code!(code, C => unsafe { convert_units(src, dst, lane, n / VEC, lanes, C, &div) });
-    } else {
-        let fmt = format(code);
-        let mut i = lane;
-        while i < n {
-            // SAFETY: element i < n lies in both spans.
-            unsafe { write(dst.add(i as usize), fmt.quantize(load(src, i, code), scale)) };
-            i += lanes;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Converts `n` elements at `p` into `out` with every lane of `lanes`, as one span or
+    /// split in two parts at element `split`, by vector units or one element at a time.
+    fn run<const C: u32>(p: *const u8, n: u32, split: u32, lanes: u32, vec: bool) -> [u64; 16] {
+        let mut out = [0u64; 16];
+        let o = out.as_mut_ptr() as *mut u8;
+        let per = if vec { VEC as u32 } else { 1 };
+        // SAFETY: n elements of the source type fit in 256 bytes, n bytes in 128; split is a
+        // multiple of VEC, so both parts keep the vector alignment.
+        unsafe {
+            let sp = Span {
+                src: [p, p.add((split as u64 * src_bytes(C)) as usize)],
+                split: split / per,
+                total: n / per,
+            };
+            let dst = [o, o.add(split as usize)];
+            let div = Divider::new(0.75);
+            for lane in 0..lanes {
+                if vec {
+                    let raw = sp.load::<C>(lane, lanes);
+                    sp.convert::<C>(dst, &raw, lane, lanes, &div);
+                } else {
+                    sp.convert_scalar::<C>(dst, lane, lanes, 0.75);
+                }
+            }
+        }
+        out
+    }
+
+    fn check<const C: u32>(p: *const u8) {
+        let n = (256 / src_bytes(C)) as u32;
+        let want = run::<C>(p, n, n, 1, false);
+        for lanes in [1u32, 3, 8, 32] {
+            for split in [n, 0, 8, 24, n - 8] {
+                for vec in [false, true] {
+                    let got = run::<C>(p, n, split, lanes, vec);
+                    assert_eq!(
+                        got, want,
+                        "code {C:#x} lanes {lanes} split {split} vec {vec}"
+                    );
+                }
+            }
+        }
+    }
+
     /// The vector and scalar paths agree with one another (the oracle tests of `fp8` cover
-    /// the conversion itself), for every source type and format, any lane split.
+    /// the conversion itself), for every source type and format, any lane split, one part
+    /// or two.
     #[test]
     fn vector_and_scalar_paths_agree() {
         let mut src = [0u32; 64]; // 16-byte aligned through V16 below
@@ -311,31 +378,11 @@ mod tests {
             V16::from_array([src[4 * k], src[4 * k + 1], src[4 * k + 2], src[4 * k + 3]])
         });
         let p = aligned.as_ptr() as *const u8;
-        for s in [SRC_BF16, SRC_F16, SRC_F32] {
-            for to in [TO_E4M3, TO_E5M2] {
-                let c = code(s, to);
-                let n = 256 / src_bytes(c);
-                for lanes in [1u64, 3, 8] {
-                    let (mut a, mut b) = ([0u64; 16], [0u64; 16]);
-                    for lane in 0..lanes {
-                        // SAFETY: n elements of the source type fit in 256 bytes; 128-byte outputs.
-                        unsafe {
-                            convert_span(p, a.as_mut_ptr().cast(), n, lane, lanes, c, 0.75, true);
-                            convert_span(p, b.as_mut_ptr().cast(), n, lane, lanes, c, 0.75, false);
-                        }
-                    }
-                    assert_eq!(a, b, "code {c:#x} lanes {lanes}");
-                    let mut h = [0u64; 16];
-                    for lane in 0..lanes {
-                        // SAFETY: as above.
-                        unsafe {
-                            let held = preload(p, n, lane, c);
-                            convert_held(p, h.as_mut_ptr().cast(), n, lane, lanes, c, 0.75, &held);
-                        }
-                    }
-                    assert_eq!(h, b, "preloaded: code {c:#x} lanes {lanes}");
-                }
-            }
-        }
+        check::<{ code(SRC_BF16, TO_E4M3) }>(p);
+        check::<{ code(SRC_F16, TO_E4M3) }>(p);
+        check::<{ code(SRC_F32, TO_E4M3) }>(p);
+        check::<{ code(SRC_BF16, TO_E5M2) }>(p);
+        check::<{ code(SRC_F16, TO_E5M2) }>(p);
+        check::<{ code(SRC_F32, TO_E5M2) }>(p);
     }
 }

@@ -141,21 +141,33 @@ impl Divider {
         self.scale
     }
 
+    /// Whether [`Divider::div8`] takes the fast path for `x`: this divider has one (GPU,
+    /// `|scale|` in range) and every `|x[k]|` lies in the fast range.
+    #[cfg(target_arch = "nvptx64")]
+    #[inline(always)]
+    fn fast8(&self, x: &[f32; 8]) -> bool {
+        let mut ok = self.recip != 0.0;
+        let mut k = 0;
+        while k < 8 {
+            let a = f32::from_bits(x[k].to_bits() & 0x7fff_ffff);
+            ok &= (a >= FAST_X.0) & (a <= FAST_X.1);
+            k += 1;
+        }
+        ok
+    }
+
     /// `x[k] / scale` for eight values, each rounded as IEEE division.
     #[inline(always)]
     pub fn div8(&self, x: &[f32; 8]) -> [f32; 8] {
         #[cfg(target_arch = "nvptx64")]
         {
-            let mut ok = self.recip != 0.0;
-            let mut q = [0f32; 8];
-            let mut k = 0;
-            while k < 8 {
-                let a = f32::from_bits(x[k].to_bits() & 0x7fff_ffff);
-                ok &= (a >= FAST_X.0) & (a <= FAST_X.1);
-                q[k] = gpu::refine(x[k], self.scale, self.recip);
-                k += 1;
-            }
-            if ok {
+            if self.fast8(x) {
+                let mut q = [0f32; 8];
+                let mut k = 0;
+                while k < 8 {
+                    q[k] = gpu::refine(x[k], self.scale, self.recip);
+                    k += 1;
+                }
                 return q;
             }
         }
@@ -467,15 +479,12 @@ pub fn kvio_divider_probe(first: u32, count: u32, scale: f32) -> u32 {
             k += 1;
         }
         let q = d.div8(&x);
-        let mut fast = d.recip != 0.0;
         let mut k = 0;
         while k < 8 {
             bad += (q[k].to_bits() != divide(x[k], scale).to_bits()) as u32;
-            let a = f32::from_bits(x[k].to_bits() & 0x7fff_ffff);
-            fast &= a >= FAST_X.0 && a <= FAST_X.1;
             k += 1;
         }
-        bad += (fast as u32 * 8) << 16;
+        bad += (d.fast8(&x) as u32 * 8) << 16;
         i += 8;
     }
     bad

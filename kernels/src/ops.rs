@@ -7,7 +7,7 @@ use core::ptr::{read, write};
 use core::sync::atomic::{AtomicU32, Ordering};
 
 use crate::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs, SpinArgs, TileArgs};
-use crate::convert::{self, convert_span};
+use crate::convert::{self, Span};
 use crate::fp8::Divider;
 use crate::index::{self, chunk_at, err, PairCheck, PoolSide, SliceCheck, SlotTarget, TablePtr};
 use crate::span::{copy_span, load_staged, store_staged, STAGE_UNITS, V16};
@@ -99,7 +99,7 @@ pub(crate) unsafe fn count_error(errors: *mut u32, which: usize) {
 #[inline(always)]
 pub unsafe fn update_slots(a: &SlotArgs, g: Group) {
     // SAFETY: forwarded.
-    unsafe { slots_body::<false, { convert::NONE }>(a, g) }
+    unsafe { slots_body::<false>(a, g) }
 }
 
 /// [`update_slots`] for K and V parts of different widths or input strides, or one row
@@ -111,27 +111,27 @@ pub unsafe fn update_slots(a: &SlotArgs, g: Group) {
 #[inline(always)]
 pub unsafe fn update_slots_general(a: &SlotArgs, g: Group) {
     // SAFETY: forwarded.
-    unsafe { slots_body::<true, { convert::NONE }>(a, g) }
+    unsafe { slots_body::<true>(a, g) }
 }
 
-/// [`update_slots`] for converting updates (`a.convert` set): the general body compiled once
-/// per conversion code, so the source type and the fp8 format are constants in each copy.
+/// [`update_slots`] for converting updates (`a.convert` set): [`slots_convert_body`] compiled
+/// once per conversion code (dispatched here, once), so the source type and the fp8 format
+/// are constants in each copy.
 ///
 /// # Safety
 /// As [`update_slots`]; `a.convert` is a valid conversion code.
 #[inline(always)]
 pub unsafe fn update_slots_convert(a: &SlotArgs, g: Group) {
     // SAFETY: forwarded.
-    convert::by_code!(a.convert, C => unsafe { slots_body::<true, C>(a, g) })
+    convert::by_code!(a.convert, C => unsafe { slots_convert_body::<C>(a, g) })
 }
 
-/// The slot update: plain copies, or (`GENERAL`) also per-part widths and rows, and (`CODE`
-/// not [`convert::NONE`]) conversions with that code.
+/// The slot update: plain copies, or (`GENERAL`) also per-part widths and rows.
 ///
 /// # Safety
 /// As [`update_slots`].
 #[inline(always)]
-unsafe fn slots_body<const GENERAL: bool, const CODE: u32>(a: &SlotArgs, g: Group) {
+unsafe fn slots_body<const GENERAL: bool>(a: &SlotArgs, g: Group) {
     let rows = GENERAL && a.rows != 0;
     let parts = if a.src_v.is_null() || rows { 1 } else { 2 };
     let items = a.num_tokens * parts * a.heads;
@@ -142,22 +142,12 @@ unsafe fn slots_body<const GENERAL: bool, const CODE: u32>(a: &SlotArgs, g: Grou
     } else {
         a.chunk_bytes
     } / 16;
-    let conv = CODE != convert::NONE;
-    let vec = a.width as u64 == convert::VEC;
     // Only in the latency regime (at most one item per group); large updates keep the
-    // streaming path. Converting updates preload their first units instead.
-    let staged = !conv && a.width == 16 && units <= STAGE_UNITS * g.lanes && items <= g.step;
-    let preloaded = conv && vec && items <= g.step;
+    // streaming path.
+    let staged = a.width == 16 && units <= STAGE_UNITS * g.lanes && items <= g.step;
     // A row's V units follow K's: V's unit 0 goes to the lane after K's last unit.
     let lane_v = if rows {
-        let per = if conv && vec {
-            convert::VEC
-        } else if conv {
-            1
-        } else {
-            a.width as u64
-        };
-        let k_units = (a.chunk_bytes / per) % g.lanes;
+        let k_units = (a.chunk_bytes / a.width as u64) % g.lanes;
         (g.lane + g.lanes - k_units) % g.lanes
     } else {
         0
@@ -183,34 +173,8 @@ unsafe fn slots_body<const GENERAL: bool, const CODE: u32>(a: &SlotArgs, g: Grou
         } else {
             [V16::splat(0); 4]
         };
-        // A converting update's scale and first source units, read before the slot too.
-        let (scale, held8) = if conv {
-            let scales = if part == 0 { a.k_scale } else { a.v_scale };
-            let at = if a.scale_per_head != 0 {
-                head as usize
-            } else {
-                0
-            };
-            // SAFETY: the host checked one scale (or one per head) for each part written.
-            let scale = unsafe { *scales.add(at) };
-            let held8 = if preloaded {
-                // SAFETY: as above; `vec` implies the vector units' alignment.
-                Some(unsafe { convert::preload(s, chunk, g.lane, CODE) })
-            } else {
-                None
-            };
-            (scale, held8)
-        } else {
-            (0.0, None)
-        };
         // SAFETY: tok < num_tokens, the length of the slot array.
-        let slot = unsafe {
-            if a.slot_is_i64 != 0 {
-                *(a.slots as *const i64).add(tok as usize)
-            } else {
-                *(a.slots as *const i32).add(tok as usize) as i64
-            }
-        };
+        let slot = unsafe { slot_of(a, tok) };
         match index::slot_target(slot, a.block_size, a.num_blocks) {
             SlotTarget::Skip => {}
             SlotTarget::OutOfRange => {
@@ -227,26 +191,137 @@ unsafe fn slots_body<const GENERAL: bool, const CODE: u32>(a: &SlotArgs, g: Grou
                 // checked that all such spans lie in the caches.
                 unsafe {
                     let d = dst.add(at as usize);
-                    let n = chunk;
                     if staged {
                         store_staged(d, &held, units, g.lane, g.lanes);
-                    } else if let Some(h) = &held8 {
-                        convert::convert_held(s, d, n, g.lane, g.lanes, CODE, scale, h);
-                    } else if conv {
-                        convert_span(s, d, n, g.lane, g.lanes, CODE, scale, vec);
                     } else {
-                        copy_span(s, d, n, g.lane, g.lanes, a.width);
+                        copy_span(s, d, chunk, g.lane, g.lanes, a.width);
                     }
                     if rows {
-                        // The row's V chunk (one scale for the row: K's).
+                        // The row's V chunk.
                         let sv = a.src_v.add((tok * a.src_token_stride_v) as usize);
                         let dv = a.dst_v.add(at as usize);
-                        let (nv, lv) = (a.chunk_bytes_v, lane_v);
-                        if conv {
-                            convert_span(sv, dv, nv, lv, g.lanes, CODE, scale, vec);
-                        } else {
-                            copy_span(sv, dv, nv, lv, g.lanes, a.width);
-                        }
+                        copy_span(sv, dv, a.chunk_bytes_v, lane_v, g.lanes, a.width);
+                    }
+                }
+            }
+        }
+        item += g.step;
+    }
+}
+
+/// The slot of token `tok`.
+///
+/// # Safety
+/// `tok < num_tokens`, the length of the slot array.
+#[inline(always)]
+unsafe fn slot_of(a: &SlotArgs, tok: u64) -> i64 {
+    // SAFETY: forwarded.
+    unsafe {
+        if a.slot_is_i64 != 0 {
+            *(a.slots as *const i64).add(tok as usize)
+        } else {
+            *(a.slots as *const i32).add(tok as usize) as i64
+        }
+    }
+}
+
+/// The converting slot update for conversion `C`: each item's source elements quantized to
+/// fp8 with the part's scale (per tensor, or per head), K and V as separate items or (`rows`)
+/// one MLA row (latent then rope part, K's scale).
+///
+/// One path for every size, kept lean in registers so that several CTAs share a
+/// multiprocessor: a lane loads its first batch of vector units (four 16-byte loads: a
+/// decode-size group has one unit per lane, a streaming one up to four) and the item's scale
+/// before it reads the slot, so the latencies overlap; then it converts and stores unit by
+/// unit. Offsets inside an item are 32-bit (chunks are far below 4 GiB), the divider lives
+/// for one item.
+///
+/// # Safety
+/// As [`update_slots`]; `C` is the conversion code of `a.convert`.
+#[inline(always)]
+unsafe fn slots_convert_body<const C: u32>(a: &SlotArgs, g: Group) {
+    let rows = a.rows != 0;
+    let parts = if a.src_v.is_null() || rows { 1 } else { 2 };
+    let items = a.num_tokens * parts * a.heads;
+    let vec = a.width as u64 == convert::VEC;
+    // Steps: vector units of VEC elements, or single elements.
+    let per = if vec { convert::VEC } else { 1 };
+    let (lane, lanes) = (g.lane as u32, g.lanes as u32);
+    let mut item = g.first;
+    while item < items {
+        let (tok, part, head) = index::split3(item, parts, a.heads);
+        // K and V may differ in width and input stride (as in the general copying entry).
+        let (src, dst, chunk, sts, scales) = if part == 0 {
+            (
+                a.src_k,
+                a.dst_k,
+                a.chunk_bytes,
+                a.src_token_stride,
+                a.k_scale,
+            )
+        } else {
+            (
+                a.src_v,
+                a.dst_v,
+                a.chunk_bytes_v,
+                a.src_token_stride_v,
+                a.v_scale,
+            )
+        };
+        // SAFETY: tok < num_tokens and head < heads: inside the (host-validated) sources (a
+        // row's V part has no heads).
+        let sp = unsafe {
+            let s = src.add((tok * sts + head * a.src_head_stride) as usize);
+            let (sv, nv) = if rows {
+                let sv = a.src_v.add((tok * a.src_token_stride_v) as usize);
+                (sv, a.chunk_bytes_v)
+            } else {
+                (s, 0)
+            };
+            Span {
+                src: [s, sv],
+                split: (chunk / per) as u32,
+                total: ((chunk + nv) / per) as u32,
+            }
+        };
+        let at = if a.scale_per_head != 0 {
+            head as usize
+        } else {
+            0
+        };
+        // SAFETY: the host checked one scale (or one per head) for each part written.
+        let scale = unsafe { *scales.add(at) };
+        let raw = if vec {
+            // SAFETY: `vec`: the host checked the vector alignment of sources and chunks.
+            unsafe { sp.load::<C>(lane, lanes) }
+        } else {
+            [[V16::splat(0); 2]; convert::MAX_BATCH]
+        };
+        // SAFETY: tok < num_tokens, the length of the slot array.
+        let slot = unsafe { slot_of(a, tok) };
+        match index::slot_target(slot, a.block_size, a.num_blocks) {
+            SlotTarget::Skip => {}
+            SlotTarget::OutOfRange => {
+                if g.lane == 0 && part == 0 && head == 0 {
+                    // SAFETY: see count_error.
+                    unsafe { count_error(a.errors, err::BAD_SLOT) };
+                }
+            }
+            SlotTarget::At { block, offset } => {
+                let at = block * a.dst_block_stride
+                    + offset * a.dst_token_stride
+                    + head * a.dst_head_stride;
+                // SAFETY: block < num_blocks, offset < block_size, head < heads: the host
+                // checked that all such spans (a row's V part at the same offset of the V
+                // cache) lie in the caches, with the vector alignment where `vec`.
+                unsafe {
+                    let d = dst.add(at as usize);
+                    let dv = if rows { a.dst_v.add(at as usize) } else { d };
+                    if vec {
+                        let div = Divider::new(scale);
+                        sp.convert::<C>([d, dv], &raw, lane, lanes, &div);
+                    } else {
+                        sp.convert_scalar::<C>([d, dv], lane, lanes, scale);
                     }
                 }
             }

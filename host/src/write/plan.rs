@@ -594,6 +594,11 @@ fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<P
     };
     let converting = args.convert != convert::NONE;
     if converting {
+        // The converting kernel counts an item's elements (a row's both parts) in 32 bits.
+        let both = args.chunk_bytes.checked_add(args.chunk_bytes_v);
+        if both.is_none_or(|b| b > u32::MAX as u64) {
+            return Err(Error::Overflow { name: "chunk" });
+        }
         // Elements per span = fp8 bytes; 8-element units where both sides allow them.
         let src_ok = [args.src_k as u64, args.src_v as u64]
             .iter()
