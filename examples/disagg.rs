@@ -10,7 +10,8 @@
 //!
 //! The process re-executes itself with `--role decode`; the two exchange NIXL metadata and
 //! the decode cache's address through files in a temporary folder. UCX stays on this host:
-//! `UCX_NET_DEVICES=lo`, `UCX_TLS=sm,self,tcp` (plus `cuda_copy,cuda_ipc` on the GPU) unless
+//! `UCX_NET_DEVICES=lo`, `UCX_TLS=sm,self,tcp` (plus `cuda_copy` on a machine with NVIDIA GPUs,
+//! which NIXL requires even for host memory, and `cuda_ipc` for device caches) unless
 //! set. `--dram` runs both caches in host memory, kvio's kernels executed on the CPU
 //! (`kvio::emulate`): no GPU needed. Without a GPU (and without `--dram`), or without the
 //! NIXL libraries, it says so and exits normally.
@@ -451,10 +452,13 @@ fn parent(dram: bool) -> Res<()> {
         );
         return Ok(());
     }
-    let tls = if dram {
-        "sm,self,tcp"
-    } else {
-        "sm,self,tcp,cuda_copy,cuda_ipc"
+    // NIXL refuses a UCX backend without a CUDA transport on a machine with NVIDIA GPUs,
+    // even for host memory.
+    let gpu_host = std::path::Path::new("/dev/nvidiactl").exists();
+    let tls = match (dram, gpu_host) {
+        (true, false) => "sm,self,tcp",
+        (true, true) => "sm,self,tcp,cuda_copy",
+        (false, _) => "sm,self,tcp,cuda_copy,cuda_ipc",
     };
     for (k, v) in [("UCX_TLS", tls), ("UCX_NET_DEVICES", "lo")] {
         if std::env::var_os(k).is_none() {

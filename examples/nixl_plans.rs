@@ -202,7 +202,14 @@ fn main() -> Res<()> {
         println!("nixl_plans: libnixl_capi.so not found (see .ci/run); nothing to measure");
         return Ok(());
     }
-    for (k, v) in [("UCX_TLS", "sm,self,tcp"), ("UCX_NET_DEVICES", "lo")] {
+    // NIXL refuses a UCX backend without a CUDA transport on a machine with NVIDIA GPUs,
+    // even for host memory.
+    let tls = if std::path::Path::new("/dev/nvidiactl").exists() {
+        "sm,self,tcp,cuda_copy"
+    } else {
+        "sm,self,tcp"
+    };
+    for (k, v) in [("UCX_TLS", tls), ("UCX_NET_DEVICES", "lo")] {
         if std::env::var_os(k).is_none() {
             std::env::set_var(k, v);
         }
