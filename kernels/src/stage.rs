@@ -26,7 +26,7 @@ use crate::fp8::Divider;
 use crate::index::{self, err, SlotTarget};
 use crate::ops::{count_error, tile_row, tile_slot, tile_store_row, TilePart};
 use crate::span::V16;
-use crate::tile::Row;
+use crate::tile::{self, Row};
 
 /// Bytes of the shared-memory image of one item (a page's heads of one part).
 pub const STAGE_BYTES: u64 = 32 * 1024;
@@ -128,12 +128,45 @@ unsafe fn divider(a: &TileArgs, part: u64, head: u64) -> Divider {
     Divider::new(unsafe { *scales.add(at as usize) })
 }
 
+/// A thread's place among an item's units: tokens `t_hi · lt + t_lo` (`t_lo` fixed: the
+/// thread's lane modulo `lt`, as the CTA's threads are a multiple of `lt`), head `h` of the
+/// chunk, group `grp`; moved by whole strides without divisions.
+#[derive(Clone, Copy)]
+struct Cursor {
+    h: u32,
+    t_hi: u32,
+    grp: u32,
+}
+
+impl Cursor {
+    /// The place `n` units of this thread's sequence further (`n · step` in the combined
+    /// index `(h · nt + t_hi) · groups + grp`).
+    #[inline(always)]
+    fn advance(self, n: u32, nt: u32, groups: u32) -> Cursor {
+        let Cursor {
+            mut h,
+            mut t_hi,
+            mut grp,
+        } = self;
+        grp += n;
+        while grp >= groups {
+            grp -= groups;
+            t_hi += 1;
+            if t_hi == nt {
+                t_hi = 0;
+                h += 1;
+            }
+        }
+        Cursor { h, t_hi, grp }
+    }
+}
+
 /// Phase 1 of item `item` for thread `lane` of `lanes`: the tile's slots into the header,
 /// its input groups (converted) into the image at their place in the page.
 ///
 /// # Safety
 /// Host-validated staged arguments (see [`update_tiles_staged`]); `smem` holds
-/// [`STAGE_SMEM`] bytes, 16-byte aligned, used by this CTA only.
+/// [`STAGE_SMEM`] bytes, 16-byte aligned, used by this CTA only; `lanes` a multiple of 16.
 #[inline(always)]
 pub unsafe fn stage<const E: usize>(a: &TileArgs, item: u64, lane: u64, lanes: u64, smem: *mut u8) {
     let it = Item::of(a, item);
@@ -149,43 +182,81 @@ pub unsafe fn stage<const E: usize>(a: &TileArgs, item: u64, lane: u64, lanes: u
     let per_head = a.scale_per_head != 0;
     // SAFETY: forwarded (scales validated by the host).
     let tensor_div = unsafe { divider(a, it.part, 0) };
-    let units = it.units(a);
-    let mut k0 = lane;
-    while k0 < units {
-        // BATCH units of this thread: every load issued before any image write (the unit's
-        // place is decoded again for the write rather than held).
+    // 32-bit image geometry (the image is STAGE_BYTES); the host stages only pieces of one
+    // element or of 8 · 2^k elements.
+    let (head, token, ps) = (p.head as u32, p.token as u32, p.piece_stride as u32);
+    let one = p.piece == 1;
+    let gshift = if one {
+        0
+    } else {
+        ((p.piece / 8) as u32).trailing_zeros()
+    };
+    let gmask = (1u32 << gshift) - 1;
+    let lt = it.tile.min(16) as u32;
+    let nt = it.tile as u32 / lt;
+    let groups = a.groups as u32;
+    let t_lo = lane as u32 % lt;
+    let step = lanes as u32 / lt;
+    let src = if it.part == 0 { a.src_k } else { a.src_v };
+    let se = if a.convert != convert::NONE {
+        convert::src_bytes(a.convert)
+    } else {
+        E as u64
+    };
+    let mut at = Cursor {
+        h: 0,
+        t_hi: 0,
+        grp: 0,
+    }
+    .advance(lane as u32 / lt, nt, groups);
+    let hc = it.hc as u32;
+    while at.h < hc {
+        // BATCH units of this thread: every load issued before any image write.
         let mut rows: [Row; BATCH as usize] = [[0; 8]; BATCH as usize];
+        let mut offs = [u32::MAX; BATCH as usize];
+        let mut c = at;
         unroll4!(b => {
-            let k = k0 + b as u64 * lanes;
-            if k < units {
-                let (t, h, grp) = it.unit(a, k);
-                if t < it.n {
-                    let div = if per_head {
-                        // SAFETY: forwarded.
-                        unsafe { divider(a, it.part, it.h0 + h) }
-                    } else {
-                        tensor_div
-                    };
-                    // SAFETY: t < n, h < hc, grp < groups; staged sources are vector-aligned.
-                    rows[b] = unsafe { tile_row::<E>(a, source(a, &it, t, h, grp), true, &div) };
-                }
+            let t = c.t_hi * lt + t_lo;
+            if c.h < hc && (t as u64) < it.n {
+                let div = if per_head {
+                    // SAFETY: forwarded.
+                    unsafe { divider(a, it.part, it.h0 + c.h as u64) }
+                } else {
+                    tensor_div
+                };
+                let s_at = (it.t0 + t as u64) * a.src_token_stride
+                    + (it.h0 + c.h as u64) * a.src_head_stride
+                    + c.grp as u64 * 8 * se;
+                // SAFETY: t < n, h < hc, grp < groups: inside the validated source;
+                // staged sources are vector-aligned.
+                rows[b] = unsafe { tile_row::<E>(a, src.add(s_at as usize), true, &div) };
+                offs[b] = if one {
+                    c.h * head + t * token + c.grp * 8 * ps
+                } else {
+                    c.h * head + t * token + (c.grp >> gshift) * ps + (c.grp & gmask) * 8 * E as u32
+                };
             }
+            c = c.advance(step, nt, groups);
         });
         unroll4!(b => {
-            let k = k0 + b as u64 * lanes;
-            if k < units {
-                let (t, h, grp) = it.unit(a, k);
-                if t < it.n {
-                    // SAFETY: a dense page's heads: (h, piece of grp, t) lies inside the image
-                    // (hc · head ≤ STAGE_BYTES, checked by the host), aligned like the cache.
-                    unsafe {
-                        let d = smem.add((h * p.head + t * p.token) as usize);
-                        tile_store_row::<E>(&p, d, &rows[b], grp * 8);
+            let off = offs[b];
+            if off != u32::MAX {
+                // SAFETY: a dense page's heads: the unit's elements lie inside the image
+                // (hc · head ≤ STAGE_BYTES, checked by the host), aligned like the cache
+                // (pieces of 8 · 2^k elements: one store of 8E bytes).
+                unsafe {
+                    let d = smem.add(off as usize);
+                    if one {
+                        unroll8!(j => {
+                            tile::store::<E>(d.add(j * ps as usize), &rows[b], j, 1);
+                        });
+                    } else {
+                        tile::store::<E>(d, &rows[b], 0, 8);
                     }
                 }
             }
         });
-        k0 += BATCH * lanes;
+        at = c;
     }
 }
 

@@ -263,8 +263,8 @@ const TILE_FROM: usize = 1024;
 /// `None` when its pages cannot be staged: a page's heads must be dense (head `h` of a block
 /// is the `block_size · head_dim` elements from `h · head_stride`, each (slot, element) at
 /// `slot · token_stride + piece_offset(element)`, so a page's image covers exactly the bytes
-/// its tokens own), 16-byte aligned, the block size 8 or a multiple of 16 up to
-/// `STAGE_TOKENS`, and one head's page at most `STAGE_BYTES`.
+/// its tokens own), 16-byte aligned, pieces of one element or of 8 · 2^k, the block size 8
+/// or a multiple of 16 up to `STAGE_TOKENS`, and one head's page at most `STAGE_BYTES`.
 fn stage_heads(l: &PagedLayout, dst: u64) -> Option<u64> {
     let (bs, d, e) = (l.block_size, l.head_dim, l.elem_bytes);
     let dense = l.head_stride == d * bs
@@ -277,7 +277,10 @@ fn stage_heads(l: &PagedLayout, dst: u64) -> Option<u64> {
         .iter()
         .all(|v| v.is_multiple_of(16));
     let sized = (bs == 8 || bs.is_multiple_of(16)) && bs as u64 <= STAGE_TOKENS;
-    (dense && aligned && sized && (e == 1 || e == 2) && head <= STAGE_BYTES)
+    // Pieces the kernel addresses without divisions: one element, or 8 · 2^k elements.
+    let piece = l.piece_elems;
+    let pieces = piece == 1 || (piece.is_multiple_of(8) && (piece / 8).is_power_of_two());
+    (dense && aligned && sized && pieces && (e == 1 || e == 2) && head <= STAGE_BYTES)
         .then(|| (STAGE_BYTES / head).min(l.num_heads as u64))
 }
 
