@@ -129,38 +129,22 @@ fn build_ptx(kernels: &Path, out: &Path) {
 ///   group needs without spilling (see `TRANSFER_THREADS` in `src/launch.rs`);
 /// - `kvio_update_tiles` holds eight tokens' rows per thread: at least two 256-thread CTAs
 ///   per multiprocessor (≤ 128 registers) keep enough loads in flight;
-/// - `kvio_update_tiles_staged` runs 256-thread CTAs with 34 KiB of shared memory each, two
-///   per multiprocessor (≤ 128 registers: fewer spill);
 /// - `kvio_update_slots_convert` keeps four 16-byte loads in flight per lane and is
 ///   latency-bound: four 256-thread CTAs per multiprocessor (≤ 64 registers) give it the
 ///   warps to hide that latency. Uncapped it takes 88 registers (sm_90, bf16); at 64 ptxas
 ///   keeps one loop-invariant word in local memory (8 bytes on sm_90, 16 on sm_80: one
 ///   L1-resident load per item).
-const DIRECTIVES: [(&str, &str); 4] = [
+const DIRECTIVES: [(&str, &str); 3] = [
     ("kvio_transfer_blocks", ".maxntid 512, 1, 1\n"),
     ("kvio_update_tiles", ".maxntid 256, 1, 1\n.minnctapersm 2\n"),
-    (
-        "kvio_update_tiles_staged",
-        ".maxntid 256, 1, 1\n.minnctapersm 2\n",
-    ),
     (
         "kvio_update_slots_convert",
         ".maxntid 256, 1, 1\n.minnctapersm 4\n",
     ),
 ];
 
-/// The staged tiled update's shared image (`kvio_kernels::stage::STAGE_SMEM` bytes; rustc
-/// cannot declare shared memory, the kernel takes its address with inline PTX);
-/// `tests/ptx_abi.rs` checks the size against the kernels' constant.
-const SHARED_DECL: &str = ".shared .align 16 .b8 kvio_stage[34816];\n";
-
 fn add_directives(path: &Path) {
     let mut text = fs::read_to_string(path).expect("read ptx");
-    if !text.contains(SHARED_DECL) {
-        let line = text.find(".address_size 64").expect("PTX header");
-        let after = line + text[line..].find('\n').expect("end of header line") + 1;
-        text = format!("{}\n{SHARED_DECL}{}", &text[..after], &text[after..]);
-    }
     for (name, directives) in DIRECTIVES {
         let entry = format!(".entry {name}(");
         let start = text

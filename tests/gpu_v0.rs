@@ -247,7 +247,7 @@ fn cases(full: bool) -> Vec<Case> {
         // Prefill size (eight tokens per thread, whole pages stored as runs) with a partial
         // last tile, also in emulation.
         v.push(case(format, 16, 64, 1030, Slots::Pages, seed));
-        // Pages staged in shared memory: 8- and 128-token pages (one head per item).
+        // Prefill size on 8- and 128-token pages too.
         v.push(case(format, 8, 128, 1030, Slots::Pages, seed + 1000));
         v.push(case(format, 128, 64, 1030, Slots::Pages, seed + 2000));
         seed += 1;

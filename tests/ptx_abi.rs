@@ -132,18 +132,3 @@ fn sm80_ptx_has_no_griddepcontrol() {
     assert!(!kvio::PTX_SM80.contains("griddepcontrol"));
     assert!(kvio::PTX_SM90.contains("griddepcontrol.wait;"));
 }
-
-/// The staged tiled update's shared image is declared (by the build script) with the size the
-/// kernels assume, in both PTX files.
-#[test]
-fn shared_image_has_the_kernels_size() {
-    let decl = format!(
-        ".shared .align 16 .b8 kvio_stage[{}];",
-        kvio_kernels::stage::STAGE_SMEM
-    );
-    for ptx in [kvio::PTX_SM80, kvio::PTX_SM90] {
-        assert_eq!(ptx.matches(".shared ").count(), 1, "one shared declaration");
-        assert!(ptx.contains(&decl), "missing `{decl}`");
-        assert!(entry_body(ptx, "kvio_update_tiles_staged").contains("kvio_stage"));
-    }
-}

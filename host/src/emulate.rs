@@ -7,7 +7,6 @@
 //! (`DeviceBytes::from_raw(vec.as_ptr() as u64, len)`), hence the `unsafe`. All memory counts as
 //! device memory (so block copies take the device-side entry point).
 
-use kvio_kernels::args::TileArgs;
 use kvio_kernels::ops;
 
 use crate::alloc::MemoryKind;
@@ -105,30 +104,20 @@ unsafe fn run(plan: &Plan<'_>) {
                 // or the scratch vector above).
                 unsafe { std::ptr::copy_nonoverlapping(u.src.as_ptr(), to, u.src.len()) };
             }
-            if let Kernel::Tiles(
-                a @ TileArgs {
-                    chunk_heads: 1.., ..
-                },
-            ) = &kernel
-            {
-                // SAFETY: as below; the staged kernel's phases run CTA by CTA.
-                unsafe { kvio_kernels::stage::emulate_staged(a, launch.grid, launch.threads) };
-            } else {
-                // SAFETY: arguments validated like a launch; the memory is host memory (caller).
-                ops::emulate(launch.grid, launch.threads, kernel.shift(), |g| unsafe {
-                    match &kernel {
-                        Kernel::Slots(a) if a.converts() => ops::update_slots_convert(a, g),
-                        Kernel::Slots(a) if a.general() => ops::update_slots_general(a, g),
-                        Kernel::Slots(a) => ops::update_slots(a, g),
-                        Kernel::Tiles(a) if a.elem == 4 => ops::update_tiles_wide(a, g),
-                        Kernel::Tiles(a) if a.tile == 1 => ops::update_tiles_one(a, g),
-                        Kernel::Tiles(a) => ops::update_tiles(a, g),
-                        Kernel::Slices(a) => ops::update_slices(a, g),
-                        Kernel::Copy(a) => ops::copy_blocks(a, g),
-                        Kernel::Transfer(a) => ops::transfer_blocks(a, g),
-                    }
-                });
-            }
+            // SAFETY: arguments validated like a launch; the memory is host memory (caller).
+            ops::emulate(launch.grid, launch.threads, kernel.shift(), |g| unsafe {
+                match &kernel {
+                    Kernel::Slots(a) if a.converts() => ops::update_slots_convert(a, g),
+                    Kernel::Slots(a) if a.general() => ops::update_slots_general(a, g),
+                    Kernel::Slots(a) => ops::update_slots(a, g),
+                    Kernel::Tiles(a) if a.elem == 4 => ops::update_tiles_wide(a, g),
+                    Kernel::Tiles(a) if a.tile == 1 => ops::update_tiles_one(a, g),
+                    Kernel::Tiles(a) => ops::update_tiles(a, g),
+                    Kernel::Slices(a) => ops::update_slices(a, g),
+                    Kernel::Copy(a) => ops::copy_blocks(a, g),
+                    Kernel::Transfer(a) => ops::transfer_blocks(a, g),
+                }
+            });
             drop(scratch); // alive until the kernel bodies have run
         }
     }

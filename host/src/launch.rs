@@ -39,8 +39,6 @@ pub(crate) struct GridCap {
     pub(crate) tiles_one: u32,
     /// `kvio_update_tiles_wide` at [`BLOCK_THREADS`].
     pub(crate) tiles_wide: u32,
-    /// `kvio_update_tiles_staged` at [`BLOCK_THREADS`] (its static shared image counted).
-    pub(crate) tiles_staged: u32,
     /// `kvio_update_slices` at [`BLOCK_THREADS`].
     pub(crate) slices: u32,
     /// `kvio_copy_blocks` at [`BLOCK_THREADS`].
@@ -59,7 +57,6 @@ impl GridCap {
             tiles: cap,
             tiles_one: cap,
             tiles_wide: cap,
-            tiles_staged: cap,
             slices: cap,
             copy: cap,
             transfer: cap,

@@ -35,7 +35,6 @@ pub struct Kvio {
     update_slots_convert: cu::CUfunction,
     update_tiles: cu::CUfunction,
     update_tiles_one: cu::CUfunction,
-    update_tiles_staged: cu::CUfunction,
     update_tiles_wide: cu::CUfunction,
     update_slices: cu::CUfunction,
     copy_blocks: cu::CUfunction,
@@ -105,7 +104,6 @@ impl Kvio {
             update_slots_convert: ptr::null_mut(),
             update_tiles: ptr::null_mut(),
             update_tiles_one: ptr::null_mut(),
-            update_tiles_staged: ptr::null_mut(),
             update_tiles_wide: ptr::null_mut(),
             update_slices: ptr::null_mut(),
             copy_blocks: ptr::null_mut(),
@@ -129,7 +127,6 @@ impl Kvio {
         this.update_slots_convert = this.function("kvio_update_slots_convert")?;
         this.update_tiles = this.function("kvio_update_tiles")?;
         this.update_tiles_one = this.function("kvio_update_tiles_one")?;
-        this.update_tiles_staged = this.function("kvio_update_tiles_staged")?;
         this.update_tiles_wide = this.function("kvio_update_tiles_wide")?;
         this.update_slices = this.function("kvio_update_slices")?;
         this.copy_blocks = this.function("kvio_copy_blocks")?;
@@ -143,7 +140,6 @@ impl Kvio {
             tiles: resident_ctas(this.update_tiles, BLOCK_THREADS, sms)?,
             tiles_one: resident_ctas(this.update_tiles_one, SMALL_CTA_THREADS, sms)?,
             tiles_wide: resident_ctas(this.update_tiles_wide, BLOCK_THREADS, sms)?,
-            tiles_staged: resident_ctas(this.update_tiles_staged, BLOCK_THREADS, sms)?,
             slices: resident_ctas(this.update_slices, BLOCK_THREADS, sms)?,
             copy: resident_ctas(this.copy_blocks, BLOCK_THREADS, sms)?,
             transfer: resident_ctas(this.transfer_blocks, TRANSFER_THREADS, sms)?,
@@ -172,7 +168,6 @@ impl Kvio {
             Kernel::Slots(a) if a.converts() => self.update_slots_convert,
             Kernel::Slots(a) if a.general() => self.update_slots_general,
             Kernel::Slots(_) => self.update_slots,
-            Kernel::Tiles(a) if a.chunk_heads != 0 => self.update_tiles_staged,
             Kernel::Tiles(a) if a.elem == 4 => self.update_tiles_wide,
             Kernel::Tiles(a) if a.tile == 1 => self.update_tiles_one,
             Kernel::Tiles(_) => self.update_tiles,

@@ -192,9 +192,8 @@ kernel! {
     /// eight tokens per thread. K and V each have their own cache descriptor (byte strides,
     /// piece size in elements, piece stride in bytes, elements per store). One token per
     /// thread (decode sizes) runs `kvio_update_tiles_one`, caches of 4-byte elements
-    /// `kvio_update_tiles_wide`, prefill sizes into dense pages `kvio_update_tiles_staged`
-    /// (`chunk_heads` non-zero: pages assembled in shared memory, [`crate::stage`]).
-    kvio_update_tiles | kvio_update_tiles_one [crate::ops::update_tiles_one] | kvio_update_tiles_wide [crate::ops::update_tiles_wide] | kvio_update_tiles_staged [crate::stage::update_tiles_staged] (TileArgs) => crate::ops::update_tiles {
+    /// `kvio_update_tiles_wide`.
+    kvio_update_tiles | kvio_update_tiles_one [crate::ops::update_tiles_one] | kvio_update_tiles_wide [crate::ops::update_tiles_wide] (TileArgs) => crate::ops::update_tiles {
         /// New keys.
         src_k: *const u8,
         /// New values (null: K only).
@@ -262,13 +261,11 @@ kernel! {
         /// Non-zero: one scale per head.
         scale_per_head: u32,
         /// Tokens per tile: 8 (prefill: full tiles of consecutive slots are stored as runs) or
-        /// 1 (decode: one token per thread, nothing serialised); staged: the block size.
+        /// 1 (decode: one token per thread, nothing serialised).
         tile: u32,
         /// Tiles of one (part, head, group) handled by consecutive threads (1, 2 or 4).
         subs: u32,
-        /// Staged updates (`kvio_update_tiles_staged`): heads per item; 0 otherwise.
-        chunk_heads: u32,
-        /// log2 of lanes per work item (0: one thread per item; staged: the CTA's threads).
+        /// log2 of lanes per work item (always 0: one thread per item).
         shift: u32,
         /// Error word (may be null).
         errors: *mut u32,

@@ -51,8 +51,7 @@ macro_rules! unroll8 {
 }
 
 /// Runs `$body` four times with `$i` bound to the constants `0..4` (see [`unroll8`]): the
-/// transfer's batch of items and the staged update's batch of units, which must stay in
-/// registers.
+/// transfer's batch of items, whose addresses must stay in registers.
 macro_rules! unroll4 {
     ($i:ident => $body:block) => {{
         {
@@ -82,7 +81,6 @@ pub mod index;
 pub mod ops;
 pub mod pdl;
 pub mod span;
-pub mod stage;
 pub mod tile;
 
 #[cfg(target_arch = "nvptx64")]

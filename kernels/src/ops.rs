@@ -78,7 +78,7 @@ pub fn emulate(grid: u32, block: u32, shift: u32, mut body: impl FnMut(Group)) {
 /// # Safety
 /// `errors` is null or points at `err::WORDS` aligned `u32` alive for the launch.
 #[inline(always)]
-pub(crate) unsafe fn count_error(errors: *mut u32, which: usize) {
+unsafe fn count_error(errors: *mut u32, which: usize) {
     if !errors.is_null() {
         // SAFETY: forwarded; atomics make concurrent increments sound.
         unsafe { AtomicU32::from_ptr(errors.add(which)).fetch_add(1, Ordering::Relaxed) };
@@ -385,21 +385,21 @@ pub unsafe fn update_tiles_wide(a: &TileArgs, g: Group) {
 }
 
 /// One cache part of a tiled update, as the stores see it.
-pub(crate) struct TilePart {
-    pub(crate) dst: *mut u8,
-    pub(crate) block: u64,
-    pub(crate) token: u64,
-    pub(crate) head: u64,
-    pub(crate) piece: u64,
-    pub(crate) piece_stride: u64,
-    pub(crate) unit: u64,
-    pub(crate) runs: bool,
+struct TilePart {
+    dst: *mut u8,
+    block: u64,
+    token: u64,
+    head: u64,
+    piece: u64,
+    piece_stride: u64,
+    unit: u64,
+    runs: bool,
 }
 
 impl TilePart {
     /// Part `part` of a tiled update: 0 = K, else V.
     #[inline(always)]
-    pub(crate) fn of(a: &TileArgs, part: u64) -> TilePart {
+    fn of(a: &TileArgs, part: u64) -> TilePart {
         if part == 0 {
             TilePart {
                 dst: a.dst_k,
@@ -431,7 +431,7 @@ impl TilePart {
 /// # Safety
 /// `t < num_tokens`, the length of the slot array.
 #[inline(always)]
-pub(crate) unsafe fn tile_slot(a: &TileArgs, t: u64) -> i64 {
+unsafe fn tile_slot(a: &TileArgs, t: u64) -> i64 {
     // SAFETY: forwarded.
     unsafe {
         if a.slot_is_i64 != 0 {
@@ -448,12 +448,7 @@ pub(crate) unsafe fn tile_slot(a: &TileArgs, t: u64) -> i64 {
 /// # Safety
 /// `src` holds the group (see [`tile::load_copy`], [`tile::load_convert`]).
 #[inline(always)]
-pub(crate) unsafe fn tile_row<const E: usize>(
-    a: &TileArgs,
-    src: *const u8,
-    vec: bool,
-    div: &Divider,
-) -> Row {
+unsafe fn tile_row<const E: usize>(a: &TileArgs, src: *const u8, vec: bool, div: &Divider) -> Row {
     // SAFETY: forwarded.
     unsafe {
         // Conversions produce fp8: only the 1-byte instance converts.
@@ -471,7 +466,7 @@ pub(crate) unsafe fn tile_row<const E: usize>(
 /// # Safety
 /// `d` is a valid target's head; the host checked the alignment of the part's stores.
 #[inline(always)]
-pub(crate) unsafe fn tile_store_row<const E: usize>(p: &TilePart, d: *mut u8, row: &Row, e0: u64) {
+unsafe fn tile_store_row<const E: usize>(p: &TilePart, d: *mut u8, row: &Row, e0: u64) {
     let e = E as u64;
     // SAFETY: every element stored belongs to the target's head (forwarded).
     unsafe {

@@ -4,7 +4,6 @@ use kvio_kernels::args::{SliceArgs, SlotArgs, TileArgs};
 use kvio_kernels::index::{access_width, group_shift};
 
 use kvio_kernels::convert;
-use kvio_kernels::stage::{staged_items, STAGE_BYTES, STAGE_THREADS, STAGE_TOKENS};
 
 use super::{Fp8, MlaUpdate, Quantize, Scale, SliceUpdate, SlotMapping, SlotUpdate, SrcType};
 use crate::error::{invalid, Error, Result};
@@ -259,31 +258,6 @@ fn tile_stores(name: &'static str, l: &PagedLayout, base: u64) -> Result<(u32, b
 /// Token count from which a tiled update takes eight tokens per thread.
 const TILE_FROM: usize = 1024;
 
-/// Heads per item of a staged tiled update (`kvio_update_tiles_staged`) into `l` at `dst`, or
-/// `None` when its pages cannot be staged: a page's heads must be dense (head `h` of a block
-/// is the `block_size · head_dim` elements from `h · head_stride`, each (slot, element) at
-/// `slot · token_stride + piece_offset(element)`, so a page's image covers exactly the bytes
-/// its tokens own), 16-byte aligned, pieces of one element or of 8 · 2^k, the block size 8
-/// or a multiple of 16 up to `STAGE_TOKENS`, and one head's page at most `STAGE_BYTES`.
-fn stage_heads(l: &PagedLayout, dst: u64) -> Option<u64> {
-    let (bs, d, e) = (l.block_size, l.head_dim, l.elem_bytes);
-    let dense = l.head_stride == d * bs
-        && l.token_stride == l.piece_elems
-        && d.is_multiple_of(l.piece_elems)
-        && (l.piece_elems == d || l.piece_stride == bs * l.piece_elems)
-        && l.block_stride >= l.num_heads * l.head_stride;
-    let head = (d * bs * e) as u64;
-    let aligned = [dst, (l.block_stride * e) as u64, head]
-        .iter()
-        .all(|v| v.is_multiple_of(16));
-    let sized = (bs == 8 || bs.is_multiple_of(16)) && bs as u64 <= STAGE_TOKENS;
-    // Pieces the kernel addresses without divisions: one element, or 8 · 2^k elements.
-    let piece = l.piece_elems;
-    let pieces = piece == 1 || (piece.is_multiple_of(8) && (piece / 8).is_power_of_two());
-    (dense && aligned && sized && pieces && (e == 1 || e == 2) && head <= STAGE_BYTES)
-        .then(|| (STAGE_BYTES / head).min(l.num_heads as u64))
-}
-
 /// Validates a slot update whose caches split head vectors into pieces (vLLM's v0 layout), or
 /// whose K and V caches are laid out differently, into one launch of `kvio_update_tiles`.
 fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
@@ -412,38 +386,9 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         scale_per_head: quant.is_some_and(|(_, per_head)| per_head) as u32,
         tile: tile as u32,
         subs: subs as u32,
-        chunk_heads: 0,
         shift: 0,
         errors: err_ptr(op.errors) as *mut u32,
     };
-    // Prefill into dense pages: each page assembled in shared memory, then stored whole.
-    let staged = (tile == 8 && src_vec)
-        .then(|| {
-            let k = stage_heads(kl, kv_dst)?;
-            match op.value {
-                Some(_) => Some(k.min(stage_heads(&vl, vv_dst)?)),
-                None => Some(k),
-            }
-        })
-        .flatten();
-    if let Some(chunk) = staged {
-        let args = TileArgs {
-            tile: kl.block_size as u32,
-            subs: 1,
-            chunk_heads: chunk as u32,
-            shift: STAGE_THREADS.trailing_zeros(),
-            ..args
-        };
-        let items = staged_items(&args);
-        return Ok(Plan::Kernel {
-            upload: None,
-            launch: Launch {
-                kernel: Kernel::Tiles(args),
-                grid: grid_for(items, STAGE_THREADS, args.shift, target.caps.tiles_staged),
-                threads: STAGE_THREADS,
-            },
-        });
-    }
     // One token per thread: small CTAs, so a decode step's scattered V stores (one sector
     // per element) spread over many multiprocessors' load/store units.
     let (cap, threads) = if e == 4 {
@@ -880,16 +825,13 @@ mod tests {
             let Kernel::Tiles(a) = launch.kernel else {
                 panic!("not a tiled update")
             };
-            // Dense v0 pages: staged in shared memory, a page of 16 tokens and as many heads
-            // as fit in the image (8 · 128 · 16 · e bytes ≤ 32 KiB) per item, one CTA each.
             assert_eq!(
-                (a.tile, a.chunk_heads, a.unit_k, a.unit_v, a.src_vec),
-                (16, 8, 8, 1, 1),
+                (a.tile, a.runs, a.unit_k, a.unit_v, a.src_vec),
+                (8, 3, 8, 1, 1),
                 "e={e}"
             );
-            assert_eq!((launch.threads, a.shift), (256, 8));
             assert_eq!((a.piece_k, a.piece_v), ((16 / e) as u64, 1));
-            // Misaligned input rows: not staged, tiles of eight tokens, no runs.
+            // Misaligned input rows: tiles of eight tokens, no runs.
             let mut odd = op;
             odd.input = TokenLayout {
                 token_stride: h * d + 1,
@@ -906,11 +848,7 @@ mod tests {
             let Kernel::Tiles(a) = launch.kernel else {
                 panic!("not a tiled update")
             };
-            assert_eq!(
-                (a.tile, a.chunk_heads, a.runs, a.src_vec),
-                (8, 0, 0, 0),
-                "e={e}"
-            );
+            assert_eq!((a.tile, a.runs, a.src_vec), (8, 0, 0), "e={e}");
             op.slots = SlotMapping::I64(bytes(0x3000_0000, 8 * 8));
             let Plan::Kernel { launch, .. } = slots(&op, &target(132)).unwrap() else {
                 panic!("no launch")
