@@ -3,14 +3,13 @@
 //! thread; on the CPU [`emulate`] calls them for every thread of a grid in turn, so the very
 //! same code is property-tested against the reference without a GPU.
 
-use core::ptr::{read, write};
 use core::sync::atomic::{AtomicU32, Ordering};
 
 use crate::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs, SpinArgs, TileArgs};
 use crate::convert::{self, Span};
 use crate::fp8::Divider;
 use crate::index::{self, chunk_at, err, PairCheck, PoolSide, SliceCheck, SlotTarget, TablePtr};
-use crate::span::{copy_span, load_staged, store_staged, STAGE_UNITS, V16};
+use crate::span::{copy_span, copy_spans, load_staged, store_staged, STAGE_UNITS, V16};
 use crate::tile::{self, Row, TILE};
 
 /// A thread's place in a grid split into groups of `1 << shift` lanes: each group owns one
@@ -713,71 +712,14 @@ pub unsafe fn update_slices(a: &SliceArgs, g: Group) {
 /// holds `2 * num_pairs` entries.
 #[inline(always)]
 pub unsafe fn copy_blocks(a: &CopyArgs, g: Group) {
-    let ext = [a.layers, a.parts, a.tokens, a.heads, a.pieces];
     let per_pair = a.layers * a.parts * a.tokens * a.heads * a.pieces;
     let items = a.num_pairs * per_pair;
-    let side = |base: *mut u8, table: *const u64, strides: [u64; 5]| PoolSide {
-        base,
-        table: if table.is_null() {
-            None
-        } else {
-            Some(TablePtr(table))
-        },
-        parts: a.table_parts,
-        strides,
-    };
-    let src = side(
-        a.src_base,
-        a.src_table,
-        [
-            a.src_layer_stride,
-            a.src_part_stride,
-            a.src_block_stride,
-            a.src_token_stride,
-            a.src_head_stride,
-        ],
-    );
-    let dst = side(
-        a.dst_base,
-        a.dst_table,
-        [
-            a.dst_layer_stride,
-            a.dst_part_stride,
-            a.dst_block_stride,
-            a.dst_token_stride,
-            a.dst_head_stride,
-        ],
-    );
     let mut item = g.first;
-    let mut ix = [0u64; 5];
     while item < items {
-        let pair = index::split_n(item, ext, &mut ix);
-        let [layer, part, token, head, piece] = ix;
-        // SAFETY: pair < num_pairs.
-        let (s, d) = unsafe {
-            (
-                *a.pairs.add(2 * pair as usize),
-                *a.pairs.add(2 * pair as usize + 1),
-            )
-        };
-        match index::check_pair(s, d, a.src_blocks, a.dst_blocks) {
-            PairCheck::Skip => {}
-            PairCheck::OutOfRange => {
-                if g.lane == 0 && item == pair * per_pair {
-                    // SAFETY: see count_error.
-                    unsafe { count_error(a.errors, err::BAD_BLOCK) };
-                }
-            }
-            PairCheck::Valid => {
-                // SAFETY: both blocks are inside their pools, the other indices below their
-                // validated extents.
-                unsafe {
-                    let at = [layer, part, token, head];
-                    let off = (piece * a.piece) as usize;
-                    let from = chunk_at(&src, s as u64, at).add(off);
-                    let to = chunk_at(&dst, d as u64, at).add(off);
-                    copy_span(from, to, a.piece, g.lane, g.lanes, a.width);
-                }
+        // SAFETY: item < items; a valid item's piece lies in both pools.
+        unsafe {
+            if let Some((from, to)) = item_span(a, item, per_pair, g.lane) {
+                copy_span(from, to, a.piece, g.lane, g.lanes, a.width);
             }
         }
         item += g.step;
@@ -788,7 +730,7 @@ pub unsafe fn copy_blocks(a: &CopyArgs, g: Group) {
 ///
 /// Bytes in flight: a PCIe link at ~55 GB/s with ~2 µs of latency per host access needs
 /// 55 GB/s × 2 µs ≈ 110 KB outstanding across the (≤ 2 offload, ≤ 4 onload) CTAs of a
-/// transfer. A group's lanes each hold up to [`PER_LANE_UNITS`] units of every item of the
+/// transfer. A group's lanes each hold up to [`BATCH_UNITS`] units of every item of the
 /// batch, so a 512-thread CTA (`.maxntid 512`) has up to 512 × 3 items × 4 units × 16 B =
 /// 96 KiB in flight, and two CTAs ~192 KiB: 1.7× the link's bandwidth-delay product, so the
 /// address lookups (pair, layer table) that precede each batch's loads stay hidden too. For
@@ -800,30 +742,6 @@ pub unsafe fn copy_blocks(a: &CopyArgs, g: Group) {
 /// allows, without spills; four spill, and at 1024 threads (64 registers) even two do.
 pub const TRANSFER_BATCH: usize = 3;
 
-/// Units (accesses of the copy's width) each lane holds per item of a batch.
-pub const PER_LANE_UNITS: u32 = 4;
-
-/// A value one access of the transfer copies: the access widths of [`copy_span`].
-trait Unit: Copy {
-    /// A value to initialise registers with (never stored).
-    const ZERO: Self;
-}
-impl Unit for V16 {
-    const ZERO: Self = V16::from_array([0; 4]);
-}
-impl Unit for u64 {
-    const ZERO: Self = 0;
-}
-impl Unit for u32 {
-    const ZERO: Self = 0;
-}
-impl Unit for u16 {
-    const ZERO: Self = 0;
-}
-impl Unit for u8 {
-    const ZERO: Self = 0;
-}
-
 /// [`copy_blocks`] for copies touching pinned host memory (`kvio_transfer_blocks`: few
 /// 512-thread CTAs, every access crossing PCIe): the same items and the same bytes, but each
 /// group takes [`TRANSFER_BATCH`] items at once (`item`, `item + step`, ...), looks up all
@@ -834,15 +752,30 @@ impl Unit for u8 {
 /// As [`copy_blocks`].
 #[inline(always)]
 pub unsafe fn transfer_blocks(a: &CopyArgs, g: Group) {
-    // SAFETY: forwarded; each arm's unit is the width the host checked every address against.
-    unsafe {
-        match a.width {
-            16 => transfer_body::<V16>(a, g),
-            8 => transfer_body::<u64>(a, g),
-            4 => transfer_body::<u32>(a, g),
-            2 => transfer_body::<u16>(a, g),
-            _ => transfer_body::<u8>(a, g),
-        }
+    const B: usize = TRANSFER_BATCH;
+    let per_pair = a.layers * a.parts * a.tokens * a.heads * a.pieces;
+    let items = a.num_pairs * per_pair;
+    let mut item = g.first;
+    while item < items {
+        let mut from = [core::ptr::null::<u8>(); B];
+        let mut to = [core::ptr::null_mut::<u8>(); B];
+        let mut live = [false; B];
+        // Constant indices only (unrolled), so the batch's addresses stay in registers.
+        unroll4!(k => {
+            let it = item + k as u64 * g.step;
+            if k < B && it < items {
+                // SAFETY: it < items.
+                if let Some((f, t)) = unsafe { item_span(a, it, per_pair, g.lane) } {
+                    from[k] = f;
+                    to[k] = t;
+                    live[k] = true;
+                }
+            }
+        });
+        // SAFETY: each live item's piece lies in both pools, aligned for the host-checked
+        // width; a piece is at most 16 KiB (the host's MAX_PIECE).
+        unsafe { copy_spans(&from, &to, &live, a.piece, g.lane, g.lanes, a.width) };
+        item += B as u64 * g.step;
     }
 }
 
@@ -922,63 +855,6 @@ unsafe fn item_span(
                 ))
             }
         }
-    }
-}
-
-/// [`transfer_blocks`] with accesses of `T`.
-///
-/// # Safety
-/// As [`copy_blocks`], with every address and length a multiple of `size_of::<T>()`.
-#[inline(always)]
-unsafe fn transfer_body<T: Unit>(a: &CopyArgs, g: Group) {
-    const B: usize = TRANSFER_BATCH;
-    const P: usize = PER_LANE_UNITS as usize;
-    let per_pair = a.layers * a.parts * a.tokens * a.heads * a.pieces;
-    let items = a.num_pairs * per_pair;
-    // A piece is at most 16 KiB (the host's MAX_PIECE): unit indices fit in 32 bits.
-    let units = (a.piece / core::mem::size_of::<T>() as u64) as u32;
-    let (lane, lanes) = (g.lane as u32, g.lanes as u32);
-    let mut item = g.first;
-    while item < items {
-        let mut from = [core::ptr::null::<T>(); B];
-        let mut to = [core::ptr::null_mut::<T>(); B];
-        let mut live = [false; B];
-        // Constant indices only (unrolled), so the batch's addresses stay in registers.
-        unroll4!(k => {
-            let it = item + k as u64 * g.step;
-            if k < B && it < items {
-                // SAFETY: it < items.
-                if let Some((f, t)) = unsafe { item_span(a, it, per_pair, g.lane) } {
-                    from[k] = f.cast();
-                    to[k] = t.cast();
-                    live[k] = true;
-                }
-            }
-        });
-        let mut u = lane;
-        while u < units {
-            let mut v = [[T::ZERO; P]; B];
-            unroll4!(k => {
-                unroll4!(j => {
-                    let i = u + j as u32 * lanes;
-                    if k < B && j < P && live[k] && i < units {
-                        // SAFETY: i < units: inside item k's piece, aligned for T.
-                        v[k][j] = unsafe { read(from[k].add(i as usize)) };
-                    }
-                });
-            });
-            unroll4!(k => {
-                unroll4!(j => {
-                    let i = u + j as u32 * lanes;
-                    if k < B && j < P && live[k] && i < units {
-                        // SAFETY: as for the load.
-                        unsafe { write(to[k].add(i as usize), v[k][j]) };
-                    }
-                });
-            });
-            u += P as u32 * lanes;
-        }
-        item += B as u64 * g.step;
     }
 }
 

@@ -55,6 +55,100 @@ unsafe fn copy_units<T: Copy>(src: *const T, dst: *mut T, n: u64, lane: u64, lan
     }
 }
 
+/// Units (accesses of the copy's width) each lane holds per span in [`copy_spans`].
+pub const BATCH_UNITS: u32 = 4;
+
+/// A value one access copies: the access widths of [`copy_span`].
+trait Unit: Copy {
+    /// A value to initialise registers with (never stored).
+    const ZERO: Self;
+}
+impl Unit for V16 {
+    const ZERO: Self = V16::from_array([0; 4]);
+}
+impl Unit for u64 {
+    const ZERO: Self = 0;
+}
+impl Unit for u32 {
+    const ZERO: Self = 0;
+}
+impl Unit for u16 {
+    const ZERO: Self = 0;
+}
+impl Unit for u8 {
+    const ZERO: Self = 0;
+}
+
+/// [`copy_span`] for `B ≤ 4` spans of `len` bytes at once (span `k` from `from[k]` to `to[k]`,
+/// copied where `live[k]`): each round issues up to [`BATCH_UNITS`] loads of every live span
+/// before any of their stores, so short spans (a KiB or two, a PCIe round trip each) keep
+/// many bytes in flight per group.
+///
+/// # Safety
+/// As [`copy_span`] for every live span; `len / width < 2^32`.
+#[inline(always)]
+pub unsafe fn copy_spans<const B: usize>(
+    from: &[*const u8; B],
+    to: &[*mut u8; B],
+    live: &[bool; B],
+    len: u64,
+    lane: u64,
+    lanes: u64,
+    width: u32,
+) {
+    let (lane, lanes) = (lane as u32, lanes as u32);
+    // SAFETY: forwarded; each arm divides `len` by the access size it uses.
+    unsafe {
+        match width {
+            16 => copy_spans_of::<V16, B>(from, to, live, (len >> 4) as u32, lane, lanes),
+            8 => copy_spans_of::<u64, B>(from, to, live, (len >> 3) as u32, lane, lanes),
+            4 => copy_spans_of::<u32, B>(from, to, live, (len >> 2) as u32, lane, lanes),
+            2 => copy_spans_of::<u16, B>(from, to, live, (len >> 1) as u32, lane, lanes),
+            _ => copy_spans_of::<u8, B>(from, to, live, len as u32, lane, lanes),
+        }
+    }
+}
+
+/// [`copy_spans`] with accesses of `T`, `units` of them per span.
+///
+/// # Safety
+/// As [`copy_spans`], every live span `units` values of `T`, aligned for `T`.
+#[inline(always)]
+unsafe fn copy_spans_of<T: Unit, const B: usize>(
+    from: &[*const u8; B],
+    to: &[*mut u8; B],
+    live: &[bool; B],
+    units: u32,
+    lane: u32,
+    lanes: u32,
+) {
+    const P: usize = BATCH_UNITS as usize;
+    let mut u = lane;
+    while u < units {
+        let mut v = [[T::ZERO; P]; B];
+        // Constant indices only (unrolled), so the values stay in registers.
+        unroll4!(k => {
+            unroll4!(j => {
+                let i = u + j as u32 * lanes;
+                if k < B && j < P && live[k] && i < units {
+                    // SAFETY: i < units: inside span k, aligned for T.
+                    v[k][j] = unsafe { read((from[k] as *const T).add(i as usize)) };
+                }
+            });
+        });
+        unroll4!(k => {
+            unroll4!(j => {
+                let i = u + j as u32 * lanes;
+                if k < B && j < P && live[k] && i < units {
+                    // SAFETY: as for the load.
+                    unsafe { write((to[k] as *mut T).add(i as usize), v[k][j]) };
+                }
+            });
+        });
+        u += P as u32 * lanes;
+    }
+}
+
 /// Units (16-byte accesses) each lane can hold in registers for a staged copy.
 pub const STAGE_UNITS: u64 = 4;
 
