@@ -21,35 +21,11 @@ use kvio::nixl::nixl_sys::{Agent, XferOp};
 use kvio::nixl::{self, Memory, Notifications, PostArgs, Registration};
 use kvio::reference;
 use kvio::{BlockCopy, BlockMap, BlockPool, StreamRef, Writable};
-use kvio_suite::nixl::{agent, connect, loopback_only, present};
+use kvio_suite::nixl::{agent, connect, loopback_only, present, run_pairs};
 use kvio_suite::{assert_same, gpu, random_bytes, Gpu, Kind, Rng, Shape, TestPool};
 
 /// Longest a transfer may take before the test fails.
 const TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Pairs in runs of consecutive ids (1 to 4 long, shuffled), one in 8 padding: every block of
-/// `dst_blocks` written once, sources random.
-fn run_pairs(src_blocks: usize, dst_blocks: usize, rng: &mut Rng) -> Vec<[i64; 2]> {
-    let mut runs = Vec::new();
-    let mut d = 0;
-    while d < dst_blocks {
-        let len = (1 + rng.below(4) as usize).min(dst_blocks - d);
-        runs.push((d, len));
-        d += len;
-    }
-    rng.shuffle(&mut runs);
-    let mut pairs = Vec::new();
-    for (d, len) in runs {
-        let s = rng.below((src_blocks - len + 1) as u64) as usize;
-        for i in 0..len {
-            pairs.push([(s + i) as i64, (d + i) as i64]);
-        }
-        if rng.below(8) == 0 {
-            pairs.push([-1, -1]);
-        }
-    }
-    pairs
-}
 
 /// Registers a test pool with `agent` in the memory the driver reports for it.
 fn register(agent: &Agent, pool: &TestPool) -> (Registration, Memory) {

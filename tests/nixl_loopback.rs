@@ -15,7 +15,7 @@ use kvio::nixl::nixl_sys::{Agent, XferOp};
 use kvio::nixl::{self, Notifications, PostArgs, Registration};
 use kvio::reference::{self, PoolImage};
 use kvio::{BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceBytesMut, Writable};
-use kvio_suite::nixl::{agent, loopback_only, present};
+use kvio_suite::nixl::{agent, loopback_only, present, run_pairs};
 use kvio_suite::{assert_same, random_bytes, Kind, Rng, Shape};
 
 /// Longest a transfer may take before the test fails (loopback: milliseconds).
@@ -23,30 +23,6 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Bytes a destination holds before a transfer (never what a source holds everywhere).
 const POISON: u8 = 0xA5;
-
-/// Pairs in runs of consecutive ids (1 to 4 long, shuffled), one in 8 padding: every block of
-/// `dst_blocks` written once, sources random.
-fn run_pairs(src_blocks: usize, dst_blocks: usize, rng: &mut Rng) -> Vec<[i64; 2]> {
-    let mut runs = Vec::new();
-    let mut d = 0;
-    while d < dst_blocks {
-        let len = (1 + rng.below(4) as usize).min(dst_blocks - d);
-        runs.push((d, len));
-        d += len;
-    }
-    rng.shuffle(&mut runs);
-    let mut pairs = Vec::new();
-    for (d, len) in runs {
-        let s = rng.below((src_blocks - len + 1) as u64) as usize;
-        for i in 0..len {
-            pairs.push([(s + i) as i64, (d + i) as i64]);
-        }
-        if rng.below(8) == 0 {
-            pairs.push([-1, -1]);
-        }
-    }
-    pairs
-}
 
 /// A pool of `kind` over host memory `mem`.
 ///

@@ -718,6 +718,30 @@ pub mod nixl {
         }
     }
 
+    /// Pairs in runs of consecutive ids (1 to 4 long, shuffled), one in 8 padding: every block of
+    /// `dst_blocks` written once, sources random.
+    pub fn run_pairs(src_blocks: usize, dst_blocks: usize, rng: &mut crate::Rng) -> Vec<[i64; 2]> {
+        let mut runs = Vec::new();
+        let mut d = 0;
+        while d < dst_blocks {
+            let len = (1 + rng.below(4) as usize).min(dst_blocks - d);
+            runs.push((d, len));
+            d += len;
+        }
+        rng.shuffle(&mut runs);
+        let mut pairs = Vec::new();
+        for (d, len) in runs {
+            let s = rng.below((src_blocks - len + 1) as u64) as usize;
+            for i in 0..len {
+                pairs.push([(s + i) as i64, (d + i) as i64]);
+            }
+            if rng.below(8) == 0 {
+                pairs.push([-1, -1]);
+            }
+        }
+        pairs
+    }
+
     /// An agent with a UCX backend on its default parameters.
     pub fn agent(name: &str) -> Agent {
         let a = Agent::new(name).expect("Agent::new");

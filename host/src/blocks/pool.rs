@@ -210,17 +210,16 @@ impl<'a, A: Copy> BlockPool<'a, A> {
     /// memory (NIXL descriptor counts): the result must not reach a kernel or a DMA.
     #[cfg(feature = "nixl")]
     pub(crate) fn description(&self) -> BlockPool<'a, Writable> {
-        BlockPool {
-            bases: self.bases,
-            layers: self.layers,
-            parts: self.parts,
-            layout: self.layout,
-            access: PhantomData,
-        }
+        self.retyped()
     }
 
     /// The same pool, read-only (the source of a copy).
     pub fn read(&self) -> BlockPool<'a, ReadOnly> {
+        self.retyped()
+    }
+
+    /// The same description with access marker `B` (callers decide whether that is sound).
+    fn retyped<B>(&self) -> BlockPool<'a, B> {
         BlockPool {
             bases: self.bases,
             layers: self.layers,
