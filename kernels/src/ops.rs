@@ -9,7 +9,7 @@ use crate::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs, SpinArgs, TileArgs};
 use crate::convert::{self, Span};
 use crate::fp8::Divider;
 use crate::index::{self, chunk_at, err, PairCheck, PoolSide, SliceCheck, SlotTarget, TablePtr};
-use crate::span::{copy_span, copy_spans, load_staged, store_staged, STAGE_UNITS, V16};
+use crate::span::{copy_span, copy_spans, load_staged, store_staged, Unit, STAGE_UNITS, V16};
 use crate::tile::{self, Row, TILE};
 
 /// A thread's place in a grid split into groups of `1 << shift` lanes: each group owns one
@@ -752,9 +752,30 @@ pub const TRANSFER_BATCH: usize = 3;
 /// As [`copy_blocks`].
 #[inline(always)]
 pub unsafe fn transfer_blocks(a: &CopyArgs, g: Group) {
+    // SAFETY: forwarded; each arm's unit is the width the host checked every address against.
+    unsafe {
+        match a.width {
+            16 => transfer_body::<V16>(a, g),
+            8 => transfer_body::<u64>(a, g),
+            4 => transfer_body::<u32>(a, g),
+            2 => transfer_body::<u16>(a, g),
+            _ => transfer_body::<u8>(a, g),
+        }
+    }
+}
+
+/// [`transfer_blocks`] with accesses of `T`: batches of [`TRANSFER_BATCH`] items, looked up,
+/// then copied together by the span core's [`copy_spans`].
+///
+/// # Safety
+/// As [`copy_blocks`], with every address and length a multiple of `size_of::<T>()`.
+#[inline(always)]
+unsafe fn transfer_body<T: Unit>(a: &CopyArgs, g: Group) {
     const B: usize = TRANSFER_BATCH;
     let per_pair = a.layers * a.parts * a.tokens * a.heads * a.pieces;
     let items = a.num_pairs * per_pair;
+    // A piece is at most 16 KiB (the host's MAX_PIECE): unit indices fit in 32 bits.
+    let units = (a.piece / core::mem::size_of::<T>() as u64) as u32;
     let mut item = g.first;
     while item < items {
         let mut from = [core::ptr::null::<u8>(); B];
@@ -772,9 +793,8 @@ pub unsafe fn transfer_blocks(a: &CopyArgs, g: Group) {
                 }
             }
         });
-        // SAFETY: each live item's piece lies in both pools, aligned for the host-checked
-        // width; a piece is at most 16 KiB (the host's MAX_PIECE).
-        unsafe { copy_spans(&from, &to, &live, a.piece, g.lane, g.lanes, a.width) };
+        // SAFETY: each live item's piece (`units` values of T) lies in both pools, aligned.
+        unsafe { copy_spans::<T, B>(&from, &to, &live, units, g.lane as u32, g.lanes as u32) };
         item += B as u64 * g.step;
     }
 }

@@ -59,7 +59,7 @@ unsafe fn copy_units<T: Copy>(src: *const T, dst: *mut T, n: u64, lane: u64, lan
 pub const BATCH_UNITS: u32 = 4;
 
 /// A value one access copies: the access widths of [`copy_span`].
-trait Unit: Copy {
+pub trait Unit: Copy {
     /// A value to initialise registers with (never stored).
     const ZERO: Self;
 }
@@ -79,42 +79,17 @@ impl Unit for u8 {
     const ZERO: Self = 0;
 }
 
-/// [`copy_span`] for `B ≤ 4` spans of `len` bytes at once (span `k` from `from[k]` to `to[k]`,
-/// copied where `live[k]`): each round issues up to [`BATCH_UNITS`] loads of every live span
-/// before any of their stores, so short spans (a KiB or two, a PCIe round trip each) keep
-/// many bytes in flight per group.
+/// [`copy_span`] for `B ≤ 4` spans of `units` accesses of `T` each at once (span `k` from
+/// `from[k]` to `to[k]`, copied where `live[k]`), as lane `lane` of `lanes`: each round issues
+/// up to [`BATCH_UNITS`] loads of every live span before any of their stores, so short spans
+/// (a KiB or two, a PCIe round trip each) keep many bytes in flight per group. Generic over
+/// the access type so that a caller dispatches on the width once, outside its loop.
 ///
 /// # Safety
-/// As [`copy_span`] for every live span; `len / width < 2^32`.
+/// Every live span: `units` values of `T` readable at `from[k]` and writable at `to[k]`, both
+/// aligned for `T`; `lanes > 0`.
 #[inline(always)]
-pub unsafe fn copy_spans<const B: usize>(
-    from: &[*const u8; B],
-    to: &[*mut u8; B],
-    live: &[bool; B],
-    len: u64,
-    lane: u64,
-    lanes: u64,
-    width: u32,
-) {
-    let (lane, lanes) = (lane as u32, lanes as u32);
-    // SAFETY: forwarded; each arm divides `len` by the access size it uses.
-    unsafe {
-        match width {
-            16 => copy_spans_of::<V16, B>(from, to, live, (len >> 4) as u32, lane, lanes),
-            8 => copy_spans_of::<u64, B>(from, to, live, (len >> 3) as u32, lane, lanes),
-            4 => copy_spans_of::<u32, B>(from, to, live, (len >> 2) as u32, lane, lanes),
-            2 => copy_spans_of::<u16, B>(from, to, live, (len >> 1) as u32, lane, lanes),
-            _ => copy_spans_of::<u8, B>(from, to, live, len as u32, lane, lanes),
-        }
-    }
-}
-
-/// [`copy_spans`] with accesses of `T`, `units` of them per span.
-///
-/// # Safety
-/// As [`copy_spans`], every live span `units` values of `T`, aligned for `T`.
-#[inline(always)]
-unsafe fn copy_spans_of<T: Unit, const B: usize>(
+pub unsafe fn copy_spans<T: Unit, const B: usize>(
     from: &[*const u8; B],
     to: &[*mut u8; B],
     live: &[bool; B],
