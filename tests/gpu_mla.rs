@@ -19,6 +19,9 @@ struct Case {
     t: usize,
     /// kv_c and k_pe are views of one `[T, LORA + ROPE + pad]` input (vLLM splits one tensor).
     fused_input: bool,
+    /// Padding elements after each input row: 8 keeps rows 16-byte aligned, an odd count
+    /// leaves 2-byte accesses only (a row then takes several rounds of its group's loads).
+    pad: usize,
     input: Vec<u8>,
     k_pe_separate: Vec<u8>,
     scale: f32,
@@ -45,6 +48,17 @@ fn bf16s(n: usize, rng: &mut Rng) -> Vec<u8> {
 }
 
 fn case(fp8: Option<Fp8>, bs: usize, t: usize, fused_input: bool, seed: u64) -> Case {
+    padded_case(fp8, bs, t, fused_input, 8, seed)
+}
+
+fn padded_case(
+    fp8: Option<Fp8>,
+    bs: usize,
+    t: usize,
+    fused_input: bool,
+    pad: usize,
+    seed: u64,
+) -> Case {
     let mut rng = Rng::new(seed);
     let e = if fp8.is_some() { 1 } else { 2 };
     let nb = (2 * t).max(64).div_ceil(bs);
@@ -63,17 +77,18 @@ fn case(fp8: Option<Fp8>, bs: usize, t: usize, fused_input: bool, seed: u64) -> 
             _ => free[i],
         })
         .collect();
-    let row = LORA + ROPE + 8; // fused input rows carry 8 padding elements
+    let row = LORA + ROPE + pad; // input rows carry `pad` padding elements
     let ext = layout.extent("cache").unwrap() as usize;
     Case {
         name: format!(
-            "{} bs={bs} T={t}{}",
+            "{} bs={bs} T={t}{} pad={pad}",
             fp8.map_or("bf16".to_string(), |f| format!("bf16->{f:?}")),
             if fused_input { " fused input" } else { "" }
         ),
         fp8,
         t,
         fused_input,
+        pad,
         input: bf16s(t * row, &mut rng),
         k_pe_separate: bf16s(t * ROPE, &mut rng),
         scale: 0.05 + rng.below(1000) as f32 / 100.0,
@@ -90,11 +105,11 @@ impl Case {
         let mut lk = TokenLayout::contiguous(self.t, 1, LORA, 2);
         let mut lp = TokenLayout::contiguous(self.t, 1, ROPE, 2);
         if self.fused_input {
-            lk.token_stride = LORA + ROPE + 8;
-            lp.token_stride = LORA + ROPE + 8;
+            lk.token_stride = LORA + ROPE + self.pad;
+            lp.token_stride = LORA + ROPE + self.pad;
             (lk, lp, LORA * 2)
         } else {
-            lk.token_stride = LORA + ROPE + 8; // kv_c still a view of the padded rows
+            lk.token_stride = LORA + ROPE + self.pad; // kv_c still a view of the padded rows
             (lk, lp, 0)
         }
     }
@@ -174,6 +189,9 @@ fn cases(full: bool) -> Vec<Case> {
                 seed += 1;
             }
         }
+        // Odd padding: 2-byte accesses, several rounds of loads per row.
+        v.push(padded_case(fp8, 16, 29, true, 1, seed));
+        seed += 1;
         if full {
             v.push(case(fp8, 64, 3000, true, seed));
             seed += 1;

@@ -9,7 +9,10 @@ use crate::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs, SpinArgs, TileArgs};
 use crate::convert::{self, Span};
 use crate::fp8::Divider;
 use crate::index::{self, chunk_at, err, PairCheck, PoolSide, SliceCheck, SlotTarget, TablePtr};
-use crate::span::{copy_span, copy_spans, load_staged, store_staged, Unit, STAGE_UNITS, V16};
+use crate::span::{
+    copy_span, copy_spans, load_round, load_staged, store_round, store_staged, Unit, BATCH_UNITS,
+    STAGE_UNITS, V16,
+};
 use crate::tile::{self, Row, TILE};
 
 /// A thread's place in a grid split into groups of `1 << shift` lanes: each group owns one
@@ -101,16 +104,87 @@ pub unsafe fn update_slots(a: &SlotArgs, g: Group) {
     unsafe { slots_body::<false>(a, g) }
 }
 
-/// [`update_slots`] for K and V parts of different widths or input strides, or one row
-/// (`a.rows`: an MLA row, latent then rope part, as one item), copied: the same body with
-/// those compiled in, as its own entry point, so the plain copy keeps its registers.
+/// [`update_slots`] for K and V parts of different widths or input strides (the same body
+/// with those compiled in), or one row per token (`a.rows`: an MLA row, latent then rope
+/// part, as one item: [`rows_body`]), copied; its own entry point, so the plain copy keeps its
+/// registers.
 ///
 /// # Safety
 /// As [`update_slots`].
 #[inline(always)]
 pub unsafe fn update_slots_general(a: &SlotArgs, g: Group) {
-    // SAFETY: forwarded.
-    unsafe { slots_body::<true>(a, g) }
+    // SAFETY: forwarded (the width divides every address and chunk: host-checked).
+    unsafe {
+        if a.rows == 0 {
+            slots_body::<true>(a, g)
+        } else {
+            match a.width {
+                16 => rows_body::<V16>(a, g),
+                8 => rows_body::<u64>(a, g),
+                4 => rows_body::<u32>(a, g),
+                2 => rows_body::<u16>(a, g),
+                _ => rows_body::<u8>(a, g),
+            }
+        }
+    }
+}
+
+/// The copying update of one-row items (`a.rows`: an MLA row, latent part `K` then rope part
+/// `V`, one head), with accesses of `T`: a group copies a token's two spans together, in one
+/// round of loads when both fit ([`load_round`]: issued before the slot is read, so the two
+/// latencies overlap), else round by round once the slot is known.
+///
+/// # Safety
+/// As [`update_slots`], with every address, stride and chunk a multiple of `size_of::<T>()`.
+#[inline(always)]
+unsafe fn rows_body<T: Unit>(a: &SlotArgs, g: Group) {
+    let w = core::mem::size_of::<T>() as u64;
+    // Chunks are far below 4 GiB (host-checked): unit counts fit in 32 bits.
+    let units = [(a.chunk_bytes / w) as u32, (a.chunk_bytes_v / w) as u32];
+    let (lane, lanes) = (g.lane as u32, g.lanes as u32);
+    let live = [true; 2];
+    let one_round = units[0].max(units[1]) <= BATCH_UNITS * lanes;
+    let mut tok = g.first;
+    while tok < a.num_tokens {
+        // SAFETY: tok < num_tokens: both parts' rows lie in the (host-validated) sources.
+        let from = unsafe {
+            [
+                a.src_k.add((tok * a.src_token_stride) as usize),
+                a.src_v.add((tok * a.src_token_stride_v) as usize),
+            ]
+        };
+        let held = if one_round {
+            // SAFETY: as above, `units` values of T per part, aligned for T.
+            unsafe { load_round::<T, 2, true>(&from, &live, &units, lane, lanes) }
+        } else {
+            [[T::ZERO; BATCH_UNITS as usize]; 2]
+        };
+        // SAFETY: tok < num_tokens, the length of the slot array.
+        let slot = unsafe { slot_of(a, tok) };
+        match index::slot_target(slot, a.block_size, a.num_blocks) {
+            SlotTarget::Skip => {}
+            SlotTarget::OutOfRange => {
+                if g.lane == 0 {
+                    // SAFETY: see count_error.
+                    unsafe { count_error(a.errors, err::BAD_SLOT) };
+                }
+            }
+            SlotTarget::At { block, offset } => {
+                let at = (block * a.dst_block_stride + offset * a.dst_token_stride) as usize;
+                // SAFETY: block < num_blocks, offset < block_size: the host checked that the
+                // row (both parts, at the same offset of their caches) lies in the cache.
+                unsafe {
+                    let to = [a.dst_k.add(at), a.dst_v.add(at)];
+                    if one_round {
+                        store_round::<T, 2>(&to, &live, &units, lane, lanes, &held);
+                    } else {
+                        copy_spans::<T, 2>(&from, &to, &live, &units, lane, lanes);
+                    }
+                }
+            }
+        }
+        tok += g.step;
+    }
 }
 
 /// [`update_slots`] for converting updates (`a.convert` set): [`slots_convert_body`] compiled
@@ -125,14 +199,14 @@ pub unsafe fn update_slots_convert(a: &SlotArgs, g: Group) {
     convert::by_code!(a.convert, C => unsafe { slots_convert_body::<C>(a, g) })
 }
 
-/// The slot update: plain copies, or (`GENERAL`) also per-part widths and rows.
+/// The slot update: plain copies, or (`GENERAL`) K and V of different widths or input
+/// strides.
 ///
 /// # Safety
-/// As [`update_slots`].
+/// As [`update_slots`], without `rows`.
 #[inline(always)]
 unsafe fn slots_body<const GENERAL: bool>(a: &SlotArgs, g: Group) {
-    let rows = GENERAL && a.rows != 0;
-    let parts = if a.src_v.is_null() || rows { 1 } else { 2 };
+    let parts = if a.src_v.is_null() { 1 } else { 2 };
     let items = a.num_tokens * parts * a.heads;
     // Spans a group holds in registers are loaded before the slot is read, so the two
     // memory latencies overlap (decode-size updates are latency-bound).
@@ -144,18 +218,11 @@ unsafe fn slots_body<const GENERAL: bool>(a: &SlotArgs, g: Group) {
     // Only in the latency regime (at most one item per group); large updates keep the
     // streaming path.
     let staged = a.width == 16 && units <= STAGE_UNITS * g.lanes && items <= g.step;
-    // A row's V units follow K's: V's unit 0 goes to the lane after K's last unit.
-    let lane_v = if rows {
-        let k_units = (a.chunk_bytes / a.width as u64) % g.lanes;
-        (g.lane + g.lanes - k_units) % g.lanes
-    } else {
-        0
-    };
     let mut item = g.first;
     while item < items {
         let (tok, part, head) = index::split3(item, parts, a.heads);
-        // In the general entry K and V may differ in width and input stride (an MLA row:
-        // latent then rope part); the copying entry keeps one of each.
+        // In the general entry K and V may differ in width and input stride; the copying
+        // entry keeps one of each.
         let (src, dst, chunk, sts) = if part == 0 {
             (a.src_k, a.dst_k, a.chunk_bytes, a.src_token_stride)
         } else if GENERAL {
@@ -194,12 +261,6 @@ unsafe fn slots_body<const GENERAL: bool>(a: &SlotArgs, g: Group) {
                         store_staged(d, &held, units, g.lane, g.lanes);
                     } else {
                         copy_span(s, d, chunk, g.lane, g.lanes, a.width);
-                    }
-                    if rows {
-                        // The row's V chunk.
-                        let sv = a.src_v.add((tok * a.src_token_stride_v) as usize);
-                        let dv = a.dst_v.add(at as usize);
-                        copy_span(sv, dv, a.chunk_bytes_v, lane_v, g.lanes, a.width);
                     }
                 }
             }
@@ -794,7 +855,16 @@ unsafe fn transfer_body<T: Unit>(a: &CopyArgs, g: Group) {
             }
         });
         // SAFETY: each live item's piece (`units` values of T) lies in both pools, aligned.
-        unsafe { copy_spans::<T, B>(&from, &to, &live, units, g.lane as u32, g.lanes as u32) };
+        unsafe {
+            copy_spans::<T, B>(
+                &from,
+                &to,
+                &live,
+                &[units; B],
+                g.lane as u32,
+                g.lanes as u32,
+            )
+        };
         item += B as u64 * g.step;
     }
 }

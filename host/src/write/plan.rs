@@ -484,10 +484,10 @@ pub(crate) fn mla<'a>(op: &MlaUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a
         k_scale: scale,
         v_scale: scale,
         scale_per_head: 0,
-        // Converting, a row is one item (the rope part's eight units would leave most of a
-        // group's lanes idle; measured 2x at T = 16,384). Copying keeps K and V as separate
-        // items: a row's two spans copied one after the other cost a second memory latency.
-        rows: quant.is_some() as u32,
+        // A row is one item: the rope part alone (eight 16-byte units) would leave most of a
+        // group's lanes idle (measured 2x at T = 16,384 when converting). The copying kernel
+        // loads both parts in one round before the slot is read.
+        rows: 1,
         width: 0,
         shift: 0,
         errors: err_ptr(op.errors) as *mut u32,
@@ -534,13 +534,14 @@ fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<P
         .checked_mul(parts)
         .and_then(|v| v.checked_mul(args.heads))
         .ok_or(Error::Overflow { name: "slots" })?;
-    // An item's bytes: K's or V's chunk, or both (a row).
-    let chunk = if args.rows != 0 {
+    let converting = args.convert != convert::NONE;
+    // An item's bytes: K's or V's chunk, or both (a row, which the converting kernel walks as
+    // one sequence of units; the copying kernel copies the two parts side by side).
+    let chunk = if args.rows != 0 && converting {
         args.chunk_bytes + args.chunk_bytes_v
     } else {
         args.chunk_bytes.max(args.chunk_bytes_v)
     };
-    let converting = args.convert != convert::NONE;
     if converting {
         // The converting kernel counts an item's elements (a row's both parts) in 32 bits.
         let both = args.chunk_bytes.checked_add(args.chunk_bytes_v);
