@@ -502,31 +502,38 @@ unsafe fn tile_slot(a: &TileArgs, t: u64) -> i64 {
     }
 }
 
-/// One token's group (eight elements) as cache elements: loaded, and converted when the update
-/// converts.
+/// One token's group (eight elements of its head, `step` apart) as cache elements: loaded, and
+/// converted when the update converts.
 ///
 /// # Safety
 /// `src` holds the group (see [`tile::load_copy`], [`tile::load_convert`]).
 #[inline(always)]
-unsafe fn tile_row<const E: usize>(a: &TileArgs, src: *const u8, vec: bool, div: &Divider) -> Row {
+unsafe fn tile_row<const E: usize>(
+    a: &TileArgs,
+    src: *const u8,
+    vec: bool,
+    step: u64,
+    div: &Divider,
+) -> Row {
     // SAFETY: forwarded.
     unsafe {
         // Conversions produce fp8: only the 1-byte instance converts.
         if E == 1 && a.convert != convert::NONE {
-            tile::load_convert(src, vec, a.convert, div)
+            tile::load_convert(src, vec, step as usize, a.convert, div)
         } else {
-            tile::load_copy::<E>(src, vec)
+            tile::load_copy::<E>(src, vec, step as usize)
         }
     }
 }
 
-/// Stores one token's group (elements `e0..e0 + 8` of its head) at `d`, the token's head in
-/// the cache, in the part's pieces.
+/// Stores one token's group (elements `e0, e0 + step, .., e0 + 7 * step` of its head; `step`
+/// is 1 unless the part has one element per piece) at `d`, the token's head in the cache, in
+/// the part's pieces.
 ///
 /// # Safety
 /// `d` is a valid target's head; the host checked the alignment of the part's stores.
 #[inline(always)]
-unsafe fn tile_store_row<const E: usize>(p: &TilePart, d: *mut u8, row: &Row, e0: u64) {
+unsafe fn tile_store_row<const E: usize>(p: &TilePart, d: *mut u8, row: &Row, e0: u64, step: u64) {
     let e = E as u64;
     // SAFETY: every element stored belongs to the target's head (forwarded).
     unsafe {
@@ -540,7 +547,7 @@ unsafe fn tile_store_row<const E: usize>(p: &TilePart, d: *mut u8, row: &Row, e0
             tile::store::<E>(d.add(off as usize), row, 4, 4);
         } else {
             unroll8!(j => {
-                let x = e0 + j as u64;
+                let x = e0 + j as u64 * step;
                 let off = if p.piece == 1 {
                     x * p.piece_stride
                 } else {
@@ -580,10 +587,21 @@ unsafe fn tiles_body<const E: usize, const RUNS: bool>(a: &TileArgs, g: Group) {
         }
         let n = (a.num_tokens - t0).min(tile);
         let p = TilePart::of(a, part);
+        // One token per thread into a part of one element per piece (V of the v0 layout:
+        // element e of a head is a whole piece, `bs` elements after e - 1): the `groups`
+        // threads of a head take elements `grp, grp + groups, ..` instead of eight consecutive
+        // ones, so each store instruction of a warp writes consecutive pieces (4 sectors per
+        // 128-byte line at 16 bf16 slots a page) rather than one piece per line.
+        let strided = !RUNS && p.piece == 1;
+        let (e0, step) = if strided {
+            (grp, a.groups)
+        } else {
+            (grp * TILE as u64, 1)
+        };
         let src = if part == 0 { a.src_k } else { a.src_v };
         // SAFETY: t0 < num_tokens, head < heads, grp < groups: inside the validated source.
         let src = unsafe {
-            src.add((t0 * a.src_token_stride + head * a.src_head_stride + grp * 8 * se) as usize)
+            src.add((t0 * a.src_token_stride + head * a.src_head_stride + e0 * se) as usize)
         };
         let scale = if a.convert != convert::NONE {
             let scales = if part == 0 { a.k_scale } else { a.v_scale };
@@ -594,7 +612,6 @@ unsafe fn tiles_body<const E: usize, const RUNS: bool>(a: &TileArgs, g: Group) {
             Divider::UNUSED
         };
         let counting = part == 0 && head == 0 && grp == 0;
-        let e0 = grp * TILE as u64;
         // A full tile whose eight tokens fill eight aligned consecutive slots of one block is
         // one run: rows at consecutive slots (K), or transposed columns (one element per
         // piece: V). Anything else goes token by token.
@@ -607,7 +624,7 @@ unsafe fn tiles_body<const E: usize, const RUNS: bool>(a: &TileArgs, g: Group) {
                 // imply vector-aligned sources) and its slot in the slot array.
                 unsafe {
                     let s = src.add((i as u64 * a.src_token_stride) as usize);
-                    rows[i] = tile_row::<E>(a, s, true, &scale);
+                    rows[i] = tile_row::<E>(a, s, true, 1, &scale);
                     slots[i] = tile_slot(a, t0 + i as u64);
                 }
             });
@@ -657,7 +674,7 @@ unsafe fn tiles_body<const E: usize, const RUNS: bool>(a: &TileArgs, g: Group) {
             // before the slot is read, so both latencies overlap.
             let row = unsafe {
                 let s = src.add((i * a.src_token_stride) as usize);
-                tile_row::<E>(a, s, a.src_vec != 0, &scale)
+                tile_row::<E>(a, s, a.src_vec != 0 && !strided, step, &scale)
             };
             // SAFETY: as above.
             let slot = unsafe { tile_slot(a, t0 + i) };
@@ -672,7 +689,7 @@ unsafe fn tiles_body<const E: usize, const RUNS: bool>(a: &TileArgs, g: Group) {
                 SlotTarget::At { block, offset } => {
                     let at = block * p.block + offset * p.token + head * p.head;
                     // SAFETY: a valid target's head.
-                    unsafe { tile_store_row::<E>(&p, p.dst.add(at as usize), &row, e0) };
+                    unsafe { tile_store_row::<E>(&p, p.dst.add(at as usize), &row, e0, step) };
                 }
             }
             i += 1;

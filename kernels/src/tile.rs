@@ -52,13 +52,15 @@ pub fn column<const E: usize>(rows: &[Row; TILE], j: usize) -> Row {
     col
 }
 
-/// Loads eight elements of `E` bytes (copied as they are): vector accesses when `vec` (`src`
-/// aligned to `min(8E, 16)` bytes), else one access per element.
+/// Loads eight elements of `E` bytes (copied as they are), `step` elements apart: vector
+/// accesses when `vec` (`step == 1`, `src` aligned to `min(8E, 16)` bytes), else one access per
+/// element.
 ///
 /// # Safety
-/// `src..src + 8E` readable, aligned for `E`-byte elements (and as above with `vec`).
+/// Elements `0, step, .., 7 * step` at `src` readable, aligned for `E`-byte elements (and as
+/// above with `vec`).
 #[inline(always)]
-pub unsafe fn load_copy<const E: usize>(src: *const u8, vec: bool) -> Row {
+pub unsafe fn load_copy<const E: usize>(src: *const u8, vec: bool, step: usize) -> Row {
     let mut row = [0u32; 8];
     // SAFETY: forwarded from the caller; each access stays inside the 8E bytes.
     unsafe {
@@ -83,9 +85,9 @@ pub unsafe fn load_copy<const E: usize>(src: *const u8, vec: bool) -> Row {
         } else {
             unroll8!(j => {
                 let v = match E {
-                    1 => read(src.add(j)) as u32,
-                    2 => read((src as *const u16).add(j)) as u32,
-                    _ => read((src as *const u32).add(j)),
+                    1 => read(src.add(j * step)) as u32,
+                    2 => read((src as *const u16).add(j * step)) as u32,
+                    _ => read((src as *const u32).add(j * step)),
                 };
                 put::<E>(&mut row, j, v);
             });
@@ -94,14 +96,21 @@ pub unsafe fn load_copy<const E: usize>(src: *const u8, vec: bool) -> Row {
     row
 }
 
-/// Loads eight source elements of conversion `code` and quantizes them to fp8 with `scale`
-/// (one byte each, `E = 1`): vector accesses when `vec` (`src` 16-byte aligned), else one
-/// access per element.
+/// Loads eight source elements of conversion `code`, `step` elements apart, and quantizes them
+/// to fp8 with `scale` (one byte each, `E = 1`): vector accesses when `vec` (`step == 1`, `src`
+/// 16-byte aligned), else one access per element.
 ///
 /// # Safety
-/// `src` holds eight source elements of `code`'s type, aligned for it (16 bytes with `vec`).
+/// `src` holds source elements `0, step, .., 7 * step` of `code`'s type, aligned for it (16
+/// bytes with `vec`).
 #[inline(always)]
-pub unsafe fn load_convert(src: *const u8, vec: bool, code: u32, div: &Divider) -> Row {
+pub unsafe fn load_convert(
+    src: *const u8,
+    vec: bool,
+    step: usize,
+    code: u32,
+    div: &Divider,
+) -> Row {
     // SAFETY: forwarded from the caller.
     let x = unsafe {
         if vec {
@@ -116,7 +125,7 @@ pub unsafe fn load_convert(src: *const u8, vec: bool, code: u32, div: &Divider) 
         } else {
             let mut x = [0f32; 8];
             unroll8!(j => {
-                x[j] = convert::load(src, j as u64, code);
+                x[j] = convert::load(src, (j * step) as u64, code);
             });
             x
         }
@@ -208,7 +217,7 @@ mod tests {
         fn each<const E: usize>(p: *const u8, src: &[u8; 32]) {
             for vec in [false, true] {
                 // SAFETY: 32 readable bytes, 16-byte aligned.
-                let row = unsafe { load_copy::<E>(p, vec) };
+                let row = unsafe { load_copy::<E>(p, vec, 1) };
                 for n in [1usize, 4, 8] {
                     let mut out = [V16::splat(0); 2];
                     for c in (0..8).step_by(n) {

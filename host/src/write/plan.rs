@@ -593,7 +593,14 @@ fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<P
             // A row (latent then rope part: 64 + 8 units of bf16) gets 16 lanes, not 32: 4 or
             // 5 units a lane instead of 2 or 3 (H200, e4m3, T = 65,536: 62% of the copy
             // ceiling against 49%).
-            group_shift(units, if args.rows != 0 { PER_LANE + 1 } else { PER_LANE })
+            group_shift(
+                units,
+                if args.rows != 0 {
+                    PER_LANE + 1
+                } else {
+                    PER_LANE
+                },
+            )
         };
     } else {
         args.width = access_width(&[
