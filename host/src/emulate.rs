@@ -109,6 +109,7 @@ unsafe fn run(plan: &Plan<'_>) {
                 match &kernel {
                     Kernel::Slots(a) if a.converts() => ops::update_slots_convert(a, g),
                     Kernel::Slots(a) if a.general() => ops::update_slots_general(a, g),
+                    Kernel::Slots(a) if a.copies_rows() => ops::update_rows(a, g),
                     Kernel::Slots(a) => ops::update_slots(a, g),
                     Kernel::Tiles(a) if a.elem == 4 => ops::update_tiles_wide(a, g),
                     Kernel::Tiles(a) if a.tile == 1 => ops::update_tiles_one(a, g),

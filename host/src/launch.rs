@@ -31,6 +31,8 @@ pub(crate) struct GridCap {
     pub(crate) slots: u32,
     /// `kvio_update_slots_general` at [`BLOCK_THREADS`].
     pub(crate) slots_general: u32,
+    /// `kvio_update_rows` at [`BLOCK_THREADS`].
+    pub(crate) rows: u32,
     /// `kvio_update_slots_convert` at [`BLOCK_THREADS`].
     pub(crate) slots_convert: u32,
     /// `kvio_update_tiles` at [`BLOCK_THREADS`].
@@ -53,6 +55,7 @@ impl GridCap {
         GridCap {
             slots: cap,
             slots_general: cap,
+            rows: cap,
             slots_convert: cap,
             tiles: cap,
             tiles_one: cap,

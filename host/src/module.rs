@@ -32,6 +32,7 @@ pub struct Kvio {
     module: cu::CUmodule,
     update_slots: cu::CUfunction,
     update_slots_general: cu::CUfunction,
+    update_rows: cu::CUfunction,
     update_slots_convert: cu::CUfunction,
     update_tiles: cu::CUfunction,
     update_tiles_one: cu::CUfunction,
@@ -101,6 +102,7 @@ impl Kvio {
             module,
             update_slots: ptr::null_mut(),
             update_slots_general: ptr::null_mut(),
+            update_rows: ptr::null_mut(),
             update_slots_convert: ptr::null_mut(),
             update_tiles: ptr::null_mut(),
             update_tiles_one: ptr::null_mut(),
@@ -124,6 +126,7 @@ impl Kvio {
         };
         this.update_slots = this.function("kvio_update_slots")?;
         this.update_slots_general = this.function("kvio_update_slots_general")?;
+        this.update_rows = this.function("kvio_update_rows")?;
         this.update_slots_convert = this.function("kvio_update_slots_convert")?;
         this.update_tiles = this.function("kvio_update_tiles")?;
         this.update_tiles_one = this.function("kvio_update_tiles_one")?;
@@ -136,6 +139,7 @@ impl Kvio {
         this.grid_cap = GridCap {
             slots: resident_ctas(this.update_slots, BLOCK_THREADS, sms)?,
             slots_general: resident_ctas(this.update_slots_general, BLOCK_THREADS, sms)?,
+            rows: resident_ctas(this.update_rows, BLOCK_THREADS, sms)?,
             slots_convert: resident_ctas(this.update_slots_convert, BLOCK_THREADS, sms)?,
             tiles: resident_ctas(this.update_tiles, BLOCK_THREADS, sms)?,
             tiles_one: resident_ctas(this.update_tiles_one, SMALL_CTA_THREADS, sms)?,
@@ -167,6 +171,7 @@ impl Kvio {
         match k {
             Kernel::Slots(a) if a.converts() => self.update_slots_convert,
             Kernel::Slots(a) if a.general() => self.update_slots_general,
+            Kernel::Slots(a) if a.copies_rows() => self.update_rows,
             Kernel::Slots(_) => self.update_slots,
             Kernel::Tiles(a) if a.elem == 4 => self.update_tiles_wide,
             Kernel::Tiles(a) if a.tile == 1 => self.update_tiles_one,

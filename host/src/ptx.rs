@@ -19,6 +19,7 @@ pub const PTX_SM90: &str = include_str!(concat!(env!("OUT_DIR"), "/kvio_sm90.ptx
 pub const KERNELS: &[&str] = &[
     "kvio_update_slots",
     "kvio_update_slots_general",
+    "kvio_update_rows",
     "kvio_update_slots_convert",
     "kvio_update_tiles",
     "kvio_update_tiles_one",

@@ -106,12 +106,13 @@ macro_rules! kernel {
 }
 
 kernel! {
-    /// Arguments of the slot-mapping update (see [`crate::ops::update_slots`]), for three entry
+    /// Arguments of the slot-mapping update (see [`crate::ops::update_slots`]), for four entry
     /// points: `kvio_update_slots` (bytes copied, K and V alike), `kvio_update_slots_general`
-    /// (K and V of different widths or strides, or one row: [`crate::ops::update_slots_general`])
-    /// and `kvio_update_slots_convert` (quantized on the way:
+    /// (K and V of different widths or strides: [`crate::ops::update_slots_general`]),
+    /// `kvio_update_rows` (one row per token, an MLA row: [`crate::ops::update_rows`]) and
+    /// `kvio_update_slots_convert` (quantized on the way:
     /// [`crate::ops::update_slots_convert`]), so each keeps only the registers it needs.
-    kvio_update_slots | kvio_update_slots_general [crate::ops::update_slots_general] | kvio_update_slots_convert [crate::ops::update_slots_convert] (SlotArgs) => crate::ops::update_slots {
+    kvio_update_slots | kvio_update_slots_general [crate::ops::update_slots_general] | kvio_update_rows [crate::ops::update_rows] | kvio_update_slots_convert [crate::ops::update_slots_convert] (SlotArgs) => crate::ops::update_slots {
         /// New keys.
         src_k: *const u8,
         /// New values (null: K only).
@@ -176,13 +177,19 @@ impl SlotArgs {
         self.convert != crate::convert::NONE
     }
 
-    /// Whether this copying update needs `kvio_update_slots_general`: its K and V parts differ
-    /// in width or input stride, or form one row (`rows`).
+    /// Whether this copying update writes one row per token (`rows`: an MLA row), entry point
+    /// `kvio_update_rows`.
+    pub fn copies_rows(&self) -> bool {
+        !self.converts() && self.rows != 0
+    }
+
+    /// Whether this copying update of separate K and V items needs
+    /// `kvio_update_slots_general`: its K and V parts differ in width or input stride.
     pub fn general(&self) -> bool {
         !self.converts()
+            && self.rows == 0
             && (self.chunk_bytes_v != self.chunk_bytes
-                || self.src_token_stride_v != self.src_token_stride
-                || self.rows != 0)
+                || self.src_token_stride_v != self.src_token_stride)
     }
 }
 

@@ -104,27 +104,32 @@ pub unsafe fn update_slots(a: &SlotArgs, g: Group) {
     unsafe { slots_body::<false>(a, g) }
 }
 
-/// [`update_slots`] for K and V parts of different widths or input strides (the same body
-/// with those compiled in), or one row per token (`a.rows`: an MLA row, latent then rope
-/// part, as one item: [`rows_body`]), copied; its own entry point, so the plain copy keeps its
-/// registers.
+/// [`update_slots`] for K and V parts of different widths or input strides, copied: the same
+/// body with those compiled in, as its own entry point, so the plain copy keeps its registers.
 ///
 /// # Safety
-/// As [`update_slots`].
+/// As [`update_slots`], without `rows`.
 #[inline(always)]
 pub unsafe fn update_slots_general(a: &SlotArgs, g: Group) {
+    // SAFETY: forwarded.
+    unsafe { slots_body::<true>(a, g) }
+}
+
+/// [`update_slots`] for one row per token (`a.rows`: an MLA row, latent part `K` then rope part
+/// `V`, one head), copied: [`rows_body`] with the access width dispatched once.
+///
+/// # Safety
+/// As [`update_slots`], with `rows`.
+#[inline(always)]
+pub unsafe fn update_rows(a: &SlotArgs, g: Group) {
     // SAFETY: forwarded (the width divides every address and chunk: host-checked).
     unsafe {
-        if a.rows == 0 {
-            slots_body::<true>(a, g)
-        } else {
-            match a.width {
-                16 => rows_body::<V16>(a, g),
-                8 => rows_body::<u64>(a, g),
-                4 => rows_body::<u32>(a, g),
-                2 => rows_body::<u16>(a, g),
-                _ => rows_body::<u8>(a, g),
-            }
+        match a.width {
+            16 => rows_body::<V16>(a, g),
+            8 => rows_body::<u64>(a, g),
+            4 => rows_body::<u32>(a, g),
+            2 => rows_body::<u16>(a, g),
+            _ => rows_body::<u8>(a, g),
         }
     }
 }

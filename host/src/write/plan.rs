@@ -623,6 +623,8 @@ fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<P
         target.caps.slots_convert
     } else if args.general() {
         target.caps.slots_general
+    } else if args.copies_rows() {
+        target.caps.rows
     } else {
         target.caps.slots
     };
