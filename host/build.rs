@@ -134,11 +134,9 @@ fn build_ptx(kernels: &Path, out: &Path) {
 ///   warps to hide that latency. Uncapped it takes 88 registers (sm_90, bf16); at 64 ptxas
 ///   keeps one loop-invariant word in local memory (8 bytes on sm_90, 16 on sm_80: one
 ///   L1-resident load per item).
-const DIRECTIVES: [(&str, &str); 4] = [
+const DIRECTIVES: [(&str, &str); 3] = [
     ("kvio_transfer_blocks", ".maxntid 512, 1, 1\n"),
     ("kvio_update_tiles", ".maxntid 256, 1, 1\n.minnctapersm 2\n"),
-    // MLA rows: four CTAs a multiprocessor (64 registers), for the bytes in flight.
-    ("kvio_update_rows", ".maxntid 256, 1, 1\n.minnctapersm 4\n"),
     (
         "kvio_update_slots_convert",
         ".maxntid 256, 1, 1\n.minnctapersm 4\n",
