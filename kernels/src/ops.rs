@@ -146,9 +146,12 @@ unsafe fn rows_body<T: Unit>(a: &SlotArgs, g: Group) {
     let w = core::mem::size_of::<T>() as u64;
     // Chunks are far below 4 GiB (host-checked): unit counts fit in 32 bits.
     let units = [(a.chunk_bytes / w) as u32, (a.chunk_bytes_v / w) as u32];
+    let most = units[0].max(units[1]);
     let (lane, lanes) = (g.lane as u32, g.lanes as u32);
     let live = [true; 2];
-    let one_round = units[0].max(units[1]) <= BATCH_UNITS * lanes;
+    // A whole row in one round (the lanes the host gives a row of 16-byte units): loaded before
+    // the slot is read, so the two latencies overlap. Narrower rows go round by round.
+    let one_round = most <= BATCH_UNITS * lanes;
     let mut tok = g.first;
     while tok < a.num_tokens {
         // SAFETY: tok < num_tokens: both parts' rows lie in the (host-validated) sources.
@@ -160,7 +163,7 @@ unsafe fn rows_body<T: Unit>(a: &SlotArgs, g: Group) {
         };
         let held = if one_round {
             // SAFETY: as above, `units` values of T per part, aligned for T.
-            unsafe { load_round::<T, 2, true>(&from, &live, &units, lane, lanes) }
+            unsafe { load_round::<T, 2, true>(&from, &live, |k| units[k], lane, lanes) }
         } else {
             [[T::ZERO; BATCH_UNITS as usize]; 2]
         };
@@ -181,9 +184,14 @@ unsafe fn rows_body<T: Unit>(a: &SlotArgs, g: Group) {
                 unsafe {
                     let to = [a.dst_k.add(at), a.dst_v.add(at)];
                     if one_round {
-                        store_round::<T, 2>(&to, &live, &units, lane, lanes, &held);
+                        store_round::<T, 2>(&to, &live, |k| units[k], lane, lanes, &held);
                     } else {
-                        copy_spans::<T, 2>(&from, &to, &live, &units, lane, lanes);
+                        let mut u = lane;
+                        while u < most {
+                            let v = load_round::<T, 2, false>(&from, &live, |k| units[k], u, lanes);
+                            store_round::<T, 2>(&to, &live, |k| units[k], u, lanes, &v);
+                            u += BATCH_UNITS * lanes;
+                        }
                     }
                 }
             }
@@ -877,16 +885,7 @@ unsafe fn transfer_body<T: Unit>(a: &CopyArgs, g: Group) {
             }
         });
         // SAFETY: each live item's piece (`units` values of T) lies in both pools, aligned.
-        unsafe {
-            copy_spans::<T, B>(
-                &from,
-                &to,
-                &live,
-                &[units; B],
-                g.lane as u32,
-                g.lanes as u32,
-            )
-        };
+        unsafe { copy_spans::<T, B>(&from, &to, &live, units, g.lane as u32, g.lanes as u32) };
         item += B as u64 * g.step;
     }
 }
