@@ -226,22 +226,13 @@ use kvio_suite::{
     SlotData,
 };
 
-/// One quantizing slot update: shapes, formats and the host data it runs on.
+/// One quantizing slot update: the host data it runs on, its formats and cache layout.
 struct QCase {
-    name: String,
+    data: SlotData,
     src: SrcType,
     fp8: Fp8,
     per_head: bool,
-    input: TokenLayout,
     cache: PagedLayout,
-    keys: Vec<u8>,
-    values: Vec<u8>,
-    scales_k: Vec<f32>,
-    scales_v: Vec<f32>,
-    slots: Vec<i64>,
-    /// Both caches, K then V, poisoned.
-    poison: Vec<u8>,
-    bad_slots: u32,
 }
 
 /// A case of `t` tokens.
@@ -284,23 +275,25 @@ fn qcase(
         .collect();
     let ext = cache.extent("cache").unwrap() as usize;
     QCase {
-        name: format!(
-            "{src:?}->{fp8:?} {} {} bs={bs} D={d} T={t}",
-            if per_head { "per-head" } else { "per-tensor" },
-            if hnd { "HND" } else { "NHD" }
-        ),
+        data: SlotData {
+            name: format!(
+                "{src:?}->{fp8:?} {} {} bs={bs} D={d} T={t}",
+                if per_head { "per-head" } else { "per-tensor" },
+                if hnd { "HND" } else { "NHD" }
+            ),
+            input,
+            keys: quantize_source(t * h * d, src, &mut rng),
+            values: quantize_source(t * h * d, src, &mut rng),
+            scales_k,
+            scales_v,
+            slots,
+            poison: random_bytes(2 * ext, seed ^ 0xF8),
+            bad_slots,
+        },
         src,
         fp8,
         per_head,
-        keys: quantize_source(t * h * d, src, &mut rng),
-        values: quantize_source(t * h * d, src, &mut rng),
-        input,
         cache,
-        scales_k,
-        scales_v,
-        slots,
-        poison: random_bytes(2 * ext, seed ^ 0xF8),
-        bad_slots,
     }
 }
 
@@ -311,38 +304,20 @@ impl QCase {
 }
 
 impl SlotCase for QCase {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn data(&self) -> SlotData<'_> {
-        SlotData {
-            keys: &self.keys,
-            values: &self.values,
-            slots: &self.slots,
-            scales_k: &self.scales_k,
-            scales_v: &self.scales_v,
-            poison: &self.poison,
-            bad_slots: self.bad_slots,
-        }
+    fn data(&self) -> &SlotData {
+        &self.data
     }
 
     /// The caches (K then V) as the reference computes them.
     fn expected(&self) -> Vec<u8> {
+        let d = &self.data;
         let q = |rows: &[u8], scales: &[f32]| {
-            reference::quantize_rows(rows, &self.input, self.src, self.fp8, scales)
+            reference::quantize_rows(rows, &d.input, self.src, self.fp8, scales)
         };
-        let (qk, qv) = (
-            q(&self.keys, &self.scales_k),
-            q(&self.values, &self.scales_v),
-        );
-        let one_byte = TokenLayout::contiguous(
-            self.input.num_tokens,
-            self.input.num_heads,
-            self.input.head_dim,
-            1,
-        );
-        let mut want = self.poison.clone();
+        let (qk, qv) = (q(&d.keys, &d.scales_k), q(&d.values, &d.scales_v));
+        let one_byte =
+            TokenLayout::contiguous(d.input.num_tokens, d.input.num_heads, d.input.head_dim, 1);
+        let mut want = d.poison.clone();
         let c = reference::update_slots(
             &qk,
             Some(&qv),
@@ -351,13 +326,9 @@ impl SlotCase for QCase {
             0,
             Some(self.ext()),
             &self.cache,
-            &self.slots,
+            &d.slots,
         );
-        assert_eq!(
-            c.bad_slots, self.bad_slots,
-            "{}: reference count",
-            self.name
-        );
+        assert_eq!(c.bad_slots, d.bad_slots, "{}: reference count", d.name);
         want
     }
 
@@ -384,7 +355,7 @@ impl SlotCase for QCase {
                 src: values,
                 dst: vc,
             }),
-            input: self.input,
+            input: self.data.input,
             cache: self.cache,
             value_layout: None,
             slots: SlotMapping::I64(slots),
@@ -454,15 +425,16 @@ fn gpu_quantized_slot_updates_match_reference() {
 #[test]
 fn quantize_arguments_are_checked() {
     let c = qcase(37, SrcType::Bf16, Fp8::E4m3, true, false, 16, 128, 99);
-    let mut caches = c.poison.clone();
+    let d = &c.data;
+    let mut caches = d.poison.clone();
     // SAFETY: host memory; validation refuses every op below before touching it.
     let dst = unsafe { DeviceBytesMut::from_raw(caches.as_mut_ptr() as u64, caches.len()) };
-    let (sk, sv) = (host_view(&c.scales_k), host_view(&c.scales_v));
+    let (sk, sv) = (host_view(&d.scales_k), host_view(&d.scales_v));
     let good = c.op(
-        host_view(&c.keys),
-        host_view(&c.values),
+        host_view(&d.keys),
+        host_view(&d.values),
         dst,
-        host_view(&c.slots),
+        host_view(&d.slots),
         (sk, sv),
     );
     let check = |op: SlotUpdate<'_>, name: &str| {

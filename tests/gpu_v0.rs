@@ -32,20 +32,12 @@ enum Slots {
     Pages,
 }
 
+/// One v0 slot update: the host data it runs on, its format and the two cache layouts.
 struct Case {
-    name: String,
+    data: SlotData,
     format: Format,
-    input: TokenLayout,
     key_layout: PagedLayout,
     value_layout: PagedLayout,
-    keys: Vec<u8>,
-    values: Vec<u8>,
-    scales_k: Vec<f32>,
-    scales_v: Vec<f32>,
-    slots: Vec<i64>,
-    /// K cache then V cache, poisoned.
-    poison: Vec<u8>,
-    bad_slots: u32,
 }
 
 fn case(format: Format, bs: usize, d: usize, t: usize, mode: Slots, seed: u64) -> Case {
@@ -109,18 +101,20 @@ fn case(format: Format, bs: usize, d: usize, t: usize, mode: Slots, seed: u64) -
     };
     let ext = key_layout.extent("k").unwrap() as usize;
     Case {
-        name: format!("{format:?} bs={bs} D={d} T={t} {mode:?}"),
+        data: SlotData {
+            name: format!("{format:?} bs={bs} D={d} T={t} {mode:?}"),
+            input,
+            keys,
+            values,
+            scales_k,
+            scales_v,
+            slots,
+            poison: random_bytes(2 * ext, seed ^ 0x0F),
+            bad_slots,
+        },
         format,
-        input,
         key_layout,
         value_layout,
-        keys,
-        values,
-        scales_k,
-        scales_v,
-        slots,
-        poison: random_bytes(2 * ext, seed ^ 0x0F),
-        bad_slots,
     }
 }
 
@@ -131,40 +125,28 @@ impl Case {
 }
 
 impl SlotCase for Case {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn data(&self) -> SlotData<'_> {
-        SlotData {
-            keys: &self.keys,
-            values: &self.values,
-            slots: &self.slots,
-            scales_k: &self.scales_k,
-            scales_v: &self.scales_v,
-            poison: &self.poison,
-            bad_slots: self.bad_slots,
-        }
+    fn data(&self) -> &SlotData {
+        &self.data
     }
 
     /// Both caches as the reference computes them: K into the key layout, V into the value
     /// layout (one part per call), after quantizing the rows for fp8 cases.
     fn expected(&self) -> Vec<u8> {
+        let d = &self.data;
         let (k, v, input) = match self.format {
-            Format::Copy(_) => (self.keys.clone(), self.values.clone(), self.input),
+            Format::Copy(_) => (d.keys.clone(), d.values.clone(), d.input),
             Format::Quant(src, fp8, _) => {
-                let q = |rows: &[u8], s: &[f32]| {
-                    reference::quantize_rows(rows, &self.input, src, fp8, s)
-                };
-                let i = &self.input;
+                let q =
+                    |rows: &[u8], s: &[f32]| reference::quantize_rows(rows, &d.input, src, fp8, s);
+                let i = &d.input;
                 (
-                    q(&self.keys, &self.scales_k),
-                    q(&self.values, &self.scales_v),
+                    q(&d.keys, &d.scales_k),
+                    q(&d.values, &d.scales_v),
                     TokenLayout::contiguous(i.num_tokens, i.num_heads, i.head_dim, 1),
                 )
             }
         };
-        let mut want = self.poison.clone();
+        let mut want = d.poison.clone();
         let ck = reference::update_slots(
             &k,
             None,
@@ -173,7 +155,7 @@ impl SlotCase for Case {
             0,
             None,
             &self.key_layout,
-            &self.slots,
+            &d.slots,
         );
         let ext = self.ext();
         reference::update_slots(
@@ -184,13 +166,9 @@ impl SlotCase for Case {
             ext,
             None,
             &self.value_layout,
-            &self.slots,
+            &d.slots,
         );
-        assert_eq!(
-            ck.bad_slots, self.bad_slots,
-            "{}: reference count",
-            self.name
-        );
+        assert_eq!(ck.bad_slots, d.bad_slots, "{}: reference count", d.name);
         want
     }
 
@@ -205,7 +183,7 @@ impl SlotCase for Case {
         let (kc, vc) = caches.split_at(self.ext()).unwrap();
         let op = SlotUpdate::new(
             keys,
-            self.input,
+            self.data.input,
             kc,
             self.key_layout,
             SlotMapping::I64(slots),

@@ -13,7 +13,7 @@ use kvio::reference::PoolImage;
 use kvio::Stream;
 use kvio::{
     BlockPool, DeviceBytes, DeviceBytesMut, Kvio, LayerTable, PagedLayout, PoolMemory,
-    PrimaryContext, StreamRef, Writable,
+    PrimaryContext, StreamRef, TokenLayout, Writable,
 };
 
 /// The device, kvio loaded on it, and the context made current on the calling thread.
@@ -583,19 +583,23 @@ pub fn host_view<T>(v: &[T]) -> DeviceBytes<'_> {
 
 /// The host data of one slot-update test case: what the fp8 and v0 tests share their runners
 /// ([`emulate_slot_cases`], [`gpu_slot_cases`]) through.
-pub struct SlotData<'c> {
+pub struct SlotData {
+    /// Names the case in failures.
+    pub name: String,
+    /// The new rows' layout.
+    pub input: TokenLayout,
     /// New keys (bytes).
-    pub keys: &'c [u8],
+    pub keys: Vec<u8>,
     /// New values (bytes).
-    pub values: &'c [u8],
-    /// Slot per token.
-    pub slots: &'c [i64],
+    pub values: Vec<u8>,
     /// K's scales (empty when the case does not quantize).
-    pub scales_k: &'c [f32],
+    pub scales_k: Vec<f32>,
     /// V's scales (empty when the case does not quantize).
-    pub scales_v: &'c [f32],
+    pub scales_v: Vec<f32>,
+    /// Slot per token.
+    pub slots: Vec<i64>,
     /// Both caches, K then V, poisoned.
-    pub poison: &'c [u8],
+    pub poison: Vec<u8>,
     /// Slots past the cache (the error word's expected count).
     pub bad_slots: u32,
 }
@@ -603,10 +607,8 @@ pub struct SlotData<'c> {
 /// A slot-update test case: its data, its update over given views, and the caches the
 /// reference computes.
 pub trait SlotCase {
-    /// Names the case in failures.
-    fn name(&self) -> &str;
     /// The case's host data.
-    fn data(&self) -> SlotData<'_>;
+    fn data(&self) -> &SlotData;
     /// The update over these views (`caches`: K then V).
     fn op<'a>(
         &self,
@@ -624,20 +626,20 @@ pub trait SlotCase {
 pub fn emulate_slot_cases<C: SlotCase>(cases: &[C]) {
     for c in cases {
         let d = c.data();
-        let mut caches = d.poison.to_vec();
+        let mut caches = d.poison.clone();
         // SAFETY: host memory, exclusively ours for the call.
         let dst = unsafe { DeviceBytesMut::from_raw(caches.as_mut_ptr() as u64, caches.len()) };
-        let scales = (host_view(d.scales_k), host_view(d.scales_v));
+        let scales = (host_view(&d.scales_k), host_view(&d.scales_v));
         let op = c.op(
-            host_view(d.keys),
-            host_view(d.values),
+            host_view(&d.keys),
+            host_view(&d.values),
             dst,
-            host_view(d.slots),
+            host_view(&d.slots),
             scales,
         );
         // SAFETY: every view is live host memory of its length.
-        unsafe { kvio::emulate::update_slots(&op) }.unwrap_or_else(|e| panic!("{}: {e}", c.name()));
-        assert_same(c.name(), &caches, &c.expected());
+        unsafe { kvio::emulate::update_slots(&op) }.unwrap_or_else(|e| panic!("{}: {e}", d.name));
+        assert_same(&d.name, &caches, &c.expected());
     }
 }
 
@@ -650,9 +652,9 @@ pub fn gpu_slot_cases<C: SlotCase>(g: &Gpu, cases: &[C]) -> usize {
     let scales = |s: &[f32]| upload(if s.is_empty() { &[1f32][..] } else { s });
     for c in cases {
         let d = c.data();
-        let (k, v, s) = (upload(d.keys), upload(d.values), upload(d.slots));
-        let (sk, sv) = (scales(d.scales_k), scales(d.scales_v));
-        let mut caches = upload(d.poison);
+        let (k, v, s) = (upload(&d.keys), upload(&d.values), upload(&d.slots));
+        let (sk, sv) = (scales(&d.scales_k), scales(&d.scales_v));
+        let mut caches = upload(&d.poison);
         errors.reset(StreamRef::from(&stream)).unwrap();
         let op = c
             .op(
@@ -664,14 +666,14 @@ pub fn gpu_slot_cases<C: SlotCase>(g: &Gpu, cases: &[C]) -> usize {
             )
             .errors(&errors);
         g.kv.update_slots(&op, StreamRef::from(&stream))
-            .unwrap_or_else(|e| panic!("{}: {e}", c.name()));
-        assert_same(c.name(), &download(&caches, &stream), &c.expected());
+            .unwrap_or_else(|e| panic!("{}: {e}", d.name));
+        assert_same(&d.name, &download(&caches, &stream), &c.expected());
         let counts = errors.read(StreamRef::from(&stream)).unwrap();
         let want = kvio::ErrorCounts {
             bad_slots: d.bad_slots,
             ..Default::default()
         };
-        assert_eq!(counts, want, "{}", c.name());
+        assert_eq!(counts, want, "{}", d.name);
     }
     cases.len()
 }
