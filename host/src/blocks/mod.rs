@@ -77,6 +77,13 @@ pub enum Backend {
     Dma,
     /// SM threads.
     Kernel,
+    /// SM threads issuing Hopper bulk copies (`cp.async.bulk`, the TMA unit) through shared
+    /// memory, for transfers between device and pinned host memory: the `sm_90` entry point
+    /// `kvio_transfer_blocks_tma`, on the same CTA budget as [`Backend::Kernel`]. Where it does
+    /// not apply (a GPU before `sm_90`, a copy inside the device, or a copy whose chunks,
+    /// strides or bases are not all multiples of 16 bytes) the call runs as
+    /// [`Backend::Kernel`] and returns that. Never chosen by [`Backend::Auto`] (yet).
+    Tma,
 }
 
 /// Arguments of [`Kvio::copy_blocks`].
