@@ -172,7 +172,10 @@ fn add_tma_shared(path: &Path) {
         .trim()
         .split_once('.')
         .expect("PTX version x.y");
-    let v = (major.parse::<u32>().expect("major"), minor.parse::<u32>().expect("minor"));
+    let v = (
+        major.parse::<u32>().expect("major"),
+        minor.parse::<u32>().expect("minor"),
+    );
     if v < (8, 0) {
         text = text.replacen(&version, ".version 8.0", 1);
     }

@@ -40,6 +40,9 @@ pub const SMEM_STAGE_BYTES: u32 = STAGES * STAGE_BYTES;
 /// Number of `mbarrier`s (`kvio_tma_bar`, 8 bytes each).
 pub const BARRIERS: u32 = STAGES * THREADS;
 
+// Static shared memory of one CTA stays within the 48 KiB a launch gets without opting in.
+const _: () = assert!(SMEM_STAGE_BYTES + 8 * BARRIERS <= 48 * 1024);
+
 /// Pieces of `piece` bytes a stage holds, one per lane (at least one, at most a warp's lanes).
 #[inline(always)]
 pub fn lanes_for(piece: u64) -> u64 {
@@ -193,7 +196,12 @@ pub(crate) mod hw {
     #[inline(always)]
     pub fn commit() {
         // SAFETY: bookkeeping of this thread's own bulk copies.
-        unsafe { asm!("cp.async.bulk.commit_group;", options(nostack, preserves_flags)) };
+        unsafe {
+            asm!(
+                "cp.async.bulk.commit_group;",
+                options(nostack, preserves_flags)
+            )
+        };
     }
 
     /// Waits until all but the `N` most recent bulk groups of this thread have finished
@@ -214,6 +222,11 @@ pub(crate) mod hw {
     #[inline(always)]
     pub fn wait_all() {
         // SAFETY: waits only.
-        unsafe { asm!("cp.async.bulk.wait_group 0;", options(nostack, preserves_flags)) };
+        unsafe {
+            asm!(
+                "cp.async.bulk.wait_group 0;",
+                options(nostack, preserves_flags)
+            )
+        };
     }
 }

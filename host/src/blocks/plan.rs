@@ -303,12 +303,12 @@ fn largest_divisor_at_most(n: u64, cap: u64) -> u64 {
         .unwrap_or(1)
 }
 
-/// Whether [`Backend::Tma`] applies to `op`: a transfer touching host memory, on a device
-/// whose module has the bulk-copy entry (`sm_90`: a non-zero cap), with every chunk, stride
-/// and base a multiple of 16 bytes (`cp.async.bulk` moves multiples of 16 bytes between
-/// 16-byte aligned addresses).
+/// Whether [`Backend::Tma`] applies to `op`: a device whose module has the bulk-copy entry
+/// (`sm_90`: a non-zero cap; the CPU emulation too), with every chunk, stride and base a
+/// multiple of 16 bytes (`cp.async.bulk` moves multiples of 16 bytes between 16-byte aligned
+/// addresses).
 fn tma_applies(op: &BlockCopy<'_>, geo: &Geometry, caps: &GridCap) -> bool {
-    geo.host_involved && caps.transfer_tma > 0 && access_width_of(op, geo) == 16
+    caps.transfer_tma > 0 && access_width_of(op, geo) == 16
 }
 
 /// The access width of a block copy: the largest power of two (up to 16) dividing its chunk,
@@ -381,7 +381,12 @@ fn launch(
         group_shift(piece / width as u64, PER_LANE)
     };
     let (threads, cap, default_budget) = if tma {
-        (TMA_THREADS, caps.transfer_tma, DEFAULT_TRANSFER_CTAS)
+        let budget = if geo.host_involved {
+            DEFAULT_TRANSFER_CTAS
+        } else {
+            u32::MAX
+        };
+        (TMA_THREADS, caps.transfer_tma, budget)
     } else if geo.host_involved {
         (TRANSFER_THREADS, caps.transfer, DEFAULT_TRANSFER_CTAS)
     } else {
@@ -745,6 +750,58 @@ mod tests {
             scratch,
             batched_dma: false,
         }
+    }
+
+    /// `Tma` plans the bulk-copy entry for 16-byte aligned copies where the device has it
+    /// (pieces of at most a stage, one-warp CTAs, one CTA per batch up to the budget), and the
+    /// kernel otherwise: before `sm_90` (a zero cap) or with a misaligned base.
+    #[test]
+    fn tma_applies_to_aligned_copies_on_sm90_only() {
+        let (s, d) = (nhd(SRC, NB, L, BS, H, D, E), nhd(DST, NB, L, BS, H, D, E));
+        let pairs = [[0i64, 1], [2, 3], [-1, 0]];
+        let host = target(MemoryKind::PinnedHost);
+        let tma = BlockCopy {
+            backend: Backend::Tma,
+            ..op(s, d, &pairs)
+        };
+        let (b, p) = plan(&tma, &host).unwrap();
+        assert_eq!(b, Backend::Tma);
+        let Plan::Kernel { launch, .. } = p else {
+            panic!("{p:?}")
+        };
+        let Kernel::TransferTma(a) = launch.kernel else {
+            panic!("{launch:?}")
+        };
+        assert_eq!((a.width, a.shift, launch.threads), (16, bulk::SHIFT, TMA_THREADS));
+        assert_eq!(a.piece, bulk::STAGE_BYTES as u64);
+        // Whole cross-layer blocks (192 KiB) in 8 KiB pieces, one lane each: 3 pairs × 24
+        // batches, on the default budget of host transfers.
+        assert_eq!(a.pieces * a.piece, a.chunk);
+        assert_eq!(launch.grid, DEFAULT_TRANSFER_CTAS);
+        let sm80 = Target {
+            caps: GridCap {
+                transfer_tma: 0,
+                ..GridCap::uniform(8)
+            },
+            ..target(MemoryKind::PinnedHost)
+        };
+        let (b, p) = plan(&tma, &sm80).unwrap();
+        assert_eq!(b, Backend::Kernel);
+        assert!(matches!(
+            p,
+            Plan::Kernel {
+                launch: Launch {
+                    kernel: Kernel::Transfer(_),
+                    ..
+                },
+                ..
+            }
+        ));
+        let misaligned = BlockCopy {
+            backend: Backend::Tma,
+            ..op(nhd(SRC + 8, NB, L, BS, H, D, E), d, &pairs)
+        };
+        assert_eq!(plan(&misaligned, &host).unwrap().0, Backend::Kernel);
     }
 
     /// With a batching driver, `Auto` takes the copy engines from 64 KiB spans; without one,
