@@ -11,6 +11,9 @@
 //!   mapped into the device's address space), a few CTAs only when host memory is involved
 //!   ([`DEFAULT_TRANSFER_CTAS`]). With a device-resident block map it allocates nothing and
 //!   never synchronises: it can be captured in a CUDA graph.
+//! - [`Backend::Tma`] (opt-in, `sm_90`): the kernel backend's launch, but its SM threads move
+//!   the bytes with Hopper bulk copies (`cp.async.bulk`) through shared memory; copies that
+//!   are not 16-byte aligned, and GPUs before `sm_90`, run [`Backend::Kernel`] instead.
 //!
 //! [`Backend::Auto`] picks the kernel, except for transfers between host and device whose
 //! contiguous span is at least [`DMA_MIN_SPAN_BATCHED`] when the driver batches the copies

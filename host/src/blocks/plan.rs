@@ -772,7 +772,10 @@ mod tests {
         let Kernel::TransferTma(a) = launch.kernel else {
             panic!("{launch:?}")
         };
-        assert_eq!((a.width, a.shift, launch.threads), (16, bulk::SHIFT, TMA_THREADS));
+        assert_eq!(
+            (a.width, a.shift, launch.threads),
+            (16, bulk::SHIFT, TMA_THREADS)
+        );
         assert_eq!(a.piece, bulk::STAGE_BYTES as u64);
         // Whole cross-layer blocks (192 KiB) in 8 KiB pieces, one lane each: 3 pairs × 24
         // batches, on the default budget of host transfers.
