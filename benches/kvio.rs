@@ -1491,8 +1491,9 @@ fn block_spans(src: &Pool, dst: &Pool, pairs: &[[i64; 2]]) -> (Vec<(u64, u64)>, 
     (v, src.chunk)
 }
 
-/// One block-copy benchmark set: kvio kernel (device map), kvio DMA, kvio's default (Auto,
-/// host map, no staging), per-chunk memcpy, naive kernel.
+/// One block-copy benchmark set: kvio kernel (device map), kvio bulk copies (`Backend::Tma`,
+/// device map, `sm_90`), kvio DMA, kvio's default (Auto, host map, no staging), per-chunk
+/// memcpy, naive kernel.
 #[allow(clippy::too_many_arguments)]
 fn block_case(
     grp: &mut BenchmarkGroup<'_, WallTime>,
@@ -1535,6 +1536,30 @@ fn block_case(
                 .expect("copy_blocks kernel");
         },
     );
+    // The bulk-copy path (sm_90, 16-byte aligned pools), same map and CTA budget as
+    // `kvio-kernel` (a CTA there is one warp); skipped where it would run as the kernel.
+    let tma = BlockCopy {
+        backend: Backend::Tma,
+        ..base
+    };
+    let ran =
+        g.kv.copy_blocks(&tma, StreamRef::from(stream))
+            .expect("copy_blocks tma");
+    if ran == Backend::Tma {
+        measure(
+            grp,
+            rec,
+            group,
+            bs,
+            "kvio-tma",
+            moved * bytes_factor,
+            stream,
+            || {
+                g.kv.copy_blocks(&tma, StreamRef::from(stream))
+                    .expect("copy_blocks tma");
+            },
+        );
+    }
     let dma = BlockCopy {
         map: BlockMap::Host(pairs),
         backend: Backend::Dma,

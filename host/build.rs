@@ -45,6 +45,9 @@ fn main() {
     }
     for (tag, _) in ARCHS {
         let path = out.join(format!("kvio_{tag}.ptx"));
+        if tag == "sm90" {
+            add_tma_shared(&path);
+        }
         add_directives(&path);
         check_ptx(&path);
     }
@@ -134,14 +137,53 @@ fn build_ptx(kernels: &Path, out: &Path) {
 ///   warps to hide that latency. Uncapped it takes 88 registers (sm_90, bf16); at 64 ptxas
 ///   keeps one loop-invariant word in local memory (8 bytes on sm_90, 16 on sm_80: one
 ///   L1-resident load per item).
-const DIRECTIVES: [(&str, &str); 3] = [
+/// - `kvio_transfer_blocks_tma` runs one-warp CTAs (`kvio_kernels::bulk::THREADS`).
+const DIRECTIVES: [(&str, &str); 4] = [
     ("kvio_transfer_blocks", ".maxntid 512, 1, 1\n"),
+    ("kvio_transfer_blocks_tma", ".maxntid 32, 1, 1\n"),
     ("kvio_update_tiles", ".maxntid 256, 1, 1\n.minnctapersm 2\n"),
     (
         "kvio_update_slots_convert",
         ".maxntid 256, 1, 1\n.minnctapersm 4\n",
     ),
 ];
+
+/// The bulk-copy transfer's static shared memory in the `sm_90` PTX (rustc cannot declare
+/// `.shared` variables; the kernel takes their addresses with inline PTX, see
+/// `kvio_kernels::bulk`): `STAGES * STAGE_BYTES` bytes of stages and `STAGES * THREADS`
+/// mbarriers. `tests/ptx_abi.rs` checks the sizes against the kernels' constants.
+const TMA_SHARED: &str = ".shared .align 128 .b8 kvio_tma_stage[40960];\n\
+                          .shared .align 8 .b64 kvio_tma_bar[160];\n";
+
+/// Declares [`TMA_SHARED`] after the PTX header and raises the module's PTX ISA version to 8.0
+/// (`cp.async.bulk`, `mbarrier.arrive.expect_tx` and `fence.proxy.async` need it; rustc emits
+/// 7.8 for `sm_90`). Only the `sm_90` module: the `sm_80` PTX is left as rustc wrote it.
+fn add_tma_shared(path: &Path) {
+    let mut text = fs::read_to_string(path).expect("read ptx");
+    if text.contains(TMA_SHARED) {
+        return;
+    }
+    let version = text
+        .lines()
+        .find(|l| l.starts_with(".version "))
+        .expect("PTX .version line")
+        .to_string();
+    let (major, minor) = version[".version ".len()..]
+        .trim()
+        .split_once('.')
+        .expect("PTX version x.y");
+    let v = (
+        major.parse::<u32>().expect("major"),
+        minor.parse::<u32>().expect("minor"),
+    );
+    if v < (8, 0) {
+        text = text.replacen(&version, ".version 8.0", 1);
+    }
+    let line = text.find(".address_size 64").expect("PTX header");
+    let after = line + text[line..].find('\n').expect("end of header line") + 1;
+    text = format!("{}\n{TMA_SHARED}{}", &text[..after], &text[after..]);
+    fs::write(path, text).expect("write ptx");
+}
 
 fn add_directives(path: &Path) {
     let mut text = fs::read_to_string(path).expect("read ptx");

@@ -2225,10 +2225,10 @@ fn run_copy_case(c: &CopyCase, x: &Exec) {
     let n = pairs.len();
     let device_pairs = map_buf.view(8, 16 * n);
     let (map, backend, staging_view) = if c.device_map {
-        let backend = if c.backend & 1 == 0 {
-            Backend::Auto
-        } else {
-            Backend::Kernel
+        let backend = match c.backend % 3 {
+            0 => Backend::Auto,
+            1 => Backend::Kernel,
+            _ => Backend::Tma,
         };
         let map = BlockMap::Device {
             pairs: device_pairs,
@@ -2236,11 +2236,12 @@ fn run_copy_case(c: &CopyCase, x: &Exec) {
         };
         (map, backend, None)
     } else {
-        let (backend, staged) = match c.backend % 4 {
+        let (backend, staged) = match c.backend % 5 {
             0 => (Backend::Auto, false),
             1 => (Backend::Auto, true),
             2 => (Backend::Dma, false),
-            _ => (Backend::Kernel, true),
+            3 => (Backend::Kernel, true),
+            _ => (Backend::Tma, c.backend & 8 != 0),
         };
         let stage = staged.then(|| staging.view_mut(0, staging_len));
         (BlockMap::Host(&pairs), backend, stage)

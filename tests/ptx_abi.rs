@@ -132,3 +132,31 @@ fn sm80_ptx_has_no_griddepcontrol() {
     assert!(!kvio::PTX_SM80.contains("griddepcontrol"));
     assert!(kvio::PTX_SM90.contains("griddepcontrol.wait;"));
 }
+
+/// The bulk-copy transfer: the `sm_90` module is PTX ISA 8.0 and declares the stages and
+/// barriers `kvio_kernels::bulk` addresses, at the sizes of its constants; the `sm_80` module
+/// keeps rustc's version and holds no bulk copy (its `kvio_transfer_blocks_tma` copies with
+/// plain accesses and is never launched).
+#[test]
+fn tma_shared_memory_matches_the_kernels() {
+    use kvio_kernels::bulk::{BARRIERS, SMEM_STAGE_BYTES};
+    let ptx = kvio::PTX_SM90;
+    assert!(ptx.contains("\n.version 8.0\n"), "sm_90 PTX is ISA 8.0");
+    assert!(ptx.contains(&format!(
+        ".shared .align 128 .b8 kvio_tma_stage[{SMEM_STAGE_BYTES}];"
+    )));
+    assert!(ptx.contains(&format!(".shared .align 8 .b64 kvio_tma_bar[{BARRIERS}];")));
+    let body = entry_body(ptx, "kvio_transfer_blocks_tma");
+    for op in [
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes",
+        "cp.async.bulk.global.shared::cta.bulk_group",
+        "cp.async.bulk.wait_group 0;",
+    ] {
+        assert!(
+            body.contains(op),
+            "sm_90 kvio_transfer_blocks_tma: no `{op}`"
+        );
+    }
+    assert!(!kvio::PTX_SM80.contains("cp.async.bulk"));
+    assert!(!kvio::PTX_SM80.contains("kvio_tma_stage"));
+}

@@ -117,6 +117,7 @@ unsafe fn run(plan: &Plan<'_>) {
                     Kernel::Slices(a) => ops::update_slices(a, g),
                     Kernel::Copy(a) => ops::copy_blocks(a, g),
                     Kernel::Transfer(a) => ops::transfer_blocks(a, g),
+                    Kernel::TransferTma(a) => ops::transfer_blocks_tma(a, g),
                 }
             });
             drop(scratch); // alive until the kernel bodies have run

@@ -17,6 +17,10 @@ pub(crate) const SMALL_CTA_THREADS: u32 = 64;
 /// Bytes in flight per CTA: 512 threads × 3 items × 4 units × 16 B = 96 KiB, so the two
 /// offload CTAs hold ~192 KiB, above the ~110 KB (55 GB/s × 2 µs) a PCIe link needs.
 pub(crate) const TRANSFER_THREADS: u32 = 512;
+/// Threads per CTA of the bulk-copy transfer (`kvio_transfer_blocks_tma`): one warp, whose
+/// lanes each pipeline pieces through the CTA's 40 KiB of shared stages
+/// (`kvio_kernels::bulk`).
+pub(crate) const TMA_THREADS: u32 = kvio_kernels::bulk::THREADS;
 /// Accesses each lane of a group is given per span (enough loads in flight, few idle lanes).
 pub(crate) const PER_LANE: u64 = 4;
 /// Default CTA budget of block copies when a pool is in host memory (leaves the SMs to the
@@ -47,6 +51,9 @@ pub(crate) struct GridCap {
     pub(crate) copy: u32,
     /// `kvio_transfer_blocks` at [`TRANSFER_THREADS`].
     pub(crate) transfer: u32,
+    /// `kvio_transfer_blocks_tma` at [`TMA_THREADS`] (0: the path is not offered, before
+    /// `sm_90`).
+    pub(crate) transfer_tma: u32,
 }
 
 impl GridCap {
@@ -63,6 +70,7 @@ impl GridCap {
             slices: cap,
             copy: cap,
             transfer: cap,
+            transfer_tma: cap,
         }
     }
 }

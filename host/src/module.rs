@@ -10,7 +10,9 @@ use crate::driver::{
     check, current_context, current_device, device_attribute, with_ctx, LaunchKernelEx, MemcpyBatch,
 };
 use crate::error::{Error, Result};
-use crate::launch::{resident_ctas, GridCap, BLOCK_THREADS, SMALL_CTA_THREADS, TRANSFER_THREADS};
+use crate::launch::{
+    resident_ctas, GridCap, BLOCK_THREADS, SMALL_CTA_THREADS, TMA_THREADS, TRANSFER_THREADS,
+};
 use crate::plan::{Kernel, Target};
 use crate::ptx::{ptx, Arch};
 use crate::scratch::Scratch;
@@ -40,6 +42,7 @@ pub struct Kvio {
     update_slices: cu::CUfunction,
     copy_blocks: cu::CUfunction,
     transfer_blocks: cu::CUfunction,
+    transfer_blocks_tma: cu::CUfunction,
     noop: cu::CUfunction,
     naive_spans: cu::CUfunction,
     spin: cu::CUfunction,
@@ -110,6 +113,7 @@ impl Kvio {
             update_slices: ptr::null_mut(),
             copy_blocks: ptr::null_mut(),
             transfer_blocks: ptr::null_mut(),
+            transfer_blocks_tma: ptr::null_mut(),
             noop: ptr::null_mut(),
             naive_spans: ptr::null_mut(),
             spin: ptr::null_mut(),
@@ -134,6 +138,7 @@ impl Kvio {
         this.update_slices = this.function("kvio_update_slices")?;
         this.copy_blocks = this.function("kvio_copy_blocks")?;
         this.transfer_blocks = this.function("kvio_transfer_blocks")?;
+        this.transfer_blocks_tma = this.function("kvio_transfer_blocks_tma")?;
         // Persistent grids: never more CTAs than can be resident at once.
         let sms = this.sm_count;
         this.grid_cap = GridCap {
@@ -147,6 +152,11 @@ impl Kvio {
             slices: resident_ctas(this.update_slices, BLOCK_THREADS, sms)?,
             copy: resident_ctas(this.copy_blocks, BLOCK_THREADS, sms)?,
             transfer: resident_ctas(this.transfer_blocks, TRANSFER_THREADS, sms)?,
+            // The sm_80 module's entry is plain copies: never offered there.
+            transfer_tma: match arch {
+                Arch::Sm90 => resident_ctas(this.transfer_blocks_tma, TMA_THREADS, sms)?,
+                Arch::Sm80 => 0,
+            },
         };
         this.scratch = Scratch::new(ctx, dev)?;
         this.noop = this.function("kvio_noop")?;
@@ -179,6 +189,7 @@ impl Kvio {
             Kernel::Slices(_) => self.update_slices,
             Kernel::Copy(_) => self.copy_blocks,
             Kernel::Transfer(_) => self.transfer_blocks,
+            Kernel::TransferTma(_) => self.transfer_blocks_tma,
         }
     }
 

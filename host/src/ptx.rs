@@ -27,6 +27,7 @@ pub const KERNELS: &[&str] = &[
     "kvio_update_slices",
     "kvio_copy_blocks",
     "kvio_transfer_blocks",
+    "kvio_transfer_blocks_tma",
     "kvio_noop",
     "kvio_naive_spans",
     "kvio_spin",

@@ -117,7 +117,9 @@ impl Kvio {
             Kernel::Slots(a) => Params::new(&a.to_words(), &SlotArgs::SIZES),
             Kernel::Tiles(a) => Params::new(&a.to_words(), &TileArgs::SIZES),
             Kernel::Slices(a) => Params::new(&a.to_words(), &SliceArgs::SIZES),
-            Kernel::Copy(a) | Kernel::Transfer(a) => Params::new(&a.to_words(), &CopyArgs::SIZES),
+            Kernel::Copy(a) | Kernel::Transfer(a) | Kernel::TransferTma(a) => {
+                Params::new(&a.to_words(), &CopyArgs::SIZES)
+            }
         };
         params.launch_with(self.entry(&kernel), launch.grid, launch.threads, stream, ex)
     }

@@ -320,11 +320,13 @@ kernel! {
 }
 
 kernel! {
-    /// Arguments of the block copy (see [`crate::ops::copy_blocks`]). Two entry points run
+    /// Arguments of the block copy (see [`crate::ops::copy_blocks`]). Three entry points run
     /// it: `kvio_copy_blocks` (device-side copies, 256-thread CTAs) and `kvio_transfer_blocks`
     /// (copies touching host memory, 512-thread CTAs: the build gives it `.maxntid 512`; its own
-    /// body, [`crate::ops::transfer_blocks`], moves the same bytes in batches of items).
-    kvio_copy_blocks | kvio_transfer_blocks [crate::ops::transfer_blocks] (CopyArgs) => crate::ops::copy_blocks {
+    /// body, [`crate::ops::transfer_blocks`], moves the same bytes in batches of items), and
+    /// `kvio_transfer_blocks_tma` (the same copies through Hopper bulk copies and shared memory,
+    /// one-warp CTAs: [`crate::ops::transfer_blocks_tma`]; launched on `sm_90` only).
+    kvio_copy_blocks | kvio_transfer_blocks [crate::ops::transfer_blocks] | kvio_transfer_blocks_tma [crate::ops::transfer_blocks_tma] (CopyArgs) => crate::ops::copy_blocks {
         /// Source pool base (strided pools).
         src_base: *mut u8,
         /// Source layer/part pointer table (null: strided).

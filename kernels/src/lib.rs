@@ -75,6 +75,7 @@ macro_rules! unroll4 {
 
 #[macro_use]
 pub mod args;
+pub mod bulk;
 pub mod convert;
 pub mod fp8;
 pub mod index;

@@ -6,6 +6,7 @@
 use core::sync::atomic::{AtomicU32, Ordering};
 
 use crate::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs, SpinArgs, TileArgs};
+use crate::bulk;
 use crate::convert::{self, Span};
 use crate::fp8::Divider;
 use crate::index::{self, chunk_at, err, PairCheck, PoolSide, SliceCheck, SlotTarget, TablePtr};
@@ -888,6 +889,160 @@ unsafe fn transfer_body<T: Unit>(a: &CopyArgs, g: Group) {
         unsafe { copy_spans::<T, B>(&from, &to, &live, units, g.lane as u32, g.lanes as u32) };
         item += B as u64 * g.step;
     }
+}
+
+/// [`copy_blocks`] for transfers touching pinned host memory with Hopper bulk copies
+/// (`kvio_transfer_blocks_tma`, one-warp CTAs, [`crate::bulk`]): the warp of CTA `c` takes
+/// batches `c`, `c + grid`, ... of [`bulk::lanes_for`]`(piece)` consecutive items, lane `k`
+/// item `k` of each batch ([`tma_item`]). On `sm_90` every lane pipelines its pieces through
+/// [`bulk::STAGES`] shared-memory slots: bulk load (global → shared, completing on the slot's
+/// `mbarrier`), then bulk store (shared → global), with [`bulk::LOOKAHEAD`] loads in flight
+/// ahead of the one it waits for and up to `STAGES - 1 - LOOKAHEAD` stores still reading
+/// their slots. Elsewhere (the `sm_80` PTX, where kvio never launches this entry, and the CPU
+/// emulation) each lane copies its item with plain accesses: the same items, the same bytes,
+/// the same error counts.
+///
+/// # Safety
+/// As [`copy_blocks`], with `shift` = [`bulk::SHIFT`] and one-warp CTAs; on `sm_90` the piece
+/// a multiple of 16 no larger than [`bulk::STAGE_BYTES`], every address 16-byte aligned
+/// (`width` 16).
+#[inline(always)]
+pub unsafe fn transfer_blocks_tma(a: &CopyArgs, g: Group) {
+    let per_pair = a.layers * a.parts * a.tokens * a.heads * a.pieces;
+    let items = a.num_pairs * per_pair;
+    let per = bulk::lanes_for(a.piece);
+    if g.lane >= per {
+        return;
+    }
+    let batches = items.div_ceil(per);
+    #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90"))]
+    // SAFETY: forwarded.
+    unsafe {
+        tma_lane(a, g, per_pair, items, per, batches)
+    };
+    #[cfg(not(all(target_arch = "nvptx64", target_feature = "sm_90")))]
+    {
+        let mut b = g.first;
+        while b < batches {
+            // SAFETY: a valid item's piece lies in both pools, aligned for `width`.
+            unsafe {
+                if let Some((from, to)) = tma_item(a, b, per, g.lane, items, per_pair) {
+                    copy_span(from, to, a.piece, 0, 1, a.width);
+                }
+            }
+            b += g.step;
+        }
+    }
+}
+
+/// The item lane `lane` moves in batch `batch` of [`transfer_blocks_tma`] (`per` items a
+/// batch): its source and destination, `None` past the last item, for padding and for ids
+/// past a pool (counted once per pair, as [`item_span`] does: every item has one lane).
+///
+/// # Safety
+/// As [`copy_blocks`]; `lane < per`, `items = num_pairs * per_pair`.
+#[inline(always)]
+unsafe fn tma_item(
+    a: &CopyArgs,
+    batch: u64,
+    per: u64,
+    lane: u64,
+    items: u64,
+    per_pair: u64,
+) -> Option<(*const u8, *mut u8)> {
+    let it = batch * per + lane;
+    if it < items {
+        // SAFETY: it < items; one lane per item, so it counts as lane 0.
+        unsafe { item_span(a, it, per_pair, 0) }
+    } else {
+        None
+    }
+}
+
+/// One lane's bulk-copy pipeline of [`transfer_blocks_tma`] on `sm_90`.
+///
+/// Step `i` (the lane's `i`-th batch, `g.first + i * g.step`) uses stage `i % STAGES`: it
+/// waits until the stores committed `STAGES - LOOKAHEAD` steps before have read their slots
+/// (so the one that last used this stage has), loads its piece into the slot (or completes
+/// the barrier's phase with a bare arrival when it has none), then waits for the load of step
+/// `i - LOOKAHEAD` (phase `(i - LOOKAHEAD) / STAGES` of its barrier), stores that piece and
+/// commits one bulk group (empty when there was nothing to store), so every step commits
+/// exactly one group and the `wait_group.read` count is a constant.
+///
+/// # Safety
+/// As [`transfer_blocks_tma`] on `sm_90`; `lane < per`.
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90"))]
+#[inline(always)]
+unsafe fn tma_lane(a: &CopyArgs, g: Group, per_pair: u64, items: u64, per: u64, batches: u64) {
+    use bulk::{hw, LOOKAHEAD, STAGES, STAGE_BYTES, THREADS};
+    const { assert!(LOOKAHEAD == 2 && STAGES > LOOKAHEAD) };
+    let bytes = a.piece as u32;
+    let slot0 = hw::stage_base() + g.lane as u32 * bytes;
+    let bar0 = hw::bar_base() + g.lane as u32 * 8;
+    let bar_step = THREADS * 8;
+    let mut s = 0;
+    while s < STAGES {
+        // SAFETY: this lane's own barriers, before any copy.
+        unsafe { hw::init(bar0 + s * bar_step) };
+        s += 1;
+    }
+    hw::fence_init();
+    let steps = if g.first < batches {
+        (batches - 1 - g.first) / g.step + 1
+    } else {
+        0
+    };
+    // Destinations of the pieces loaded one and two steps ago (null: nothing loaded).
+    let (mut d1, mut d2) = (core::ptr::null_mut::<u8>(), core::ptr::null_mut::<u8>());
+    let mut i = 0u64;
+    // Stages of steps i and i - LOOKAHEAD, and the parity of the latter's barrier phase.
+    let (mut st, mut sw, mut pw) = (0u32, 0u32, 0u32);
+    while i < steps + LOOKAHEAD as u64 {
+        let mut cur = core::ptr::null_mut::<u8>();
+        if i < steps {
+            let slot = slot0 + st * STAGE_BYTES;
+            let bar = bar0 + st * bar_step;
+            // The store of step i - STAGES (committed at step i - STAGES + LOOKAHEAD) has read
+            // this slot once at most STAGES - 1 - LOOKAHEAD later groups are pending.
+            hw::wait_read::<{ STAGES - 1 - LOOKAHEAD }>();
+            // SAFETY: i < steps: batch g.first + i * step < batches; lane < per.
+            let span = unsafe { tma_item(a, g.first + i * g.step, per, g.lane, items, per_pair) };
+            // SAFETY: the slot is free (above), the piece valid, 16-byte aligned (host).
+            unsafe {
+                match span {
+                    Some((from, to)) => {
+                        hw::load(slot, from, bytes, bar);
+                        cur = to;
+                    }
+                    None => hw::arrive(bar),
+                }
+            }
+        }
+        if i >= LOOKAHEAD as u64 {
+            let bar = bar0 + sw * bar_step;
+            // SAFETY: the barrier of step i - LOOKAHEAD, whose phase that step completes.
+            unsafe { hw::wait(bar, pw) };
+            if !d2.is_null() {
+                // SAFETY: the slot's load has completed; the destination is valid (host).
+                unsafe { hw::store(d2, slot0 + sw * STAGE_BYTES, bytes) };
+            }
+            hw::commit();
+            sw += 1;
+            if sw == STAGES {
+                sw = 0;
+                pw ^= 1;
+            }
+        }
+        d2 = d1;
+        d1 = cur;
+        st += 1;
+        if st == STAGES {
+            st = 0;
+        }
+        i += 1;
+    }
+    // Shared memory must outlive the stores' reads; wait for their writes too.
+    hw::wait_all();
 }
 
 /// Source and destination of item `item` of a block copy, `None` when its pair is padding or

@@ -11,6 +11,9 @@
 //!   mapped into the device's address space), a few CTAs only when host memory is involved
 //!   ([`DEFAULT_TRANSFER_CTAS`]). With a device-resident block map it allocates nothing and
 //!   never synchronises: it can be captured in a CUDA graph.
+//! - [`Backend::Tma`] (opt-in, `sm_90`): the kernel backend's launch, but its SM threads move
+//!   the bytes with Hopper bulk copies (`cp.async.bulk`) through shared memory; copies that
+//!   are not 16-byte aligned, and GPUs before `sm_90`, run [`Backend::Kernel`] instead.
 //!
 //! [`Backend::Auto`] picks the kernel, except for transfers between host and device whose
 //! contiguous span is at least [`DMA_MIN_SPAN_BATCHED`] when the driver batches the copies
@@ -77,6 +80,41 @@ pub enum Backend {
     Dma,
     /// SM threads.
     Kernel,
+    /// SM threads issuing Hopper bulk copies (`cp.async.bulk`, the TMA unit) through shared
+    /// memory: the `sm_90` entry point `kvio_transfer_blocks_tma` (one-warp CTAs, each lane
+    /// pipelining pieces of up to 8 KiB through five shared stages), meant for transfers
+    /// between device and pinned host memory, on the same CTA budget as [`Backend::Kernel`]
+    /// ([`DEFAULT_TRANSFER_CTAS`] when a pool is host memory, the whole GPU otherwise; a CTA
+    /// here is one warp). Where it does not apply (a GPU before `sm_90`, or a copy whose
+    /// chunks, strides or bases are not all multiples of 16 bytes) the call runs as
+    /// [`Backend::Kernel`] and returns that. Never chosen by [`Backend::Auto`]. The CPU
+    /// emulation ([`crate::emulate::copy_blocks`]) runs its item schedule with plain copies.
+    ///
+    /// ```
+    /// use kvio::{Backend, BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceBytesMut};
+    /// let (nb, l, bs, h, d) = (4, 2, 16, 2, 64); // bf16-sized elements: 16-byte aligned
+    /// let src: Vec<u16> = (0..nb * l * 2 * bs * h * d).map(|x| x as u16).collect();
+    /// let mut dst = vec![0u16; src.len()];
+    /// // SAFETY: host memory, used by the emulation only.
+    /// let (s, t) = unsafe {
+    ///     (
+    ///         DeviceBytes::from_raw(src.as_ptr() as u64, src.len() * 2),
+    ///         DeviceBytesMut::from_raw(dst.as_mut_ptr() as u64, dst.len() * 2),
+    ///     )
+    /// };
+    /// let op = BlockCopy::new(
+    ///     BlockPool::cross_layer_nhd(s, nb, l, bs, h, d, 2),
+    ///     BlockPool::cross_layer_nhd(t, nb, l, bs, h, d, 2),
+    ///     BlockMap::Host(&[[1, 2]]),
+    /// )
+    /// .backend(Backend::Tma);
+    /// // SAFETY: every view is live host memory of its length.
+    /// let ran = unsafe { kvio::emulate::copy_blocks(&op) }.unwrap();
+    /// assert_eq!(ran, Backend::Tma);
+    /// let block = l * 2 * bs * h * d;
+    /// assert_eq!(dst[2 * block..3 * block], src[block..2 * block]);
+    /// ```
+    Tma,
 }
 
 /// Arguments of [`Kvio::copy_blocks`].

@@ -3,6 +3,7 @@
 //! host map).
 
 use kvio_kernels::args::CopyArgs;
+use kvio_kernels::bulk;
 use kvio_kernels::index::{access_width, group_shift};
 
 use super::dma;
@@ -13,7 +14,8 @@ use crate::alloc::{MemoryKind, TableAccess};
 use crate::error::{invalid, Error, Result};
 use crate::error_word::DeviceErrors;
 use crate::launch::{
-    grid_for, GridCap, BLOCK_THREADS, DEFAULT_TRANSFER_CTAS, PER_LANE, TRANSFER_THREADS,
+    grid_for, GridCap, BLOCK_THREADS, DEFAULT_TRANSFER_CTAS, PER_LANE, TMA_THREADS,
+    TRANSFER_THREADS,
 };
 use crate::layout::PagedLayout;
 use crate::plan::{Kernel, Launch, Plan, Staging, Target, Upload};
@@ -25,7 +27,7 @@ const MAX_PIECE: u64 = 16 * 1024;
 /// Validates a block copy and plans it: the backend that will run and what it does.
 pub(crate) fn plan<'a>(op: &BlockCopy<'a>, target: &Target<'_>) -> Result<(Backend, Plan<'a>)> {
     let geo = geometry(op, target.kind_of)?;
-    let backend = choose(op, &geo, target.scratch, target.batched_dma)?;
+    let backend = choose(op, &geo, &target.caps, target.scratch, target.batched_dma)?;
     let dst = op.dst.read();
     if let BlockMap::Host(pairs) = op.map {
         check_host_map(&op.src, &dst, pairs)?;
@@ -34,7 +36,7 @@ pub(crate) fn plan<'a>(op: &BlockCopy<'a>, target: &Target<'_>) -> Result<(Backe
         BlockMap::Host(pairs) if backend == Backend::Dma => {
             Plan::Dma(dma::spans(&op.src, &dst, &geo, pairs))
         }
-        map => kernel(op, &geo, map, target.caps)?,
+        map => kernel(op, &geo, map, target.caps, backend == Backend::Tma)?,
     };
     Ok((backend, plan))
 }
@@ -45,8 +47,14 @@ pub(crate) fn plan<'a>(op: &BlockCopy<'a>, target: &Target<'_>) -> Result<(Backe
 /// device whose contiguous chunk ([`Geometry::chunk`]: one block's span after merging, not a
 /// merged run of blocks) is at least [`DMA_MIN_SPAN`] ([`DMA_MIN_SPAN_BATCHED`] with a batching
 /// driver), and when a host map has nowhere to go;
-/// the kernel otherwise.
-fn choose(op: &BlockCopy<'_>, geo: &Geometry, scratch: bool, batched: bool) -> Result<Backend> {
+/// the kernel otherwise. `Tma` runs as `Kernel` where it does not apply ([`tma_applies`]).
+fn choose(
+    op: &BlockCopy<'_>,
+    geo: &Geometry,
+    caps: &GridCap,
+    scratch: bool,
+    batched: bool,
+) -> Result<Backend> {
     let uploadable = op.staging.is_some() || scratch;
     Ok(match (op.backend, op.map) {
         (Backend::Dma, BlockMap::Device { .. }) => {
@@ -57,7 +65,7 @@ fn choose(op: &BlockCopy<'_>, geo: &Geometry, scratch: bool, batched: bool) -> R
             ))
         }
         (Backend::Dma, _) => Backend::Dma,
-        (Backend::Kernel, BlockMap::Host(_)) if !uploadable => {
+        (Backend::Kernel | Backend::Tma, BlockMap::Host(_)) if !uploadable => {
             return Err(invalid(
                 "staging",
                 "None",
@@ -65,6 +73,8 @@ fn choose(op: &BlockCopy<'_>, geo: &Geometry, scratch: bool, batched: bool) -> R
             ))
         }
         (Backend::Kernel, _) => Backend::Kernel,
+        (Backend::Tma, _) if tma_applies(op, geo, caps) => Backend::Tma,
+        (Backend::Tma, _) => Backend::Kernel,
         (Backend::Auto, BlockMap::Device { .. }) => Backend::Kernel,
         (Backend::Auto, BlockMap::Host(_)) => {
             let min = if batched {
@@ -89,6 +99,7 @@ fn kernel<'a>(
     geo: &Geometry,
     map: BlockMap<'a>,
     caps: GridCap,
+    tma: bool,
 ) -> Result<Plan<'a>> {
     let (pairs, n, upload) = match map {
         BlockMap::Device { pairs, len } => {
@@ -125,7 +136,7 @@ fn kernel<'a>(
             (at, host.len(), upload)
         }
     };
-    Ok(match launch(op, geo, pairs, n, caps)? {
+    Ok(match launch(op, geo, pairs, n, caps, tma)? {
         Some(launch) => Plan::Kernel { upload, launch },
         None => Plan::Nothing,
     })
@@ -292,14 +303,46 @@ fn largest_divisor_at_most(n: u64, cap: u64) -> u64 {
         .unwrap_or(1)
 }
 
-/// The launch of a validated block copy whose `n` pairs are at device address `pairs`;
-/// `None` when there is nothing to do.
+/// Whether [`Backend::Tma`] applies to `op`: a device whose module has the bulk-copy entry
+/// (`sm_90`: a non-zero cap; the CPU emulation too), with every chunk, stride and base a
+/// multiple of 16 bytes (`cp.async.bulk` moves multiples of 16 bytes between 16-byte aligned
+/// addresses).
+fn tma_applies(op: &BlockCopy<'_>, geo: &Geometry, caps: &GridCap) -> bool {
+    caps.transfer_tma > 0 && access_width_of(op, geo) == 16
+}
+
+/// The access width of a block copy: the largest power of two (up to 16) dividing its chunk,
+/// every stride and every base of both pools.
+fn access_width_of(op: &BlockCopy<'_>, geo: &Geometry) -> u32 {
+    let side = |p: &BlockPool<'_>| {
+        let s = p.side();
+        (s.base as u64, s.strides)
+    };
+    let (sb, ss) = side(&op.src);
+    let (db, ds) = side(&op.dst.read());
+    // `access_width` ORs its values, so a table's bases enter as the OR the table keeps.
+    let bases_or = |p: &BlockPool<'_>| match p.bases {
+        Bases::Table(t) => t.bases_or(),
+        Bases::Strided { .. } => 0,
+    };
+    let (so, dor) = (bases_or(&op.src), bases_or(&op.dst.read()));
+    let [s0, s1, s2, s3, s4] = ss;
+    let [d0, d1, d2, d3, d4] = ds;
+    access_width(&[
+        geo.chunk, sb, db, s0, s1, s2, s3, s4, d0, d1, d2, d3, d4, so, dor,
+    ])
+}
+
+/// The launch of a validated block copy whose `n` pairs are at device address `pairs`
+/// (`tma`: through the bulk-copy entry, which [`tma_applies`] to it); `None` when there is
+/// nothing to do.
 fn launch(
     op: &BlockCopy<'_>,
     geo: &Geometry,
     pairs: u64,
     n: usize,
     caps: GridCap,
+    tma: bool,
 ) -> Result<Option<Launch>> {
     let per_pair: u64 = geo.ext.iter().product();
     if n == 0 || per_pair == 0 {
@@ -315,20 +358,16 @@ fn launch(
     };
     let (sb, st, ss) = side(&op.src);
     let (db, dt, ds) = side(&op.dst.read());
-    // `access_width` ORs its values, so a table's bases enter as the OR the table keeps.
-    let bases_or = |p: &BlockPool<'_>| match p.bases {
-        Bases::Table(t) => t.bases_or(),
-        Bases::Strided { .. } => 0,
+    let width = access_width_of(op, geo);
+    // Split big chunks into pieces of at most MAX_PIECE bytes (whole multiples of the access;
+    // the bulk-copy path: of a stage's bytes).
+    let max_piece = if tma {
+        bulk::STAGE_BYTES as u64
+    } else {
+        MAX_PIECE
     };
-    let (so, dor) = (bases_or(&op.src), bases_or(&op.dst.read()));
-    let [s0, s1, s2, s3, s4] = ss;
-    let [d0, d1, d2, d3, d4] = ds;
-    let width = access_width(&[
-        geo.chunk, sb, db, s0, s1, s2, s3, s4, d0, d1, d2, d3, d4, so, dor,
-    ]);
-    // Split big chunks into pieces of at most MAX_PIECE bytes (whole multiples of the access).
     let units = geo.chunk / width as u64;
-    let piece = largest_divisor_at_most(units, (MAX_PIECE / width as u64).max(1)) * width as u64;
+    let piece = largest_divisor_at_most(units, (max_piece / width as u64).max(1)) * width as u64;
     let pieces = geo.chunk / piece;
     // Cannot overflow for validated pools (each factor is bounded by a buffer length), but the
     // kernel computes the same product: refuse rather than let it wrap.
@@ -336,8 +375,19 @@ fn launch(
         .checked_mul(per_pair)
         .and_then(|v| v.checked_mul(pieces))
         .ok_or(Error::Overflow { name: "map" })?;
-    let shift = group_shift(piece / width as u64, PER_LANE);
-    let (threads, cap, default_budget) = if geo.host_involved {
+    let shift = if tma {
+        bulk::SHIFT
+    } else {
+        group_shift(piece / width as u64, PER_LANE)
+    };
+    let (threads, cap, default_budget) = if tma {
+        let budget = if geo.host_involved {
+            DEFAULT_TRANSFER_CTAS
+        } else {
+            u32::MAX
+        };
+        (TMA_THREADS, caps.transfer_tma, budget)
+    } else if geo.host_involved {
         (TRANSFER_THREADS, caps.transfer, DEFAULT_TRANSFER_CTAS)
     } else {
         (BLOCK_THREADS, caps.copy, u32::MAX)
@@ -375,6 +425,15 @@ fn launch(
         shift,
         errors: op.errors.map_or(0, DeviceErrors::ptr) as *mut u32,
     };
+    if tma {
+        // A CTA (one warp) moves batches of `lanes_for(piece)` items, one item per lane.
+        let batches = items.div_ceil(bulk::lanes_for(piece));
+        return Ok(Some(Launch {
+            kernel: Kernel::TransferTma(args),
+            grid: batches.clamp(1, budget as u64) as u32,
+            threads,
+        }));
+    }
     Ok(Some(Launch {
         kernel: if geo.host_involved {
             Kernel::Transfer(args)
@@ -691,6 +750,61 @@ mod tests {
             scratch,
             batched_dma: false,
         }
+    }
+
+    /// `Tma` plans the bulk-copy entry for 16-byte aligned copies where the device has it
+    /// (pieces of at most a stage, one-warp CTAs, one CTA per batch up to the budget), and the
+    /// kernel otherwise: before `sm_90` (a zero cap) or with a misaligned base.
+    #[test]
+    fn tma_applies_to_aligned_copies_on_sm90_only() {
+        let (s, d) = (nhd(SRC, NB, L, BS, H, D, E), nhd(DST, NB, L, BS, H, D, E));
+        let pairs = [[0i64, 1], [2, 3], [-1, 0]];
+        let host = target(MemoryKind::PinnedHost);
+        let tma = BlockCopy {
+            backend: Backend::Tma,
+            ..op(s, d, &pairs)
+        };
+        let (b, p) = plan(&tma, &host).unwrap();
+        assert_eq!(b, Backend::Tma);
+        let Plan::Kernel { launch, .. } = p else {
+            panic!("{p:?}")
+        };
+        let Kernel::TransferTma(a) = launch.kernel else {
+            panic!("{launch:?}")
+        };
+        assert_eq!(
+            (a.width, a.shift, launch.threads),
+            (16, bulk::SHIFT, TMA_THREADS)
+        );
+        assert_eq!(a.piece, bulk::STAGE_BYTES as u64);
+        // Whole cross-layer blocks (192 KiB) in 8 KiB pieces, one lane each: 3 pairs × 24
+        // batches, on the default budget of host transfers.
+        assert_eq!(a.pieces * a.piece, a.chunk);
+        assert_eq!(launch.grid, DEFAULT_TRANSFER_CTAS);
+        let sm80 = Target {
+            caps: GridCap {
+                transfer_tma: 0,
+                ..GridCap::uniform(8)
+            },
+            ..target(MemoryKind::PinnedHost)
+        };
+        let (b, p) = plan(&tma, &sm80).unwrap();
+        assert_eq!(b, Backend::Kernel);
+        assert!(matches!(
+            p,
+            Plan::Kernel {
+                launch: Launch {
+                    kernel: Kernel::Transfer(_),
+                    ..
+                },
+                ..
+            }
+        ));
+        let misaligned = BlockCopy {
+            backend: Backend::Tma,
+            ..op(nhd(SRC + 8, NB, L, BS, H, D, E), d, &pairs)
+        };
+        assert_eq!(plan(&misaligned, &host).unwrap().0, Backend::Kernel);
     }
 
     /// With a batching driver, `Auto` takes the copy engines from 64 KiB spans; without one,

@@ -94,7 +94,7 @@ fn pack(plan: &Plan<'_>) -> usize {
                 Kernel::Slots(a) => Params::new(&a.to_words(), &SlotArgs::SIZES),
                 Kernel::Tiles(a) => Params::new(&a.to_words(), &TileArgs::SIZES),
                 Kernel::Slices(a) => Params::new(&a.to_words(), &SliceArgs::SIZES),
-                Kernel::Copy(a) | Kernel::Transfer(a) => {
+                Kernel::Copy(a) | Kernel::Transfer(a) | Kernel::TransferTma(a) => {
                     Params::new(&a.to_words(), &CopyArgs::SIZES)
                 }
             };

@@ -99,6 +99,9 @@ pub(crate) enum Kernel {
     Copy(CopyArgs),
     /// `kvio_transfer_blocks` (block copies touching host memory, 1024-thread CTAs).
     Transfer(CopyArgs),
+    /// `kvio_transfer_blocks_tma` (block copies touching host memory through Hopper bulk
+    /// copies, one-warp CTAs; `sm_90` only).
+    TransferTma(CopyArgs),
 }
 
 impl Kernel {
@@ -114,6 +117,10 @@ impl Kernel {
                 pairs: pairs as *const i64,
                 ..a
             }),
+            Kernel::TransferTma(a) => Kernel::TransferTma(CopyArgs {
+                pairs: pairs as *const i64,
+                ..a
+            }),
             k => k,
         }
     }
@@ -124,7 +131,7 @@ impl Kernel {
             Kernel::Slots(a) => a.shift,
             Kernel::Tiles(a) => a.shift,
             Kernel::Slices(a) => a.shift,
-            Kernel::Copy(a) | Kernel::Transfer(a) => a.shift,
+            Kernel::Copy(a) | Kernel::Transfer(a) | Kernel::TransferTma(a) => a.shift,
         }
     }
 }
