@@ -1559,6 +1559,26 @@ fn block_case(
                     .expect("copy_blocks tma");
             },
         );
+        // Four times the CTAs (one warp each): still a fraction of one SM's threads per SM.
+        if let Some(c) = ctas {
+            let wide = BlockCopy {
+                max_ctas: Some(4 * c),
+                ..tma
+            };
+            measure(
+                grp,
+                rec,
+                group,
+                bs,
+                "kvio-tma-x4",
+                moved * bytes_factor,
+                stream,
+                || {
+                    g.kv.copy_blocks(&wide, StreamRef::from(stream))
+                        .expect("copy_blocks tma");
+                },
+            );
+        }
     }
     let dma = BlockCopy {
         map: BlockMap::Host(pairs),
