@@ -26,6 +26,11 @@ pub(crate) const PER_LANE: u64 = 4;
 /// Default CTA budget of block copies when a pool is in host memory (leaves the SMs to the
 /// model).
 pub const DEFAULT_TRANSFER_CTAS: u32 = 4;
+/// Default CTA budget of the bulk-copy path (`Backend::Tma`) when a pool is in host memory:
+/// its CTAs are one warp each, and on the H200 it takes four times the kernel's CTA count (a
+/// quarter of its threads) to move as many bytes (8 one-warp CTAs offload at 94% of the
+/// pinned ceiling, 2 at 31%).
+pub const DEFAULT_TMA_TRANSFER_CTAS: u32 = 4 * DEFAULT_TRANSFER_CTAS;
 
 /// Most CTAs of each kernel that are resident on the whole device at once. The grids are
 /// persistent (kernels loop over their work), so no launch asks for more.

@@ -33,7 +33,7 @@ mod pool;
 #[cfg(test)]
 pub(crate) mod test_pools;
 
-pub use crate::launch::DEFAULT_TRANSFER_CTAS;
+pub use crate::launch::{DEFAULT_TMA_TRANSFER_CTAS, DEFAULT_TRANSFER_CTAS};
 pub use map::BlockMap;
 pub(crate) use plan::plan;
 pub use pool::{Bases, BlockPool, PoolMemory, ReadOnly, Writable};
@@ -83,9 +83,9 @@ pub enum Backend {
     /// SM threads issuing Hopper bulk copies (`cp.async.bulk`, the TMA unit) through shared
     /// memory: the `sm_90` entry point `kvio_transfer_blocks_tma` (one-warp CTAs, each lane
     /// pipelining pieces of up to 8 KiB through five shared stages), meant for transfers
-    /// between device and pinned host memory, on the same CTA budget as [`Backend::Kernel`]
-    /// ([`DEFAULT_TRANSFER_CTAS`] when a pool is host memory, the whole GPU otherwise; a CTA
-    /// here is one warp). Where it does not apply (a GPU before `sm_90`, or a copy whose
+    /// between device and pinned host memory. A CTA here is one warp: the default budget is
+    /// [`DEFAULT_TMA_TRANSFER_CTAS`] (four times [`DEFAULT_TRANSFER_CTAS`]) when a pool
+    /// is host memory, the whole GPU otherwise, and `max_ctas` counts one-warp CTAs. Where it does not apply (a GPU before `sm_90`, or a copy whose
     /// chunks, strides or bases are not all multiples of 16 bytes) the call runs as
     /// [`Backend::Kernel`] and returns that. Never chosen by [`Backend::Auto`]. The CPU
     /// emulation ([`crate::emulate::copy_blocks`]) runs its item schedule with plain copies.
@@ -164,7 +164,8 @@ pub struct BlockCopy<'a> {
     /// Which engine moves them.
     pub backend: Backend,
     /// CTAs the kernel backend may use (`None`: [`DEFAULT_TRANSFER_CTAS`] when either pool is
-    /// host memory, the whole GPU otherwise).
+    /// host memory, [`DEFAULT_TMA_TRANSFER_CTAS`] one-warp CTAs on [`Backend::Tma`], the
+    /// whole GPU otherwise).
     pub max_ctas: Option<u32>,
     /// Device memory of `16 × pairs` bytes, 8-byte aligned, for a host map on the kernel
     /// backend (the map is copied there on the stream; not capturable). `None`: kvio uploads

@@ -14,8 +14,8 @@ use crate::alloc::{MemoryKind, TableAccess};
 use crate::error::{invalid, Error, Result};
 use crate::error_word::DeviceErrors;
 use crate::launch::{
-    grid_for, GridCap, BLOCK_THREADS, DEFAULT_TRANSFER_CTAS, PER_LANE, TMA_THREADS,
-    TRANSFER_THREADS,
+    grid_for, GridCap, BLOCK_THREADS, DEFAULT_TMA_TRANSFER_CTAS, DEFAULT_TRANSFER_CTAS, PER_LANE,
+    TMA_THREADS, TRANSFER_THREADS,
 };
 use crate::layout::PagedLayout;
 use crate::plan::{Kernel, Launch, Plan, Staging, Target, Upload};
@@ -382,7 +382,7 @@ fn launch(
     };
     let (threads, cap, default_budget) = if tma {
         let budget = if geo.host_involved {
-            DEFAULT_TRANSFER_CTAS
+            DEFAULT_TMA_TRANSFER_CTAS
         } else {
             u32::MAX
         };
@@ -759,7 +759,11 @@ mod tests {
     fn tma_applies_to_aligned_copies_on_sm90_only() {
         let (s, d) = (nhd(SRC, NB, L, BS, H, D, E), nhd(DST, NB, L, BS, H, D, E));
         let pairs = [[0i64, 1], [2, 3], [-1, 0]];
-        let host = target(MemoryKind::PinnedHost);
+        // A pretend device with room for more CTAs than the default budget.
+        let host = Target {
+            caps: GridCap::uniform(64),
+            ..target(MemoryKind::PinnedHost)
+        };
         let tma = BlockCopy {
             backend: Backend::Tma,
             ..op(s, d, &pairs)
@@ -778,9 +782,9 @@ mod tests {
         );
         assert_eq!(a.piece, bulk::STAGE_BYTES as u64);
         // Whole cross-layer blocks (192 KiB) in 8 KiB pieces, one lane each: 3 pairs × 24
-        // batches, on the default budget of host transfers.
+        // batches, on the bulk path's default budget of host transfers.
         assert_eq!(a.pieces * a.piece, a.chunk);
-        assert_eq!(launch.grid, DEFAULT_TRANSFER_CTAS);
+        assert_eq!(launch.grid, DEFAULT_TMA_TRANSFER_CTAS);
         let sm80 = Target {
             caps: GridCap {
                 transfer_tma: 0,
