@@ -107,6 +107,20 @@ pub(crate) mod hw {
         };
     }
 
+    /// Synchronises the warp's lanes that are still running (`activemask`, `bar.warp.sync`).
+    #[inline(always)]
+    pub fn sync_lanes() {
+        // SAFETY: the mask is the set of lanes executing this very instruction.
+        unsafe {
+            asm!(
+                "{{ .reg .b32 m;",
+                "activemask.b32 m;",
+                "bar.warp.sync m; }}",
+                options(nostack, preserves_flags)
+            )
+        };
+    }
+
     /// Global (or mapped host) `src` → shared `dst`, `bytes` bytes, completing on `bar`
     /// (which expects them first).
     ///

@@ -987,6 +987,10 @@ unsafe fn tma_lane(a: &CopyArgs, g: Group, per_pair: u64, items: u64, per: u64, 
         s += 1;
     }
     hw::fence_init();
+    // Each lane initialised only its own barriers, but ptxas issues barrier operations on
+    // lane-varying addresses lane by lane through the warp's uniform datapath: a warp-level
+    // sync makes the initialisation visibly ordered before every lane's first arrival.
+    hw::sync_lanes();
     let steps = if g.first < batches {
         (batches - 1 - g.first) / g.step + 1
     } else {
