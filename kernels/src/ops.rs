@@ -11,8 +11,8 @@ use crate::convert::{self, Span};
 use crate::fp8::Divider;
 use crate::index::{self, chunk_at, err, PairCheck, PoolSide, SliceCheck, SlotTarget, TablePtr};
 use crate::span::{
-    copy_span, copy_spans, load_round, load_staged, store_round, store_staged, Unit, BATCH_UNITS,
-    STAGE_UNITS, V16,
+    self, copy_span, copy_spans, load_round, load_staged, store_round, store_staged, Unit,
+    BATCH_UNITS, STAGE_UNITS, V16,
 };
 use crate::tile::{self, Row, TILE};
 
@@ -124,15 +124,7 @@ pub unsafe fn update_slots_general(a: &SlotArgs, g: Group) {
 #[inline(always)]
 pub unsafe fn update_rows(a: &SlotArgs, g: Group) {
     // SAFETY: forwarded (the width divides every address and chunk: host-checked).
-    unsafe {
-        match a.width {
-            16 => rows_body::<V16>(a, g),
-            8 => rows_body::<u64>(a, g),
-            4 => rows_body::<u32>(a, g),
-            2 => rows_body::<u16>(a, g),
-            _ => rows_body::<u8>(a, g),
-        }
-    }
+    unsafe { span::by_width!(a.width, rows_body(a, g)) }
 }
 
 /// The copying update of one-row items (`a.rows`: an MLA row, latent part `K` then rope part
@@ -845,15 +837,7 @@ pub const TRANSFER_BATCH: usize = 3;
 #[inline(always)]
 pub unsafe fn transfer_blocks(a: &CopyArgs, g: Group) {
     // SAFETY: forwarded; each arm's unit is the width the host checked every address against.
-    unsafe {
-        match a.width {
-            16 => transfer_body::<V16>(a, g),
-            8 => transfer_body::<u64>(a, g),
-            4 => transfer_body::<u32>(a, g),
-            2 => transfer_body::<u16>(a, g),
-            _ => transfer_body::<u8>(a, g),
-        }
-    }
+    unsafe { span::by_width!(a.width, transfer_body(a, g)) }
 }
 
 /// [`transfer_blocks`] with accesses of `T`: batches of [`TRANSFER_BATCH`] items, looked up,

@@ -55,6 +55,23 @@ unsafe fn copy_units<T: Copy>(src: *const T, dst: *mut T, n: u64, lane: u64, lan
     }
 }
 
+/// Evaluates `$call::<T>($args)` with `T` the access type of width `$width` (16, 8, 4, 2 bytes,
+/// anything else 1): a kernel body generic over [`Unit`] dispatched on the width once, at its
+/// entry.
+macro_rules! by_width {
+    ($width:expr, $call:ident($($arg:expr),*)) => {
+        match $width {
+            16 => $call::<$crate::span::V16>($($arg),*),
+            8 => $call::<u64>($($arg),*),
+            4 => $call::<u32>($($arg),*),
+            2 => $call::<u16>($($arg),*),
+            _ => $call::<u8>($($arg),*),
+        }
+    };
+}
+
+pub(crate) use by_width;
+
 /// Units (accesses of the copy's width) each lane holds per span in [`copy_spans`].
 pub const BATCH_UNITS: u32 = 4;
 
