@@ -1047,7 +1047,7 @@ unsafe fn item_span(
 ) -> Option<(*const u8, *mut u8)> {
     let ext = [a.layers, a.parts, a.tokens, a.heads, a.pieces];
     let mut ix = [0u64; 5];
-    let pair = index::split_n(item, ext, &mut ix);
+    let pair = index::split_n_divide(item, ext, &mut ix);
     let [layer, part, token, head, piece] = ix;
     // SAFETY: pair < num_pairs.
     let (s, d) = unsafe {
