@@ -81,7 +81,7 @@ use kvio::{
     Backend, BlockCopy, BlockMap, BlockPool, DeviceBytes, LayerTable, PagedLayout, SliceUpdate,
     SlotMapping, SlotUpdate, StreamRef, TokenLayout,
 };
-use kvio::{Event, LaunchPath, Stream};
+use kvio::{Event, Stream};
 use kvio_suite::{random_bytes, upload, Gpu, Graph, Mem, Rng};
 
 /// Model shape and sweep, from the environment.
@@ -583,23 +583,6 @@ fn slot_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, 
             stream,
             || naive(g, &table, spans.len(), row, cfg.elem, stream),
         );
-        // The naive kernel launched through the exported `cuLaunchKernel` (what a kernel
-        // launched with cust's bindings pays; kvio resolves the cheapest entry, see group
-        // `host`).
-        if t <= 256 {
-            g.kv.bench_launch_path(Some(LaunchPath::Exported));
-            measure(
-                &mut grp,
-                rec,
-                name,
-                param,
-                "naive-kernel-exported",
-                w.bytes(),
-                stream,
-                || naive(g, &table, spans.len(), row, cfg.elem, stream),
-            );
-            g.kv.bench_launch_path(None);
-        }
         let n = spans.len().min(MAX_MEMCPY_SPANS);
         measure(
             &mut grp,
@@ -816,46 +799,6 @@ fn host(rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
     measure_host(rec, grp, t, "slots-nhd", calls, stream, || {
         g.kv.update_slots(&op, s).expect("update_slots")
     });
-    // The same three calls through each of the driver's launch entries (`@exported`: the
-    // `cuLaunchKernel` libcuda exports; `@resolved`: its `cuGetProcAddress` pointer; `@ex`:
-    // `cuLaunchKernelEx`'s), then back to kvio's default.
-    for (path, tag) in [
-        (LaunchPath::Exported, "exported"),
-        (LaunchPath::Resolved, "resolved"),
-        (LaunchPath::Ex, "ex"),
-    ] {
-        if g.kv.bench_launch_path(Some(path)) != path {
-            continue;
-        }
-        measure_host(
-            rec,
-            grp,
-            t,
-            &format!("empty-launch@{tag}"),
-            calls,
-            stream,
-            || g.kv.bench_noop(s).expect("noop"),
-        );
-        measure_host(
-            rec,
-            grp,
-            t,
-            &format!("naive-kernel@{tag}"),
-            calls,
-            stream,
-            || naive(g, &table, spans.len(), row, cfg.elem, stream),
-        );
-        measure_host(
-            rec,
-            grp,
-            t,
-            &format!("slots-nhd@{tag}"),
-            calls,
-            stream,
-            || g.kv.update_slots(&op, s).expect("update_slots"),
-        );
-    }
-    g.kv.bench_launch_path(None);
     measure_host(rec, grp, t, "slots-nhd-pdl", calls, stream, || {
         g.kv.update_slots(&op, s.pdl(true))
             .expect("update_slots pdl")
@@ -2030,33 +1973,12 @@ fn concurrent(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, cfg: &Cfg) {
                 format!("kernel{}+kernel{}", cfg.split.0, cfg.split.1),
                 "dma+dma".to_string(),
             );
-            // The bulk-copy path (sm_90) on four times the kernels' CTA budgets: its CTAs are
-            // one warp, and each multiprocessor's bulk copies to or from host memory move
-            // about 8 GB/s (`kvio-tma` against `kvio-tma-x4` in the offload/onload groups).
-            let (off_t, on_t) = (
-                BlockCopy {
-                    backend: Backend::Tma,
-                    max_ctas: Some(4 * cfg.split.0),
-                    ..off_k
-                },
-                BlockCopy {
-                    backend: Backend::Tma,
-                    max_ctas: Some(4 * cfg.split.1),
-                    ..on_k
-                },
-            );
-            let tma = g.kv.copy_blocks(&off_t, a.sref()).expect("tma offload") == Backend::Tma;
-            a.synchronize().expect("sync");
-            let tt = format!("tma{}+tma{}", 4 * cfg.split.0, 4 * cfg.split.1);
-            let mut pairs = vec![
+            let pairs = [
                 (kk.clone(), &off_k, &on_k),
                 (dd.clone(), &off_d, &on_d),
                 (format!("kernel{}+dma", cfg.split.0), &off_k, &on_d),
                 (format!("dma+kernel{}", cfg.split.1), &off_d, &on_k),
             ];
-            if tma {
-                pairs.push((tt.clone(), &off_t, &on_t));
-            }
             let run_pair = |off: &BlockCopy<'_>, on: &BlockCopy<'_>| {
                 g.kv.copy_blocks(off, a.sref())
                     .expect("copy_blocks offload");
@@ -2087,9 +2009,7 @@ fn concurrent(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, cfg: &Cfg) {
                     &[(&cs, "spin", 0)],
                     || spin(spin_iters),
                 );
-                for (variant, off, on) in
-                    pairs.iter().filter(|p| p.0 == kk || p.0 == dd || p.0 == tt)
-                {
+                for (variant, off, on) in pairs.iter().filter(|p| p.0 == kk || p.0 == dd) {
                     measure_across(
                         &mut grp,
                         rec,

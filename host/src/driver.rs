@@ -662,138 +662,33 @@ type LaunchKernelExFn = unsafe extern "C" fn(
     *mut *mut c_void,
 ) -> cu::CUresult;
 
-type LaunchKernelFn = unsafe extern "C" fn(
-    cu::CUfunction,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    cu::CUstream,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> cu::CUresult;
-
-/// Which driver entry a plain (not programmatic) launch goes through. The choice changes host
-/// time per call only, never what runs (bench group `host` measures each).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-#[doc(hidden)]
-pub enum LaunchPath {
-    /// `cuLaunchKernel` as exported by `libcuda.so.1` (what cust's bindings link).
-    Exported = 0,
-    /// `cuLaunchKernel` through the pointer `cuGetProcAddress` returns (the CUDA runtime
-    /// launches this way).
-    Resolved = 1,
-    /// `cuLaunchKernelEx` (CUDA 12.0+) through its `cuGetProcAddress` pointer, no attributes.
-    Ex = 2,
-}
-
-/// The driver's launch entries, resolved once when the module is loaded: the path plain
-/// launches take (the cheapest the driver offers, [`Launcher::best`]; a benchmark may switch
-/// it) and `cuLaunchKernelEx` for programmatic dependent launch.
-#[derive(Debug)]
-pub(crate) struct Launcher {
-    path: std::sync::atomic::AtomicU8,
-    kernel: Option<LaunchKernelFn>,
-    ex: Option<LaunchKernelExFn>,
-    /// Programmatic dependent launch is offered (`sm_90` PTX, driver of CUDA ≥ 12.3).
-    pdl: bool,
-}
-
-/// How one launch reaches the driver (see [`Launcher::via`]).
+/// `cuLaunchKernelEx` (CUDA 12.0+; cust 0.3.2's bindings predate it), resolved at run time
+/// with `cuGetProcAddress`. `None` from [`LaunchKernelEx::resolve`] on drivers older than
+/// [`PDL_MIN_DRIVER`].
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Via {
-    /// The exported `cuLaunchKernel`.
-    Exported,
-    /// A resolved `cuLaunchKernel`.
-    Resolved(LaunchKernelFn),
-    /// `cuLaunchKernelEx`, with programmatic stream serialization when `pdl`.
-    Ex { f: LaunchKernelExFn, pdl: bool },
-}
+pub(crate) struct LaunchKernelEx(LaunchKernelExFn);
 
-/// `cuGetProcAddress(name, version)`, `None` where the driver has no such entry.
-fn proc_address(name: &std::ffi::CStr, version: i32) -> Option<*mut c_void> {
-    let mut f: *mut c_void = ptr::null_mut();
-    // SAFETY: a NUL-terminated name and an out-pointer to a local.
-    let r = unsafe { cu::cuGetProcAddress(name.as_ptr(), &mut f, version, 0) };
-    (r == cu::CUresult::CUDA_SUCCESS && !f.is_null()).then_some(f)
-}
-
-impl Launcher {
-    /// Resolves the entries; `pdl_arch`: the loaded PTX's entry points wait for programmatic
-    /// prerequisites (`sm_90`).
-    pub(crate) fn resolve(pdl_arch: bool) -> Launcher {
+impl LaunchKernelEx {
+    /// The driver's `cuLaunchKernelEx`, if the driver is recent enough for PDL in graphs.
+    pub(crate) fn resolve() -> Option<LaunchKernelEx> {
         let mut version = 0;
         // SAFETY: out-pointer to a local.
-        let known = unsafe { cu::cuDriverGetVersion(&mut version) } == cu::CUresult::CUDA_SUCCESS;
-        let kernel = proc_address(c"cuLaunchKernel", 4000).map(|f| {
-            // SAFETY: the driver returned the entry in the ABI of CUDA 4.0, whose signature
-            // (cuda.h of 4.0 through 13) is `LaunchKernelFn`.
-            unsafe { std::mem::transmute::<*mut c_void, LaunchKernelFn>(f) }
-        });
-        let ex = (known && version >= 12000)
-            .then(|| proc_address(c"cuLaunchKernelEx", 12000))
-            .flatten()
-            .map(|f| {
-                // SAFETY: the driver returned the entry in the ABI of CUDA 12.0, whose
-                // signature (cuda.h of 12.0 through 13) is `LaunchKernelExFn`.
-                unsafe { std::mem::transmute::<*mut c_void, LaunchKernelExFn>(f) }
-            });
-        let this = Launcher {
-            path: std::sync::atomic::AtomicU8::new(LaunchPath::Exported as u8),
-            kernel,
-            ex,
-            pdl: pdl_arch && known && version >= PDL_MIN_DRIVER && ex.is_some(),
-        };
-        this.set_path(this.best());
-        this
-    }
-
-    /// The path plain launches take by default: `cuLaunchKernelEx` where the driver has it
-    /// (on the H200, driver 580, the cheapest in host time), else the resolved
-    /// `cuLaunchKernel`, else the exported one.
-    pub(crate) fn best(&self) -> LaunchPath {
-        if self.ex.is_some() {
-            LaunchPath::Ex
-        } else if self.kernel.is_some() {
-            LaunchPath::Resolved
-        } else {
-            LaunchPath::Exported
+        if unsafe { cu::cuDriverGetVersion(&mut version) } != cu::CUresult::CUDA_SUCCESS
+            || version < PDL_MIN_DRIVER
+        {
+            return None;
         }
-    }
-
-    /// Makes plain launches take `path` (the best available if the driver lacks it); returns
-    /// the path now in effect.
-    pub(crate) fn set_path(&self, path: LaunchPath) -> LaunchPath {
-        let path = match path {
-            LaunchPath::Ex if self.ex.is_none() => self.best(),
-            LaunchPath::Resolved if self.kernel.is_none() => self.best(),
-            p => p,
-        };
-        self.path
-            .store(path as u8, std::sync::atomic::Ordering::Relaxed);
-        path
-    }
-
-    /// Whether programmatic dependent launch is offered.
-    pub(crate) fn pdl(&self) -> bool {
-        self.pdl
-    }
-
-    /// The entry for one launch: programmatic (`cuLaunchKernelEx` with the attribute) when
-    /// `pdl` asks for it and it is offered, else the plain path in effect.
-    pub(crate) fn via(&self, pdl: bool) -> Via {
-        if let (true, true, Some(f)) = (pdl, self.pdl, self.ex) {
-            return Via::Ex { f, pdl: true };
+        let mut f: *mut c_void = ptr::null_mut();
+        // SAFETY: a NUL-terminated name and an out-pointer to a local.
+        let r = unsafe { cu::cuGetProcAddress(c"cuLaunchKernelEx".as_ptr(), &mut f, 12000, 0) };
+        if r != cu::CUresult::CUDA_SUCCESS || f.is_null() {
+            return None;
         }
-        match self.path.load(std::sync::atomic::Ordering::Relaxed) {
-            2 => self.ex.map_or(Via::Exported, |f| Via::Ex { f, pdl: false }),
-            1 => self.kernel.map_or(Via::Exported, Via::Resolved),
-            _ => Via::Exported,
-        }
+        // SAFETY: the driver returned the CUDA 12.0 ABI of `cuLaunchKernelEx`, whose
+        // signature (cuda.h of 12.0 through 13) is the one named here.
+        Some(LaunchKernelEx(unsafe {
+            std::mem::transmute::<*mut c_void, LaunchKernelExFn>(f)
+        }))
     }
 }
 
@@ -851,14 +746,28 @@ impl Params {
         u64::from_le_bytes(self.buf.0[8 * i..8 * i + 8].try_into().expect("8 bytes"))
     }
 
-    /// Launches `f` on `stream` with `grid` blocks of `block` threads through `via`.
+    /// Launches `f` on `stream` with `grid` blocks of `block` threads (`cuLaunchKernel`).
     pub(crate) fn launch(
         &mut self,
         f: cu::CUfunction,
         grid: u32,
         block: u32,
         stream: StreamRef<'_>,
-        via: Via,
+    ) -> Result<()> {
+        self.launch_with(f, grid, block, stream, None)
+    }
+
+    /// Launches `f` on `stream` with `grid` blocks of `block` threads: through `ex`
+    /// (`cuLaunchKernelEx`) with programmatic stream serialization when given, else through
+    /// `cuLaunchKernel`. Only kernels that execute `griddepcontrol.wait` before touching
+    /// memory may be given `ex`.
+    pub(crate) fn launch_with(
+        &mut self,
+        f: cu::CUfunction,
+        grid: u32,
+        block: u32,
+        stream: StreamRef<'_>,
+        ex: Option<LaunchKernelEx>,
     ) -> Result<()> {
         // CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE, CU_LAUNCH_PARAM_END.
         let mut len = self.len;
@@ -877,70 +786,50 @@ impl Params {
         } else {
             extra.as_mut_ptr()
         };
-        let raw = stream.cu_stream();
-        match via {
-            Via::Ex { f: launch_ex, pdl } => {
-                let mut attr = LaunchAttribute {
-                    id: LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-                    pad: [0; 4],
-                    value: LaunchAttributeValue { pad: [0; 64] },
-                };
-                attr.value.int = 1;
-                let config = LaunchConfig {
-                    grid_dim_x: grid,
-                    grid_dim_y: 1,
-                    grid_dim_z: 1,
-                    block_dim_x: block,
-                    block_dim_y: 1,
-                    block_dim_z: 1,
-                    shared_mem_bytes: 0,
-                    stream: raw,
-                    attrs: if pdl { &mut attr } else { ptr::null_mut() },
-                    num_attrs: pdl as u32,
-                };
-                // SAFETY: as for `cuLaunchKernel` below; `config` and the one attribute it
-                // points to are live locals of the CUDA 12/13 layouts, read by the driver
-                // before it returns.
-                check("cuLaunchKernelEx", unsafe {
-                    launch_ex(&config, f, ptr::null_mut(), extra_ptr)
-                })
-            }
-            // SAFETY: `f` is a loaded kernel whose parameters are exactly the packed buffer
-            // (layout from its generated argument struct); the buffer and its size outlive
-            // the call, which copies them before returning. The resolved entry has the
-            // exported one's ABI (see `Launcher::resolve`).
-            Via::Resolved(launch) => check("cuLaunchKernel", unsafe {
-                launch(
-                    f,
-                    grid,
-                    1,
-                    1,
-                    block,
-                    1,
-                    1,
-                    0,
-                    raw,
-                    ptr::null_mut(),
-                    extra_ptr,
-                )
-            }),
-            // SAFETY: as above.
-            Via::Exported => check("cuLaunchKernel", unsafe {
-                cu::cuLaunchKernel(
-                    f,
-                    grid,
-                    1,
-                    1,
-                    block,
-                    1,
-                    1,
-                    0,
-                    raw,
-                    ptr::null_mut(),
-                    extra_ptr,
-                )
-            }),
+        if let Some(LaunchKernelEx(launch_ex)) = ex {
+            let mut attr = LaunchAttribute {
+                id: LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value: LaunchAttributeValue { pad: [0; 64] },
+            };
+            attr.value.int = 1;
+            let config = LaunchConfig {
+                grid_dim_x: grid,
+                grid_dim_y: 1,
+                grid_dim_z: 1,
+                block_dim_x: block,
+                block_dim_y: 1,
+                block_dim_z: 1,
+                shared_mem_bytes: 0,
+                stream: stream.cu_stream(),
+                attrs: &mut attr,
+                num_attrs: 1,
+            };
+            // SAFETY: as for `cuLaunchKernel` below; `config` and the one attribute it points
+            // to are live locals of the CUDA 12/13 layouts, read by the driver before it
+            // returns.
+            return check("cuLaunchKernelEx", unsafe {
+                launch_ex(&config, f, ptr::null_mut(), extra_ptr)
+            });
         }
+        // SAFETY: `f` is a loaded kernel whose parameters are exactly the packed buffer
+        // (layout from its generated argument struct); the buffer and its size outlive the
+        // call, which copies them before returning.
+        check("cuLaunchKernel", unsafe {
+            cu::cuLaunchKernel(
+                f,
+                grid,
+                1,
+                1,
+                block,
+                1,
+                1,
+                0,
+                stream.cu_stream(),
+                ptr::null_mut(),
+                extra_ptr,
+            )
+        })
     }
 }
 

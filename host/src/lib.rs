@@ -110,8 +110,6 @@ mod write;
 pub use alloc::{memory_kind, DeviceAlloc, LayerTable, MemoryKind, PinnedHost};
 pub use blocks::{Backend, Bases, BlockCopy, BlockMap, BlockPool, PoolMemory, ReadOnly, Writable};
 pub use cust;
-#[doc(hidden)]
-pub use driver::LaunchPath;
 pub use driver::{
     current_context, current_device, device_attribute, Event, PrimaryContext, Stream, StreamRef,
 };

@@ -7,8 +7,7 @@ use cust::sys as cu;
 
 use crate::alloc::memory_kind;
 use crate::driver::{
-    check, current_context, current_device, device_attribute, with_ctx, LaunchPath, Launcher,
-    MemcpyBatch, Via,
+    check, current_context, current_device, device_attribute, with_ctx, LaunchKernelEx, MemcpyBatch,
 };
 use crate::error::{Error, Result};
 use crate::launch::{
@@ -54,10 +53,9 @@ pub struct Kvio {
     /// Where host block maps go without a staging buffer (`None`: no memory pools).
     scratch: Option<Scratch>,
     memcpy_batch: Option<MemcpyBatch>,
-    /// The driver's launch entries: the plain path, and `cuLaunchKernelEx` for programmatic
-    /// dependent launch (offered only with the `sm_90` PTX, whose entry points wait, on a
-    /// driver of CUDA ≥ 12.3).
-    launcher: Launcher,
+    /// `cuLaunchKernelEx` for programmatic dependent launch: `Some` only with the `sm_90` PTX
+    /// (whose entry points wait) on a driver of CUDA ≥ 12.3.
+    launch_ex: Option<LaunchKernelEx>,
 }
 
 impl Kvio {
@@ -125,7 +123,10 @@ impl Kvio {
             arch,
             scratch: None,
             memcpy_batch: MemcpyBatch::resolve(),
-            launcher: Launcher::resolve(arch == Arch::Sm90),
+            launch_ex: match arch {
+                Arch::Sm90 => LaunchKernelEx::resolve(),
+                Arch::Sm80 => None,
+            },
         };
         this.update_slots = this.function("kvio_update_slots")?;
         this.update_slots_general = this.function("kvio_update_slots_general")?;
@@ -233,22 +234,17 @@ impl Kvio {
     /// # Ok(()) }
     /// ```
     pub fn supports_pdl(&self) -> bool {
-        self.launcher.pdl()
+        self.launch_ex.is_some()
     }
 
-    /// How a launch on `stream` reaches the driver: programmatically when `may_pdl` (a kernel
-    /// after a kernel) and the stream reference asks for it, else the plain path.
-    pub(crate) fn via(&self, stream: crate::StreamRef<'_>, may_pdl: bool) -> Via {
-        self.launcher.via(may_pdl && stream.is_pdl())
-    }
-
-    /// Makes plain launches take `path` (benchmarks compare the driver's entries), or kvio's
-    /// default with `None`; returns the path now in effect (the default where the driver
-    /// lacks `path`).
-    #[doc(hidden)]
-    pub fn bench_launch_path(&self, path: Option<LaunchPath>) -> LaunchPath {
-        self.launcher
-            .set_path(path.unwrap_or_else(|| self.launcher.best()))
+    /// `cuLaunchKernelEx` for a launch on `stream` that may use programmatic dependent launch
+    /// (`None`: launch plainly).
+    pub(crate) fn launch_ex(&self, stream: crate::StreamRef<'_>) -> Option<LaunchKernelEx> {
+        if stream.is_pdl() {
+            self.launch_ex
+        } else {
+            None
+        }
     }
 
     /// The runner's scratch pool, if the device has memory pools.
@@ -270,13 +266,7 @@ impl Kvio {
     /// the benchmarks.
     #[doc(hidden)]
     pub fn bench_noop(&self, stream: crate::StreamRef<'_>) -> Result<()> {
-        crate::driver::Params::new(&[], &[]).launch(
-            self.noop,
-            1,
-            1,
-            stream,
-            self.via(stream, false),
-        )
+        crate::driver::Params::new(&[], &[]).launch(self.noop, 1, 1, stream)
     }
 
     /// The benchmarks' naive baseline: one thread per element over `n` spans listed as
@@ -307,7 +297,6 @@ impl Kvio {
             grid,
             256,
             stream,
-            self.via(stream, false),
         )
     }
 
@@ -342,7 +331,6 @@ impl Kvio {
             grid.max(1),
             block.max(1),
             stream,
-            self.via(stream, false),
         )
     }
 
@@ -380,13 +368,7 @@ impl Kvio {
             ],
             &[8, 8, 4, 4, 4],
         )
-        .launch(
-            self.produce,
-            self.sm_count,
-            256,
-            stream,
-            self.via(stream, false),
-        )
+        .launch(self.produce, self.sm_count, 256, stream)
     }
 
     /// Number of multiprocessors of the device (used to size grids).

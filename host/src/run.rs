@@ -6,11 +6,8 @@
 //! device query, no function lookup (entry points and occupancy caps are resolved by
 //! [`Kvio::load`](crate::Kvio::load)), no synchronisation, and no heap allocation up to 64 host
 //! pairs, 16 DMA spans and 64 batched copies (beyond, one allocation per list).
-//! - `update_slots`, `update_mla`, `update_slices`: one launch, `cuLaunchKernelEx` where the
-//!   driver has it (CUDA ≥ 12.0, resolved once with `cuGetProcAddress`: on the H200 ~0.5 µs
-//!   of host time cheaper than the exported `cuLaunchKernel`), else `cuLaunchKernel`; with
-//!   the programmatic-serialization attribute through a [`StreamRef::pdl`] reference where
-//!   PDL is supported.
+//! - `update_slots`, `update_mla`, `update_slices`: one launch, `cuLaunchKernel`
+//!   (`cuLaunchKernelEx` through a [`StreamRef::pdl`] reference where PDL is supported).
 //! - `copy_blocks`, planning: one `cuPointerGetAttributes` per pool given as one strided
 //!   range (`blocks::plan::geometry`): whether it is device or pinned host memory decides the
 //!   entry point and CTA size, and refuses memory the kernels cannot reach. The answer cannot
@@ -29,7 +26,7 @@
 use cust::sys as cu;
 use kvio_kernels::args::{CopyArgs, SliceArgs, SlotArgs, TileArgs};
 
-use crate::driver::{capturing, check, Params, StreamRef};
+use crate::driver::{capturing, check, LaunchKernelEx, Params, StreamRef};
 use crate::error::{Error, Result};
 use crate::module::Kvio;
 use crate::plan::{Kernel, Launch, Plan, Staging};
@@ -64,7 +61,7 @@ impl Kvio {
             Plan::Kernel { upload, launch } => {
                 let Some(u) = upload else {
                     // The only launches that may be programmatic: kernel after kernel.
-                    return self.launch(launch.kernel, launch, stream, true);
+                    return self.launch(launch.kernel, launch, stream, self.launch_ex(stream));
                 };
                 let to = match u.dst {
                     Staging::Given(ptr) => ptr,
@@ -91,9 +88,9 @@ impl Kvio {
                 // After a copy: plain launches (a programmatic dependency is one between
                 // kernels).
                 let launched = copied.and_then(|()| match u.dst {
-                    Staging::Given(_) => self.launch(launch.kernel, launch, stream, false),
+                    Staging::Given(_) => self.launch(launch.kernel, launch, stream, None),
                     Staging::Scratch => {
-                        self.launch(launch.kernel.with_map(to), launch, stream, false)
+                        self.launch(launch.kernel.with_map(to), launch, stream, None)
                     }
                 });
                 if u.dst == Staging::Scratch {
@@ -107,15 +104,14 @@ impl Kvio {
         }
     }
 
-    /// Launches `kernel` with `launch`'s grid and CTA size, programmatically when `may_pdl`
-    /// and the stream reference asks for it (every kernel of a plan waits for its
-    /// programmatic prerequisites first).
+    /// Launches `kernel` with `launch`'s grid and CTA size, programmatically through `ex`
+    /// when given (every kernel of a plan waits for its programmatic prerequisites first).
     fn launch(
         &self,
         kernel: Kernel,
         launch: &Launch,
         stream: StreamRef<'_>,
-        may_pdl: bool,
+        ex: Option<LaunchKernelEx>,
     ) -> Result<()> {
         let mut params = match &kernel {
             Kernel::Slots(a) => Params::new(&a.to_words(), &SlotArgs::SIZES),
@@ -125,12 +121,6 @@ impl Kvio {
                 Params::new(&a.to_words(), &CopyArgs::SIZES)
             }
         };
-        params.launch(
-            self.entry(&kernel),
-            launch.grid,
-            launch.threads,
-            stream,
-            self.via(stream, may_pdl),
-        )
+        params.launch_with(self.entry(&kernel), launch.grid, launch.threads, stream, ex)
     }
 }
