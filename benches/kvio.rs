@@ -1973,12 +1973,33 @@ fn concurrent(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, cfg: &Cfg) {
                 format!("kernel{}+kernel{}", cfg.split.0, cfg.split.1),
                 "dma+dma".to_string(),
             );
-            let pairs = [
+            // The bulk-copy path (sm_90) on four times the kernels' CTA budgets: its CTAs are
+            // one warp, and each multiprocessor's bulk copies to or from host memory move
+            // about 8 GB/s (`kvio-tma` against `kvio-tma-x4` in the offload/onload groups).
+            let (off_t, on_t) = (
+                BlockCopy {
+                    backend: Backend::Tma,
+                    max_ctas: Some(4 * cfg.split.0),
+                    ..off_k
+                },
+                BlockCopy {
+                    backend: Backend::Tma,
+                    max_ctas: Some(4 * cfg.split.1),
+                    ..on_k
+                },
+            );
+            let tma = g.kv.copy_blocks(&off_t, a.sref()).expect("tma offload") == Backend::Tma;
+            a.synchronize().expect("sync");
+            let tt = format!("tma{}+tma{}", 4 * cfg.split.0, 4 * cfg.split.1);
+            let mut pairs = vec![
                 (kk.clone(), &off_k, &on_k),
                 (dd.clone(), &off_d, &on_d),
                 (format!("kernel{}+dma", cfg.split.0), &off_k, &on_d),
                 (format!("dma+kernel{}", cfg.split.1), &off_d, &on_k),
             ];
+            if tma {
+                pairs.push((tt.clone(), &off_t, &on_t));
+            }
             let run_pair = |off: &BlockCopy<'_>, on: &BlockCopy<'_>| {
                 g.kv.copy_blocks(off, a.sref())
                     .expect("copy_blocks offload");
@@ -2009,7 +2030,9 @@ fn concurrent(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, cfg: &Cfg) {
                     &[(&cs, "spin", 0)],
                     || spin(spin_iters),
                 );
-                for (variant, off, on) in pairs.iter().filter(|p| p.0 == kk || p.0 == dd) {
+                for (variant, off, on) in
+                    pairs.iter().filter(|p| p.0 == kk || p.0 == dd || p.0 == tt)
+                {
                     measure_across(
                         &mut grp,
                         rec,
