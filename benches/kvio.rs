@@ -571,6 +571,23 @@ fn slot_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, 
                     .expect("update_slots")
             },
         );
+        // Decode sizes are bound by host time per call: the same update launched plainly
+        // (kvio's default is PDL where supported, the cheaper launch).
+        if t <= 256 {
+            measure(
+                &mut grp,
+                rec,
+                name,
+                param,
+                "kvio-plain",
+                w.bytes(),
+                stream,
+                || {
+                    g.kv.update_slots(&op, StreamRef::from(stream).pdl(false))
+                        .expect("update_slots")
+                },
+            );
+        }
         let spans = w.spans();
         let table = span_table(&spans);
         measure(
@@ -599,21 +616,26 @@ fn slot_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, 
     for t in [1usize, 16, 64, 256] {
         let w = WriteSetup::new(cfg, t, 16, 77 + t as u64);
         let op = w.op();
-        let graph = Graph::capture(stream, |s| {
-            for _ in 0..100 {
-                g.kv.update_slots(&op, s).expect("update_slots");
-            }
-        });
-        measure(
-            &mut grp,
-            rec,
-            "slot-update/graph-latency",
-            t,
-            "kvio-x100",
-            0,
-            stream,
-            || graph.launch(stream),
-        );
+        // kvio's default (programmatic edges between the updates where PDL is supported),
+        // and plain launches.
+        for (variant, pdl) in [("kvio-x100", None), ("kvio-plain-x100", Some(false))] {
+            let graph = Graph::capture(stream, |s| {
+                let s = pdl.map_or(s, |on| s.pdl(on));
+                for _ in 0..100 {
+                    g.kv.update_slots(&op, s).expect("update_slots");
+                }
+            });
+            measure(
+                &mut grp,
+                rec,
+                "slot-update/graph-latency",
+                t,
+                variant,
+                0,
+                stream,
+                || graph.launch(stream),
+            );
+        }
     }
     grp.finish();
 }
@@ -694,7 +716,7 @@ fn pdl(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cf
                 "update-x100",
                 Graph::capture(stream, |s| {
                     for _ in 0..100 {
-                        g.kv.update_slots(&op, s).expect("update_slots");
+                        g.kv.update_slots(&op, s.pdl(false)).expect("update_slots");
                     }
                 }),
             ),
@@ -703,7 +725,7 @@ fn pdl(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cf
                 Graph::capture(stream, |s| {
                     for _ in 0..100 {
                         produce(s);
-                        g.kv.update_slots(&op, s).expect("update_slots");
+                        g.kv.update_slots(&op, s.pdl(false)).expect("update_slots");
                     }
                 }),
             ),
@@ -802,6 +824,10 @@ fn host(rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
     measure_host(rec, grp, t, "slots-nhd-pdl", calls, stream, || {
         g.kv.update_slots(&op, s.pdl(true))
             .expect("update_slots pdl")
+    });
+    measure_host(rec, grp, t, "slots-nhd-plain", calls, stream, || {
+        g.kv.update_slots(&op, s.pdl(false))
+            .expect("update_slots plain")
     });
     let f8 = Fp8Setup::new(t, cfg.heads, cfg.dim, 16, 4001);
     let op = f8.op();

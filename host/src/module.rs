@@ -217,12 +217,12 @@ impl Kvio {
         self.memcpy_batch.is_some()
     }
 
-    /// Whether launches through a [`StreamRef::pdl`](crate::StreamRef::pdl) reference use
-    /// programmatic dependent launch: the `sm_90` PTX is loaded (its entry points execute
-    /// `griddepcontrol.wait` before they touch memory; the `sm_80` PTX cannot) and the
-    /// driver is of CUDA 12.3 or later (`cuLaunchKernelEx`, programmatic edges in captured
-    /// graphs). When false, such launches are plain `cuLaunchKernel` launches: the same
-    /// results, without the overlap.
+    /// Whether kvio's kernel launches use programmatic dependent launch (by default, or
+    /// through a [`StreamRef::pdl`](crate::StreamRef::pdl)`(true)` reference): the `sm_90`
+    /// PTX is loaded (its entry points execute `griddepcontrol.wait` before they touch
+    /// memory; the `sm_80` PTX cannot) and the driver is of CUDA 12.3 or later
+    /// (`cuLaunchKernelEx`, programmatic edges in captured graphs). When false, launches are
+    /// plain `cuLaunchKernel` launches: the same results, without the overlap.
     ///
     /// ```no_run
     /// # fn main() -> kvio::Result<()> {
@@ -240,7 +240,7 @@ impl Kvio {
     /// `cuLaunchKernelEx` for a launch on `stream` that may use programmatic dependent launch
     /// (`None`: launch plainly).
     pub(crate) fn launch_ex(&self, stream: crate::StreamRef<'_>) -> Option<LaunchKernelEx> {
-        if stream.is_pdl() {
+        if stream.pdl_choice().unwrap_or(true) {
             self.launch_ex
         } else {
             None
