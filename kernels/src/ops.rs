@@ -136,6 +136,7 @@ pub unsafe fn update_rows(a: &SlotArgs, g: Group) {
 /// As [`update_slots`], with every address, stride and chunk a multiple of `size_of::<T>()`.
 #[inline(always)]
 unsafe fn rows_body<T: Unit>(a: &SlotArgs, g: Group) {
+    const P: usize = BATCH_UNITS as usize;
     let w = core::mem::size_of::<T>() as u64;
     // Chunks are far below 4 GiB (host-checked): unit counts fit in 32 bits.
     let units = [(a.chunk_bytes / w) as u32, (a.chunk_bytes_v / w) as u32];
@@ -156,9 +157,9 @@ unsafe fn rows_body<T: Unit>(a: &SlotArgs, g: Group) {
         };
         let held = if one_round {
             // SAFETY: as above, `units` values of T per part, aligned for T.
-            unsafe { load_round::<T, 2, true>(&from, &live, |k| units[k], lane, lanes) }
+            unsafe { load_round::<T, 2, P, true>(&from, &live, |k| units[k], lane, lanes) }
         } else {
-            [[T::ZERO; BATCH_UNITS as usize]; 2]
+            [[T::ZERO; P]; 2]
         };
         // SAFETY: tok < num_tokens, the length of the slot array.
         let slot = unsafe { slot_of(a, tok) };
@@ -177,12 +178,13 @@ unsafe fn rows_body<T: Unit>(a: &SlotArgs, g: Group) {
                 unsafe {
                     let to = [a.dst_k.add(at), a.dst_v.add(at)];
                     if one_round {
-                        store_round::<T, 2>(&to, &live, |k| units[k], lane, lanes, &held);
+                        store_round::<T, 2, P>(&to, &live, |k| units[k], lane, lanes, &held);
                     } else {
                         let mut u = lane;
                         while u < most {
-                            let v = load_round::<T, 2, false>(&from, &live, |k| units[k], u, lanes);
-                            store_round::<T, 2>(&to, &live, |k| units[k], u, lanes, &v);
+                            let v =
+                                load_round::<T, 2, P, false>(&from, &live, |k| units[k], u, lanes);
+                            store_round::<T, 2, P>(&to, &live, |k| units[k], u, lanes, &v);
                             u += BATCH_UNITS * lanes;
                         }
                     }
