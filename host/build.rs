@@ -137,14 +137,22 @@ fn build_ptx(kernels: &Path, out: &Path) {
 ///   warps to hide that latency. Uncapped it takes 88 registers (sm_90, bf16); at 64 ptxas
 ///   keeps one loop-invariant word in local memory (8 bytes on sm_90, 16 on sm_80: one
 ///   L1-resident load per item).
+/// - `kvio_update_rows_convert` holds a whole MLA row's loads per group (five 16-byte units a
+///   lane): three 256-thread CTAs per multiprocessor (≤ 80 registers), as many as the copying
+///   `kvio_update_rows` gets with its 78. Uncapped it takes 86 registers on sm_90 (96 on
+///   sm_80), two CTAs; at three, 78 (80), no spills; at four, 360 B / 920 B of spills.
 /// - `kvio_transfer_blocks_tma` runs one-warp CTAs (`kvio_kernels::bulk::THREADS`).
-const DIRECTIVES: [(&str, &str); 4] = [
+const DIRECTIVES: [(&str, &str); 5] = [
     ("kvio_transfer_blocks", ".maxntid 512, 1, 1\n"),
     ("kvio_transfer_blocks_tma", ".maxntid 32, 1, 1\n"),
     ("kvio_update_tiles", ".maxntid 256, 1, 1\n.minnctapersm 2\n"),
     (
         "kvio_update_slots_convert",
         ".maxntid 256, 1, 1\n.minnctapersm 4\n",
+    ),
+    (
+        "kvio_update_rows_convert",
+        ".maxntid 256, 1, 1\n.minnctapersm 3\n",
     ),
 ];
 

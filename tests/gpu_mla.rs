@@ -14,13 +14,19 @@ const ROPE: usize = 64;
 /// One MLA write: shapes, format and host data.
 struct Case {
     name: String,
-    /// `None`: bf16 copied; else bf16 quantized to this format.
+    /// `None`: bf16 copied; else `src` quantized to this format.
     fp8: Option<Fp8>,
+    /// Input element type (bf16 when copying).
+    src: SrcType,
+    /// Latent and rope widths (elements; `LORA` and `ROPE` but in the shape cases).
+    lora: usize,
+    rope: usize,
     t: usize,
-    /// kv_c and k_pe are views of one `[T, LORA + ROPE + pad]` input (vLLM splits one tensor).
+    /// kv_c and k_pe are views of one `[T, lora + rope + pad]` input (vLLM splits one tensor).
     fused_input: bool,
     /// Padding elements after each input row: 8 keeps rows 16-byte aligned, an odd count
-    /// leaves 2-byte accesses only (a row then takes several rounds of its group's loads).
+    /// leaves element-sized accesses only (a row then takes several rounds of its group's
+    /// loads, or is converted element by element).
     pad: usize,
     input: Vec<u8>,
     k_pe_separate: Vec<u8>,
@@ -51,8 +57,39 @@ fn case(fp8: Option<Fp8>, bs: usize, t: usize, fused_input: bool, seed: u64) -> 
     padded_case(fp8, bs, t, fused_input, 8, seed)
 }
 
+/// Input elements of `ty`: `bf16s`, as f16 (the same values), or as f32 (the bf16 values with
+/// random low mantissa bits; any bit pattern where `bf16s` has one).
+fn elements(ty: SrcType, n: usize, rng: &mut Rng) -> Vec<u8> {
+    let b = bf16s(n, rng);
+    b.chunks_exact(2)
+        .flat_map(|h| {
+            let hi = u16::from_le_bytes([h[0], h[1]]) as u32;
+            let x = f32::from_bits(hi << 16 | (rng.next_u64() as u32 & 0xffff));
+            match ty {
+                SrcType::Bf16 => h.to_vec(),
+                SrcType::F16 => half::f16::from_f32(x).to_bits().to_le_bytes().to_vec(),
+                SrcType::F32 => x.to_bits().to_le_bytes().to_vec(),
+            }
+        })
+        .collect()
+}
+
 fn padded_case(
     fp8: Option<Fp8>,
+    bs: usize,
+    t: usize,
+    fused_input: bool,
+    pad: usize,
+    seed: u64,
+) -> Case {
+    let shape = (SrcType::Bf16, LORA, ROPE);
+    shaped_case(fp8, shape, bs, t, fused_input, pad, seed)
+}
+
+/// A case of `src` elements, `lora + rope` wide.
+fn shaped_case(
+    fp8: Option<Fp8>,
+    (src, lora, rope): (SrcType, usize, usize),
     bs: usize,
     t: usize,
     fused_input: bool,
@@ -62,7 +99,7 @@ fn padded_case(
     let mut rng = Rng::new(seed);
     let e = if fp8.is_some() { 1 } else { 2 };
     let nb = (2 * t).max(64).div_ceil(bs);
-    let layout = PagedLayout::nhd(nb, bs, 1, LORA + ROPE, e);
+    let layout = PagedLayout::nhd(nb, bs, 1, lora + rope, e);
     let num_slots = (nb * bs) as i64;
     let mut free: Vec<i64> = (0..num_slots).collect();
     rng.shuffle(&mut free);
@@ -77,20 +114,23 @@ fn padded_case(
             _ => free[i],
         })
         .collect();
-    let row = LORA + ROPE + pad; // input rows carry `pad` padding elements
+    let row = lora + rope + pad; // input rows carry `pad` padding elements
     let ext = layout.extent("cache").unwrap() as usize;
     Case {
         name: format!(
-            "{} bs={bs} T={t}{} pad={pad}",
-            fp8.map_or("bf16".to_string(), |f| format!("bf16->{f:?}")),
+            "{} {lora}+{rope} bs={bs} T={t}{} pad={pad}",
+            fp8.map_or("bf16".to_string(), |f| format!("{src:?}->{f:?}")),
             if fused_input { " fused input" } else { "" }
         ),
         fp8,
+        src,
+        lora,
+        rope,
         t,
         fused_input,
         pad,
-        input: bf16s(t * row, &mut rng),
-        k_pe_separate: bf16s(t * ROPE, &mut rng),
+        input: elements(src, t * row, &mut rng),
+        k_pe_separate: elements(src, t * rope, &mut rng),
         scale: 0.05 + rng.below(1000) as f32 / 100.0,
         layout,
         slots,
@@ -102,14 +142,15 @@ fn padded_case(
 impl Case {
     /// `(kv_c, k_pe)` token layouts and the byte offset of `k_pe` in its buffer.
     fn layouts(&self) -> (TokenLayout, TokenLayout, usize) {
-        let mut lk = TokenLayout::contiguous(self.t, 1, LORA, 2);
-        let mut lp = TokenLayout::contiguous(self.t, 1, ROPE, 2);
+        let (e, row) = (self.src.bytes(), self.lora + self.rope + self.pad);
+        let mut lk = TokenLayout::contiguous(self.t, 1, self.lora, e);
+        let mut lp = TokenLayout::contiguous(self.t, 1, self.rope, e);
         if self.fused_input {
-            lk.token_stride = LORA + ROPE + self.pad;
-            lp.token_stride = LORA + ROPE + self.pad;
-            (lk, lp, LORA * 2)
+            lk.token_stride = row;
+            lp.token_stride = row;
+            (lk, lp, self.lora * e)
         } else {
-            lk.token_stride = LORA + ROPE + self.pad; // kv_c still a view of the padded rows
+            lk.token_stride = row; // kv_c still a view of the padded rows
             (lk, lp, 0)
         }
     }
@@ -125,7 +166,7 @@ impl Case {
         let part = |src: &[u8], l: &TokenLayout, width: usize, col: usize, want: &mut Vec<u8>| {
             let (rows, input) = match self.fp8 {
                 Some(f) => {
-                    let q = reference::quantize_rows(src, l, SrcType::Bf16, f, &[self.scale]);
+                    let q = reference::quantize_rows(src, l, self.src, f, &[self.scale]);
                     (q, TokenLayout::contiguous(self.t, 1, width, 1))
                 }
                 None => (src.to_vec(), *l),
@@ -144,8 +185,8 @@ impl Case {
             );
         };
         let mut want = self.poison.clone();
-        part(&self.input, &lk, LORA, 0, &mut want);
-        part(pe_src, &lp, ROPE, LORA, &mut want);
+        part(&self.input, &lk, self.lora, 0, &mut want);
+        part(pe_src, &lp, self.rope, self.lora, &mut want);
         want
     }
 
@@ -173,7 +214,7 @@ impl Case {
             SlotMapping::I64(slots),
         );
         match self.fp8 {
-            Some(f) => op.quantize(Quantize::new(SrcType::Bf16, f, Scale::PerTensor(scale))),
+            Some(f) => op.quantize(Quantize::new(self.src, f, Scale::PerTensor(scale))),
             None => op,
         }
     }
@@ -194,6 +235,28 @@ fn cases(full: bool) -> Vec<Case> {
         seed += 1;
         if full {
             v.push(case(fp8, 64, 3000, true, seed));
+            seed += 1;
+        }
+    }
+    // Quantizing rows (`kvio_update_rows_convert`) from every source type: decode sizes (a
+    // group of several warps per row), prefill sizes (a row in one round of loads), a wide
+    // latent part (several rounds), unaligned rows (element by element).
+    for src in [SrcType::Bf16, SrcType::F16, SrcType::F32] {
+        for (fp8, t, lora, pad) in [
+            (Fp8::E4m3, 3, LORA, 8),
+            (Fp8::E5m2, 29, LORA, 8),
+            (Fp8::E4m3, 29, 2048, 8),
+            (Fp8::E5m2, 29, LORA, 3),
+        ] {
+            v.push(shaped_case(
+                Some(fp8),
+                (src, lora, ROPE),
+                16,
+                t,
+                seed % 2 == 0,
+                pad,
+                seed,
+            ));
             seed += 1;
         }
     }

@@ -1052,3 +1052,154 @@ fn spin_stores_each_threads_chain_value() {
     let long = spin_value(1000, 1 << 20);
     assert!(long.is_finite() && (long - 1.0).abs() < 1e-3, "{long}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// the converting rows entry
+// ---------------------------------------------------------------------------------------------
+
+/// `n` source elements of `bytes` bytes each (2: bf16 or f16 bits, 4: f32), spread like
+/// activations with a few arbitrary bit patterns (NaN, inf, huge, tiny).
+fn source_elements(n: usize, bytes: usize, rng: &mut SmallRng) -> Vec<u8> {
+    (0..n)
+        .flat_map(|i| {
+            let any = i % 29 == 0;
+            let x = rng.gen_range(-6.0f32..6.0);
+            let bits: u32 = if any { rng.gen() } else { x.to_bits() };
+            if bytes == 4 {
+                bits.to_le_bytes().to_vec()
+            } else {
+                // bf16 bits of x, or (f16 sources) simply 16 arbitrary-ish bits: the two
+                // entries compared here share the conversion, only the routing differs.
+                ((bits >> 16) as u16).to_le_bytes().to_vec()
+            }
+        })
+        .collect()
+}
+
+/// `kvio_update_rows_convert`'s body against the general converting entry's, on the same
+/// arguments (MLA rows: latent then rope part, one per-tensor scale): the same cache bytes and
+/// the same error word, for every conversion, vector units and single elements, groups of 1
+/// to 256 lanes (a row in one round of loads or in several), grids whose groups loop over
+/// tokens, negative and out-of-range slots.
+#[test]
+fn rows_convert_matches_the_general_converting_entry() {
+    use kvio_kernels::args::SlotArgs;
+    use kvio_kernels::convert::{self, code};
+    use kvio_kernels::index::err;
+    use kvio_kernels::ops::{emulate, update_rows_convert, update_slots_convert};
+
+    let mut rng = SmallRng::seed_from_u64(0x5eed_0fa1);
+    let (t, bs, nb) = (37usize, 4usize, 12usize);
+    let num_slots = (bs * nb) as i64;
+    // Valid slots i * 5 mod 48: distinct for these 37 tokens.
+    let slots: Vec<i64> = (0..t as i64)
+        .map(|i| match i % 7 {
+            2 => -1,
+            5 => num_slots + i,
+            _ => (i * 5) % num_slots,
+        })
+        .collect();
+    let bad = slots.iter().filter(|&&s| s >= num_slots).count() as u32;
+    let scale = [0.37f32];
+    for src in [convert::SRC_BF16, convert::SRC_F16, convert::SRC_F32] {
+        for to in [convert::TO_E4M3, convert::TO_E5M2] {
+            let c = code(src, to);
+            let e = convert::src_bytes(c) as usize;
+            // (latent, rope) elements: an MLA row, a wide latent part (several rounds even on
+            // 32 lanes), a narrow row.
+            for (lora, rope) in [(512usize, 64usize), (2048, 64), (24, 8)] {
+                let row = lora + rope;
+                let in_row = row + 8; // 8 elements of padding keep rows 16-byte aligned
+                let input = source_elements(t * in_row, e, &mut rng);
+                // 16-byte aligned copies of the input and the cache.
+                let mut inbuf = vec![0u128; input.len().div_ceil(16)];
+                // SAFETY: inbuf holds at least input.len() bytes.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        input.as_ptr(),
+                        inbuf.as_mut_ptr().cast::<u8>(),
+                        input.len(),
+                    )
+                };
+                let cache_len = nb * bs * row;
+                let poison: Vec<u8> = (0..cache_len).map(|_| rng.gen()).collect();
+                for width in [convert::VEC as u32, 1] {
+                    for (shift, grid, block) in [
+                        (0u32, 1u32, 32u32),
+                        (2, 2, 32),
+                        (4, 1, 64),
+                        (5, 3, 32),
+                        (6, 2, 64),
+                        (8, 1, 256),
+                    ] {
+                        let run = |rows_entry: bool| {
+                            let mut cache = vec![0u128; cache_len.div_ceil(16)];
+                            let dst = cache.as_mut_ptr().cast::<u8>();
+                            // SAFETY: cache holds at least cache_len bytes.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(poison.as_ptr(), dst, cache_len)
+                            };
+                            let mut errors = [0u32; err::WORDS];
+                            let src_k = inbuf.as_ptr().cast::<u8>();
+                            let a = SlotArgs {
+                                src_k,
+                                // SAFETY: inside the input (the first row's rope part).
+                                src_v: unsafe { src_k.add(lora * e) },
+                                src_token_stride: (in_row * e) as u64,
+                                src_head_stride: 0,
+                                dst_k: dst,
+                                // SAFETY: inside the cache (the first row's rope columns).
+                                dst_v: unsafe { dst.add(lora) },
+                                dst_block_stride: (bs * row) as u64,
+                                dst_token_stride: row as u64,
+                                dst_head_stride: 0,
+                                num_blocks: nb as u64,
+                                block_size: bs as u64,
+                                heads: 1,
+                                chunk_bytes: lora as u64,
+                                chunk_bytes_v: rope as u64,
+                                src_token_stride_v: (in_row * e) as u64,
+                                slots: slots.as_ptr().cast(),
+                                slot_is_i64: 1,
+                                num_tokens: t as u64,
+                                convert: c,
+                                k_scale: scale.as_ptr(),
+                                v_scale: scale.as_ptr(),
+                                scale_per_head: 0,
+                                rows: 1,
+                                width,
+                                shift,
+                                errors: errors.as_mut_ptr(),
+                            };
+                            assert!(a.converts_rows());
+                            // SAFETY: every row the slots reach lies in the buffers above,
+                            // aligned for `width` (rows of 16-byte multiples, 8-byte fp8 rows).
+                            emulate(grid, block, shift, |g| unsafe {
+                                if rows_entry {
+                                    update_rows_convert(&a, g)
+                                } else {
+                                    update_slots_convert(&a, g)
+                                }
+                            });
+                            // SAFETY: cache holds cache_len initialised bytes.
+                            let bytes =
+                                unsafe { std::slice::from_raw_parts(dst.cast_const(), cache_len) }
+                                    .to_vec();
+                            (bytes, errors)
+                        };
+                        let what = format!(
+                            "code {c:#x} row {lora}+{rope} width {width} shift {shift} grid \
+                             {grid}x{block}"
+                        );
+                        let (want, want_err) = run(false);
+                        let (got, got_err) = run(true);
+                        assert_eq!(want_err[err::BAD_SLOT], bad, "{what}: general entry");
+                        assert_eq!(got_err, want_err, "{what}: error word");
+                        assert!(got == want, "{what}: cache bytes differ");
+                        assert!(got != poison, "{what}: nothing written");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -107,6 +107,7 @@ unsafe fn run(plan: &Plan<'_>) {
             // SAFETY: arguments validated like a launch; the memory is host memory (caller).
             ops::emulate(launch.grid, launch.threads, kernel.shift(), |g| unsafe {
                 match &kernel {
+                    Kernel::Slots(a) if a.converts_rows() => ops::update_rows_convert(a, g),
                     Kernel::Slots(a) if a.converts() => ops::update_slots_convert(a, g),
                     Kernel::Slots(a) if a.general() => ops::update_slots_general(a, g),
                     Kernel::Slots(a) if a.copies_rows() => ops::update_rows(a, g),

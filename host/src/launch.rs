@@ -44,6 +44,8 @@ pub(crate) struct GridCap {
     pub(crate) rows: u32,
     /// `kvio_update_slots_convert` at [`BLOCK_THREADS`].
     pub(crate) slots_convert: u32,
+    /// `kvio_update_rows_convert` at [`BLOCK_THREADS`].
+    pub(crate) rows_convert: u32,
     /// `kvio_update_tiles` at [`BLOCK_THREADS`].
     pub(crate) tiles: u32,
     /// `kvio_update_tiles_one` at [`SMALL_CTA_THREADS`].
@@ -69,6 +71,7 @@ impl GridCap {
             slots_general: cap,
             rows: cap,
             slots_convert: cap,
+            rows_convert: cap,
             tiles: cap,
             tiles_one: cap,
             tiles_wide: cap,

@@ -36,6 +36,7 @@ pub struct Kvio {
     update_slots_general: cu::CUfunction,
     update_rows: cu::CUfunction,
     update_slots_convert: cu::CUfunction,
+    update_rows_convert: cu::CUfunction,
     update_tiles: cu::CUfunction,
     update_tiles_one: cu::CUfunction,
     update_tiles_wide: cu::CUfunction,
@@ -107,6 +108,7 @@ impl Kvio {
             update_slots_general: ptr::null_mut(),
             update_rows: ptr::null_mut(),
             update_slots_convert: ptr::null_mut(),
+            update_rows_convert: ptr::null_mut(),
             update_tiles: ptr::null_mut(),
             update_tiles_one: ptr::null_mut(),
             update_tiles_wide: ptr::null_mut(),
@@ -132,6 +134,7 @@ impl Kvio {
         this.update_slots_general = this.function("kvio_update_slots_general")?;
         this.update_rows = this.function("kvio_update_rows")?;
         this.update_slots_convert = this.function("kvio_update_slots_convert")?;
+        this.update_rows_convert = this.function("kvio_update_rows_convert")?;
         this.update_tiles = this.function("kvio_update_tiles")?;
         this.update_tiles_one = this.function("kvio_update_tiles_one")?;
         this.update_tiles_wide = this.function("kvio_update_tiles_wide")?;
@@ -146,6 +149,7 @@ impl Kvio {
             slots_general: resident_ctas(this.update_slots_general, BLOCK_THREADS, sms)?,
             rows: resident_ctas(this.update_rows, BLOCK_THREADS, sms)?,
             slots_convert: resident_ctas(this.update_slots_convert, BLOCK_THREADS, sms)?,
+            rows_convert: resident_ctas(this.update_rows_convert, BLOCK_THREADS, sms)?,
             tiles: resident_ctas(this.update_tiles, BLOCK_THREADS, sms)?,
             tiles_one: resident_ctas(this.update_tiles_one, SMALL_CTA_THREADS, sms)?,
             tiles_wide: resident_ctas(this.update_tiles_wide, BLOCK_THREADS, sms)?,
@@ -179,6 +183,7 @@ impl Kvio {
     /// The entry point that runs `k`.
     pub(crate) fn entry(&self, k: &Kernel) -> cu::CUfunction {
         match k {
+            Kernel::Slots(a) if a.converts_rows() => self.update_rows_convert,
             Kernel::Slots(a) if a.converts() => self.update_slots_convert,
             Kernel::Slots(a) if a.general() => self.update_slots_general,
             Kernel::Slots(a) if a.copies_rows() => self.update_rows,

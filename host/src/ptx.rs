@@ -21,6 +21,7 @@ pub const KERNELS: &[&str] = &[
     "kvio_update_slots_general",
     "kvio_update_rows",
     "kvio_update_slots_convert",
+    "kvio_update_rows_convert",
     "kvio_update_tiles",
     "kvio_update_tiles_one",
     "kvio_update_tiles_wide",

@@ -106,13 +106,15 @@ macro_rules! kernel {
 }
 
 kernel! {
-    /// Arguments of the slot-mapping update (see [`crate::ops::update_slots`]), for four entry
+    /// Arguments of the slot-mapping update (see [`crate::ops::update_slots`]), for five entry
     /// points: `kvio_update_slots` (bytes copied, K and V alike), `kvio_update_slots_general`
     /// (K and V of different widths or strides: [`crate::ops::update_slots_general`]),
-    /// `kvio_update_rows` (one row per token, an MLA row: [`crate::ops::update_rows`]) and
+    /// `kvio_update_rows` (one row per token, an MLA row: [`crate::ops::update_rows`]),
     /// `kvio_update_slots_convert` (quantized on the way:
-    /// [`crate::ops::update_slots_convert`]), so each keeps only the registers it needs.
-    kvio_update_slots | kvio_update_slots_general [crate::ops::update_slots_general] | kvio_update_rows [crate::ops::update_rows] | kvio_update_slots_convert [crate::ops::update_slots_convert] (SlotArgs) => crate::ops::update_slots {
+    /// [`crate::ops::update_slots_convert`]) and `kvio_update_rows_convert` (rows quantized on
+    /// the way: [`crate::ops::update_rows_convert`]), so each keeps only the registers it
+    /// needs.
+    kvio_update_slots | kvio_update_slots_general [crate::ops::update_slots_general] | kvio_update_rows [crate::ops::update_rows] | kvio_update_slots_convert [crate::ops::update_slots_convert] | kvio_update_rows_convert [crate::ops::update_rows_convert] (SlotArgs) => crate::ops::update_slots {
         /// New keys.
         src_k: *const u8,
         /// New values (null: K only).
@@ -172,9 +174,16 @@ kernel! {
 }
 
 impl SlotArgs {
-    /// Whether this update converts (entry point `kvio_update_slots_convert`).
+    /// Whether this update converts (entry point `kvio_update_slots_convert`, or
+    /// `kvio_update_rows_convert` for rows: [`SlotArgs::converts_rows`]).
     pub fn converts(&self) -> bool {
         self.convert != crate::convert::NONE
+    }
+
+    /// Whether this converting update writes one row per token (`rows`: an MLA row), entry
+    /// point `kvio_update_rows_convert`.
+    pub fn converts_rows(&self) -> bool {
+        self.converts() && self.rows != 0
     }
 
     /// Whether this copying update writes one row per token (`rows`: an MLA row), entry point

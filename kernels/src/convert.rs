@@ -110,7 +110,36 @@ pub(crate) unsafe fn load(src: *const u8, i: u64, code: u32) -> f32 {
 }
 
 /// The raw bytes of one vector unit: one 16-byte access of bf16/f16, two of f32.
-pub(crate) type Raw = [V16; 2];
+pub type Raw = [V16; 2];
+
+/// What a lane loads (through the span core, [`crate::span::load_round`]) for one vector unit
+/// of a conversion and holds until it converts it: one 16-byte access of bf16/f16 ([`V16`]),
+/// two of f32 ([`Raw`]).
+pub trait Loaded: crate::span::Unit {
+    /// The unit's raw bytes, as [`Span::load`] holds them.
+    fn raw(&self) -> Raw;
+}
+
+impl Loaded for V16 {
+    #[inline(always)]
+    fn raw(&self) -> Raw {
+        [*self, V16::splat(0)]
+    }
+}
+
+impl Loaded for Raw {
+    #[inline(always)]
+    fn raw(&self) -> Raw {
+        *self
+    }
+}
+
+/// One vector unit of conversion `C` (eight source elements, as loaded) divided by the
+/// divider's scale and quantized: eight fp8 bytes, as the little-endian `u64` to store.
+#[inline(always)]
+pub(crate) fn unit<const C: u32>(raw: &Raw, div: &Divider) -> u64 {
+    pack8(&widen(raw, C), format(C), div)
+}
 
 /// The raw bytes of unit `u` (elements `8u..8u + 8`). Volatile, so a caller can issue it
 /// before an index lookup and the compiler cannot sink it past that lookup.
@@ -242,7 +271,7 @@ impl Span {
             let u = j + b as u32 * lanes;
             if b < batch(C) as usize && u < self.total {
                 let (part, k) = self.at(u);
-                let v = pack8(&widen(&raw[b], C), format(C), div);
+                let v = unit::<C>(&raw[b], div);
                 // SAFETY: unit u < total lies in its part (the caller's contract).
                 unsafe { write((dst[part] as *mut u64).add(k as usize), v) };
             }

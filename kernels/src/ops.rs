@@ -136,6 +136,7 @@ pub unsafe fn update_rows(a: &SlotArgs, g: Group) {
 /// As [`update_slots`], with every address, stride and chunk a multiple of `size_of::<T>()`.
 #[inline(always)]
 unsafe fn rows_body<T: Unit>(a: &SlotArgs, g: Group) {
+    const P: usize = BATCH_UNITS as usize;
     let w = core::mem::size_of::<T>() as u64;
     // Chunks are far below 4 GiB (host-checked): unit counts fit in 32 bits.
     let units = [(a.chunk_bytes / w) as u32, (a.chunk_bytes_v / w) as u32];
@@ -156,9 +157,9 @@ unsafe fn rows_body<T: Unit>(a: &SlotArgs, g: Group) {
         };
         let held = if one_round {
             // SAFETY: as above, `units` values of T per part, aligned for T.
-            unsafe { load_round::<T, 2, true>(&from, &live, |k| units[k], lane, lanes) }
+            unsafe { load_round::<T, 2, P, true>(&from, &live, |k| units[k], lane, lanes) }
         } else {
-            [[T::ZERO; BATCH_UNITS as usize]; 2]
+            [[T::ZERO; P]; 2]
         };
         // SAFETY: tok < num_tokens, the length of the slot array.
         let slot = unsafe { slot_of(a, tok) };
@@ -177,12 +178,13 @@ unsafe fn rows_body<T: Unit>(a: &SlotArgs, g: Group) {
                 unsafe {
                     let to = [a.dst_k.add(at), a.dst_v.add(at)];
                     if one_round {
-                        store_round::<T, 2>(&to, &live, |k| units[k], lane, lanes, &held);
+                        store_round::<T, 2, P>(&to, &live, |k| units[k], lane, lanes, &held);
                     } else {
                         let mut u = lane;
                         while u < most {
-                            let v = load_round::<T, 2, false>(&from, &live, |k| units[k], u, lanes);
-                            store_round::<T, 2>(&to, &live, |k| units[k], u, lanes, &v);
+                            let v =
+                                load_round::<T, 2, P, false>(&from, &live, |k| units[k], u, lanes);
+                            store_round::<T, 2, P>(&to, &live, |k| units[k], u, lanes, &v);
                             u += BATCH_UNITS * lanes;
                         }
                     }
@@ -203,6 +205,111 @@ unsafe fn rows_body<T: Unit>(a: &SlotArgs, g: Group) {
 pub unsafe fn update_slots_convert(a: &SlotArgs, g: Group) {
     // SAFETY: forwarded.
     convert::by_code!(a.convert, C => unsafe { slots_convert_body::<C>(a, g) })
+}
+
+/// [`update_slots`] for converting updates of one row per token (`a.rows`: an MLA row, latent
+/// part `K` then rope part `V`, one head, K's per-tensor scale): [`rows_convert_body`] compiled
+/// once per conversion code, with the unit a lane loads per 8 elements (one 16-byte access of
+/// bf16/f16, two of f32) and [`convert::batch`] units per part and lane in a round.
+///
+/// # Safety
+/// As [`update_slots`], with `rows`; `a.convert` is a valid conversion code.
+#[inline(always)]
+pub unsafe fn update_rows_convert(a: &SlotArgs, g: Group) {
+    // SAFETY: forwarded. `C` is a constant in each arm: the branch not taken is dropped.
+    convert::by_code!(a.convert, C => unsafe {
+        if convert::src_bytes(C) == 4 {
+            rows_convert_body::<C, convert::Raw, { convert::batch(C) as usize }>(a, g)
+        } else {
+            rows_convert_body::<C, V16, { convert::batch(C) as usize }>(a, g)
+        }
+    })
+}
+
+/// The converting update of one-row items for conversion `C` ([`update_rows_convert`]): as
+/// [`rows_body`], a group loads a token's two parts together, `P` vector units (loaded as `U`)
+/// of each part per lane in one round ([`load_round`]), issued with the scale's load before
+/// the slot is read so the latencies overlap, then converts and stores them
+/// ([`span::store_round_map`] through [`convert::unit`]). A row whose larger part has more
+/// than `P * lanes` units goes round by round once the slot is known; one without the vector
+/// alignment (`width` 1) element by element ([`Span::convert_scalar`]).
+///
+/// # Safety
+/// As [`update_slots`], with `rows`; `C` is the conversion code of `a.convert`, `U` the unit
+/// of its source type.
+#[inline(always)]
+unsafe fn rows_convert_body<const C: u32, U: convert::Loaded, const P: usize>(
+    a: &SlotArgs,
+    g: Group,
+) {
+    let vec = a.width as u64 == convert::VEC;
+    // Steps: vector units of VEC elements, or single elements (`chunk_bytes` counts fp8
+    // bytes, one per element; far below 4 GiB, host-checked).
+    let per = if vec { convert::VEC } else { 1 };
+    let units = [(a.chunk_bytes / per) as u32, (a.chunk_bytes_v / per) as u32];
+    let most = units[0].max(units[1]);
+    let (lane, lanes) = (g.lane as u32, g.lanes as u32);
+    let live = [true; 2];
+    let one_round = vec && most <= P as u32 * lanes;
+    let mut tok = g.first;
+    while tok < a.num_tokens {
+        // SAFETY: tok < num_tokens: both parts' rows lie in the (host-validated) sources.
+        let from = unsafe {
+            [
+                a.src_k.add((tok * a.src_token_stride) as usize),
+                a.src_v.add((tok * a.src_token_stride_v) as usize),
+            ]
+        };
+        let held = if one_round {
+            // SAFETY: `vec`: `units` vector units per part, 16-byte aligned (host-checked).
+            unsafe { load_round::<U, 2, P, true>(&from, &live, |k| units[k], lane, lanes) }
+        } else {
+            [[U::ZERO; P]; 2]
+        };
+        // SAFETY: the host checked one per-tensor scale (K's) for the row.
+        let scale = unsafe { *a.k_scale };
+        // SAFETY: tok < num_tokens, the length of the slot array.
+        let slot = unsafe { slot_of(a, tok) };
+        match index::slot_target(slot, a.block_size, a.num_blocks) {
+            SlotTarget::Skip => {}
+            SlotTarget::OutOfRange => {
+                if g.lane == 0 {
+                    // SAFETY: see count_error.
+                    unsafe { count_error(a.errors, err::BAD_SLOT) };
+                }
+            }
+            SlotTarget::At { block, offset } => {
+                let at = (block * a.dst_block_stride + offset * a.dst_token_stride) as usize;
+                // SAFETY: block < num_blocks, offset < block_size: the host checked that the
+                // row (both parts, at the same offset of their caches) lies in the cache, with
+                // the vector alignment where `vec` (8 bytes of fp8 per unit).
+                unsafe {
+                    let to = [a.dst_k.add(at), a.dst_v.add(at)];
+                    let div = Divider::new(scale);
+                    let q = |v: &U| convert::unit::<C>(&v.raw(), &div);
+                    if one_round {
+                        span::store_round_map(&to, &live, |k| units[k], lane, lanes, &held, q);
+                    } else if vec {
+                        let mut u = lane;
+                        while u < most {
+                            let v =
+                                load_round::<U, 2, P, false>(&from, &live, |k| units[k], u, lanes);
+                            span::store_round_map(&to, &live, |k| units[k], u, lanes, &v, q);
+                            u += P as u32 * lanes;
+                        }
+                    } else {
+                        let sp = Span {
+                            src: from,
+                            split: units[0],
+                            total: units[0] + units[1],
+                        };
+                        sp.convert_scalar::<C>(to, lane, lanes, scale);
+                    }
+                }
+            }
+        }
+        tok += g.step;
+    }
 }
 
 /// The slot update: plain copies, or (`GENERAL`) K and V of different widths or input

@@ -75,7 +75,8 @@ pub(crate) use by_width;
 /// Units (accesses of the copy's width) each lane holds per span in [`copy_spans`].
 pub const BATCH_UNITS: u32 = 4;
 
-/// A value one access copies: the access widths of [`copy_span`].
+/// A value one access copies: the access widths of [`copy_span`], and a pair of 16-byte
+/// accesses (a vector unit of f32 elements that [`crate::convert`] turns into 8 fp8 bytes).
 pub trait Unit: Copy {
     /// A value to initialise registers with (never stored).
     const ZERO: Self;
@@ -95,13 +96,16 @@ impl Unit for u16 {
 impl Unit for u8 {
     const ZERO: Self = 0;
 }
+impl Unit for [V16; 2] {
+    const ZERO: Self = [V16::from_array([0; 4]); 2];
+}
 
-/// One round of a multi-span copy in registers: up to [`BATCH_UNITS`] values of each of `B`
-/// spans ([`load_round`], [`store_round`]).
-pub type Round<T, const B: usize> = [[T; BATCH_UNITS as usize]; B];
+/// One round of a multi-span copy in registers: up to `P ≤` [`BATCH_UNITS`] values of each of
+/// `B` spans ([`load_round`], [`store_round`]).
+pub type Round<T, const B: usize, const P: usize> = [[T; P]; B];
 
-/// Loads one lane's share of one round of `B ≤ 4` spans: values `u + j * lanes` (`j <
-/// BATCH_UNITS`, below `units(k)`) of every live span `k` at `from[k]`, as accesses of `T`.
+/// Loads one lane's share of one round of `B ≤ 4` spans: values `u + j * lanes` (`j < P ≤`
+/// [`BATCH_UNITS`], below `units(k)`) of every live span `k` at `from[k]`, as accesses of `T`.
 /// The unit counts come as a function of the span.
 /// `VOLATILE` keeps the compiler from sinking the loads past a lookup that follows them (a
 /// caller that loads before it knows where the values go).
@@ -109,14 +113,14 @@ pub type Round<T, const B: usize> = [[T; BATCH_UNITS as usize]; B];
 /// # Safety
 /// Every live span: `units(k)` values of `T` readable at `from[k]`, aligned for `T`.
 #[inline(always)]
-pub unsafe fn load_round<T: Unit, const B: usize, const VOLATILE: bool>(
+pub unsafe fn load_round<T: Unit, const B: usize, const P: usize, const VOLATILE: bool>(
     from: &[*const u8; B],
     live: &[bool; B],
     units: impl Fn(usize) -> u32,
     u: u32,
     lanes: u32,
-) -> Round<T, B> {
-    const P: usize = BATCH_UNITS as usize;
+) -> Round<T, B, P> {
+    const { assert!(P <= BATCH_UNITS as usize) };
     let mut v = [[T::ZERO; P]; B];
     // Constant indices only (unrolled), so the values stay in registers.
     unroll4!(k => {
@@ -143,21 +147,41 @@ pub unsafe fn load_round<T: Unit, const B: usize, const VOLATILE: bool>(
 /// # Safety
 /// Every live span: `units(k)` values of `T` writable at `to[k]`, aligned for `T`.
 #[inline(always)]
-pub unsafe fn store_round<T: Unit, const B: usize>(
+pub unsafe fn store_round<T: Unit, const B: usize, const P: usize>(
     to: &[*mut u8; B],
     live: &[bool; B],
     units: impl Fn(usize) -> u32,
     u: u32,
     lanes: u32,
-    v: &Round<T, B>,
+    v: &Round<T, B, P>,
 ) {
-    const P: usize = BATCH_UNITS as usize;
+    // SAFETY: forwarded (values of T stored as themselves).
+    unsafe { store_round_map(to, live, units, u, lanes, v, |x: &T| *x) }
+}
+
+/// [`store_round`] with every value passed through `f` on its way (a conversion: values of
+/// `T` loaded, values of `O` stored, span `k`'s `i`-th at `to[k] + i * size_of::<O>()`). Only
+/// the values the round holds are passed through `f`.
+///
+/// # Safety
+/// Every live span: `units(k)` values of `O` writable at `to[k]`, aligned for `O`.
+#[inline(always)]
+pub unsafe fn store_round_map<T: Copy, O, const B: usize, const P: usize>(
+    to: &[*mut u8; B],
+    live: &[bool; B],
+    units: impl Fn(usize) -> u32,
+    u: u32,
+    lanes: u32,
+    v: &Round<T, B, P>,
+    f: impl Fn(&T) -> O,
+) {
+    const { assert!(P <= BATCH_UNITS as usize) };
     unroll4!(k => {
         unroll4!(j => {
             let i = u + j as u32 * lanes;
             if k < B && j < P && live[k] && i < units(k) {
                 // SAFETY: as for the load.
-                unsafe { write((to[k] as *mut T).add(i as usize), v[k][j]) };
+                unsafe { write((to[k] as *mut O).add(i as usize), f(&v[k][j])) };
             }
         });
     });

@@ -485,8 +485,9 @@ pub(crate) fn mla<'a>(op: &MlaUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a
         v_scale: scale,
         scale_per_head: 0,
         // A row is one item: the rope part alone (eight 16-byte units) would leave most of a
-        // group's lanes idle (measured 2x at T = 16,384 when converting). The copying kernel
-        // loads both parts in one round before the slot is read.
+        // group's lanes idle (measured 2x at T = 16,384 when converting). The rows kernels
+        // (copying: `kvio_update_rows`, converting: `kvio_update_rows_convert`) load both
+        // parts in one round before the slot is read.
         rows: 1,
         width: 0,
         shift: 0,
@@ -535,13 +536,9 @@ fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<P
         .and_then(|v| v.checked_mul(args.heads))
         .ok_or(Error::Overflow { name: "slots" })?;
     let converting = args.convert != convert::NONE;
-    // An item's bytes: K's or V's chunk, or both (a row, which the converting kernel walks as
-    // one sequence of units; the copying kernel copies the two parts side by side).
-    let chunk = if args.rows != 0 && converting {
-        args.chunk_bytes + args.chunk_bytes_v
-    } else {
-        args.chunk_bytes.max(args.chunk_bytes_v)
-    };
+    // An item's bytes: K's or V's chunk, or for a row the larger of its two parts (the rows
+    // kernels split each part between the group's lanes, side by side).
+    let chunk = args.chunk_bytes.max(args.chunk_bytes_v);
     if converting {
         // The converting kernel counts an item's elements (a row's both parts) in 32 bits.
         let both = args.chunk_bytes.checked_add(args.chunk_bytes_v);
@@ -586,21 +583,22 @@ fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<P
         let wide = (0..=max_shift)
             .find(|&s| 1u64 << s >= units)
             .unwrap_or(max_shift);
-        let resident = target.caps.slots_convert as u64 * BLOCK_THREADS as u64;
+        let cap = if args.rows != 0 {
+            target.caps.rows_convert
+        } else {
+            target.caps.slots_convert
+        };
+        let resident = cap as u64 * BLOCK_THREADS as u64;
         args.shift = if items.saturating_mul(1 << wide) <= resident {
             wide
+        } else if args.rows != 0 && vec {
+            // `kvio_update_rows_convert` holds `convert::batch` units of each part per lane
+            // (four 16-byte loads: four units of bf16/f16, two of f32) and loads a whole row
+            // in one round when its larger part fits: an MLA row (latent then rope part: 64 +
+            // 8 units) gets 16 lanes from bf16/f16 (4 + 1 units a lane), 32 from f32 (2 + 1).
+            group_shift(units, convert::batch(args.convert) as u64)
         } else {
-            // A row (latent then rope part: 64 + 8 units of bf16) gets 16 lanes, not 32: 4 or
-            // 5 units a lane instead of 2 or 3 (H200, e4m3, T = 65,536: 62% of the copy
-            // ceiling against 49%).
-            group_shift(
-                units,
-                if args.rows != 0 {
-                    PER_LANE + 1
-                } else {
-                    PER_LANE
-                },
-            )
+            group_shift(units, PER_LANE)
         };
     } else {
         args.width = access_width(&[
@@ -619,7 +617,9 @@ fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<P
         ]);
         args.shift = group_shift(chunk / args.width as u64, PER_LANE);
     }
-    let cap = if args.converts() {
+    let cap = if args.converts_rows() {
+        target.caps.rows_convert
+    } else if args.converts() {
         target.caps.slots_convert
     } else if args.general() {
         target.caps.slots_general
