@@ -36,6 +36,8 @@ pub const DEFAULT_TMA_TRANSFER_CTAS: u32 = 4 * DEFAULT_TRANSFER_CTAS;
 /// persistent (kernels loop over their work), so no launch asks for more.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct GridCap {
+    /// Multiprocessors of the device.
+    pub(crate) sms: u32,
     /// `kvio_update_slots` at [`BLOCK_THREADS`].
     pub(crate) slots: u32,
     /// `kvio_update_slots_general` at [`BLOCK_THREADS`].
@@ -67,6 +69,7 @@ impl GridCap {
     /// The same cap for every kernel (the CPU emulation's pretend device).
     pub(crate) const fn uniform(cap: u32) -> Self {
         GridCap {
+            sms: cap,
             slots: cap,
             slots_general: cap,
             rows: cap,
@@ -90,6 +93,22 @@ pub(crate) fn grid_for(items: u64, threads: u32, shift: u32, cap: u32) -> u32 {
     items.div_ceil(groups_per_cta).clamp(1, cap.max(1) as u64) as u32
 }
 
+/// Threads per CTA for `items` work items handled by groups of `1 << shift` lanes on a device
+/// of `sms` multiprocessors: [`BLOCK_THREADS`], or, at decode sizes (fewer 256-thread CTAs
+/// than multiprocessors), smaller CTAs (down to [`SMALL_CTA_THREADS`], never below one group)
+/// while the grid still fits on the multiprocessors: a decode-size update is bound by each
+/// multiprocessor's load/store bandwidth, so spreading its bytes over more of them shortens
+/// it.
+pub(crate) fn cta_threads(items: u64, shift: u32, sms: u32) -> u32 {
+    let lanes = items.saturating_mul(1 << shift);
+    let floor = SMALL_CTA_THREADS.max(1 << shift);
+    let mut threads = BLOCK_THREADS;
+    while threads / 2 >= floor && lanes.div_ceil((threads / 2) as u64) <= sms as u64 {
+        threads /= 2;
+    }
+    threads
+}
+
 /// Resident CTAs of `threads` threads on the whole device (`sms` multiprocessors) for kernel
 /// `f`, at least one per multiprocessor.
 pub(crate) fn resident_ctas(f: cu::CUfunction, threads: u32, sms: u32) -> Result<u32> {
@@ -99,4 +118,27 @@ pub(crate) fn resident_ctas(f: cu::CUfunction, threads: u32, sms: u32) -> Result
         cu::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f, threads as i32, 0)
     })?;
     Ok(sms * (n.max(0) as u32).max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{cta_threads, BLOCK_THREADS, SMALL_CTA_THREADS};
+
+    /// Decode-size updates spread over the multiprocessors in smaller CTAs; larger ones keep
+    /// full CTAs; a CTA never holds less than one group.
+    #[test]
+    fn cta_threads_spread_decode_sizes() {
+        // NHD K+V, 8 heads: 16 items a token, groups of 4 lanes; 132 multiprocessors.
+        let nhd = |t: u64| cta_threads(16 * t, 2, 132);
+        assert_eq!(nhd(1), SMALL_CTA_THREADS); // 64 lanes: one CTA either way
+        assert_eq!(nhd(16), SMALL_CTA_THREADS); // 16 CTAs instead of 4
+        assert_eq!(nhd(64), SMALL_CTA_THREADS); // 64 CTAs instead of 16
+        assert_eq!(nhd(256), 128); // 128 CTAs instead of 64 (256 of 64 would not fit)
+        assert_eq!(nhd(4096), BLOCK_THREADS);
+        // Groups wider than the smallest CTA keep one group per CTA at least.
+        assert_eq!(cta_threads(1, 8, 132), 256);
+        assert_eq!(cta_threads(4, 7, 132), 128);
+        // A device with few multiprocessors keeps full CTAs sooner.
+        assert_eq!(cta_threads(16 * 16, 2, 2), BLOCK_THREADS);
+    }
 }

@@ -145,6 +145,7 @@ impl Kvio {
         // Persistent grids: never more CTAs than can be resident at once.
         let sms = this.sm_count;
         this.grid_cap = GridCap {
+            sms,
             slots: resident_ctas(this.update_slots, BLOCK_THREADS, sms)?,
             slots_general: resident_ctas(this.update_slots_general, BLOCK_THREADS, sms)?,
             rows: resident_ctas(this.update_rows, BLOCK_THREADS, sms)?,

@@ -8,7 +8,7 @@ use kvio_kernels::convert;
 use super::{Fp8, MlaUpdate, Quantize, Scale, SliceUpdate, SlotMapping, SlotUpdate, SrcType};
 use crate::error::{invalid, Error, Result};
 use crate::error_word::DeviceErrors;
-use crate::launch::{grid_for, BLOCK_THREADS, PER_LANE, SMALL_CTA_THREADS};
+use crate::launch::{cta_threads, grid_for, BLOCK_THREADS, PER_LANE, SMALL_CTA_THREADS};
 use crate::layout::{chunks_disjoint, PagedLayout, TokenLayout};
 use crate::plan::{Kernel, Launch, Plan, Target};
 
@@ -628,12 +628,13 @@ fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<P
     } else {
         target.caps.slots
     };
+    let threads = cta_threads(items, args.shift, target.caps.sms);
     Ok(Plan::Kernel {
         upload: None,
         launch: Launch {
             kernel: Kernel::Slots(args),
-            grid: grid_for(items, BLOCK_THREADS, args.shift, cap),
-            threads: BLOCK_THREADS,
+            grid: grid_for(items, threads, args.shift, cap),
+            threads,
         },
     })
 }
@@ -764,9 +765,13 @@ mod tests {
                     Launch {
                         kernel: Kernel::Slots(a),
                         grid,
-                        threads: BLOCK_THREADS,
+                        threads,
                     },
-            } => Some((a, grid)),
+            } => {
+                // Full CTAs, or smaller ones at decode sizes (`cta_threads`).
+                assert!(threads.is_power_of_two() && (64..=BLOCK_THREADS).contains(&threads));
+                Some((a, grid))
+            }
             Plan::Nothing => None,
             other => panic!("not a slot-update plan: {other:?}"),
         })
