@@ -345,9 +345,7 @@ impl Kvio {
     /// writing pseudo-random 32-bit words over all of `dst` (a function of `seed`, `iters`
     /// and the position). It signals its programmatic dependents before the arithmetic with
     /// `early`, else just before its stores (on the `sm_90` PTX; the `sm_80` one does not
-    /// signal). Launched plainly, like any kernel before a [`StreamRef::pdl`] launch.
-    ///
-    /// [`StreamRef::pdl`]: crate::StreamRef::pdl
+    /// signal). Launched plainly, like a model's kernel before a kvio launch.
     #[doc(hidden)]
     pub fn bench_produce(
         &self,

@@ -6,8 +6,9 @@
 //! device query, no function lookup (entry points and occupancy caps are resolved by
 //! [`Kvio::load`](crate::Kvio::load)), no synchronisation, and no heap allocation up to 64 host
 //! pairs, 16 DMA spans and 64 batched copies (beyond, one allocation per list).
-//! - `update_slots`, `update_mla`, `update_slices`: one launch, `cuLaunchKernel`
-//!   (`cuLaunchKernelEx` through a [`StreamRef::pdl`] reference where PDL is supported).
+//! - `update_slots`, `update_mla`, `update_slices`: one launch, `cuLaunchKernelEx` with
+//!   programmatic dependent launch where it is supported (the default, unless the
+//!   [`StreamRef`] says `pdl(false)`), else `cuLaunchKernel`.
 //! - `copy_blocks`, planning: one `cuPointerGetAttributes` per pool given as one strided
 //!   range (`blocks::plan::geometry`): whether it is device or pinned host memory decides the
 //!   entry point and CTA size, and refuses memory the kernels cannot reach. The answer cannot
