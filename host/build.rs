@@ -134,9 +134,9 @@ fn build_ptx(kernels: &Path, out: &Path) {
 ///   per multiprocessor (≤ 128 registers) keep enough loads in flight;
 /// - `kvio_update_slots_convert` keeps four 16-byte loads in flight per lane and is
 ///   latency-bound: four 256-thread CTAs per multiprocessor (≤ 64 registers) give it the
-///   warps to hide that latency. Uncapped it takes 88 registers (sm_90, bf16); at 64 ptxas
-///   keeps one loop-invariant word in local memory (8 bytes on sm_90, 16 on sm_80: one
-///   L1-resident load per item).
+///   warps to hide that latency. Since MLA rows left it for `kvio_update_rows_convert` it
+///   takes 59 registers on sm_90 (62 on sm_80), no spills (uncapped: 62, 72 on sm_80); with
+///   their path it took 88 uncapped and spilled 28 B / 64 B at 64 (sm_90).
 /// - `kvio_update_rows_convert` holds a whole MLA row's loads per group (five 16-byte units a
 ///   lane): three 256-thread CTAs per multiprocessor (≤ 80 registers), as many as the copying
 ///   `kvio_update_rows` gets with its 78. Uncapped it takes 86 registers on sm_90 (96 on
