@@ -139,8 +139,9 @@ fn build_ptx(kernels: &Path, out: &Path) {
 ///   their path it took 88 uncapped and spilled 28 B / 64 B at 64 (sm_90).
 /// - `kvio_update_rows_convert` holds a whole MLA row's loads per group (five 16-byte units a
 ///   lane): three 256-thread CTAs per multiprocessor (≤ 80 registers), as many as the copying
-///   `kvio_update_rows` gets with its 78. Uncapped it takes 86 registers on sm_90 (96 on
-///   sm_80), two CTAs; at three, 78 (80), no spills; at four, 360 B / 920 B of spills.
+///   `kvio_update_rows` gets with its 78. Uncapped it takes 94 registers on sm_90 (102 on
+///   sm_80), two CTAs; at three, 78 (78), no spills; at four, 144 B / 368 B of spills (sm_90).
+///   (ptxas 12.9, since wide rows share the one-round path's conversion code.)
 /// - `kvio_transfer_blocks_tma` runs one-warp CTAs (`kvio_kernels::bulk::THREADS`).
 const DIRECTIVES: [(&str, &str); 5] = [
     ("kvio_transfer_blocks", ".maxntid 512, 1, 1\n"),

@@ -233,8 +233,11 @@ pub unsafe fn update_rows_convert(a: &SlotArgs, g: Group) {
 /// of each part per lane in one round ([`load_round`]), issued with the scale's load before
 /// the slot is read so the latencies overlap, then converts and stores them
 /// ([`span::store_round_map`] through [`convert::unit`]). A row whose larger part has more
-/// than `P * lanes` units goes round by round once the slot is known; one without the vector
-/// alignment (`width` 1) element by element ([`Span::convert_scalar`]).
+/// than `P * lanes` units continues round by round once the slot is known, through the same
+/// (single) copy of the round's conversion code: each copy converts `2 * P` units, inlined,
+/// and this entry holds one per conversion, so a second copy for wide rows would double it.
+/// A row without the vector alignment (`width` 1) goes element by element
+/// ([`Span::convert_scalar`]).
 ///
 /// # Safety
 /// As [`update_slots`], with `rows`; `C` is the conversion code of `a.convert`, `U` the unit
@@ -262,7 +265,8 @@ unsafe fn rows_convert_body<const C: u32, U: convert::Loaded, const P: usize>(
                 a.src_v.add((tok * a.src_token_stride_v) as usize),
             ]
         };
-        let held = if one_round {
+        // The first round (the whole row where `one_round`).
+        let held = if vec {
             // SAFETY: `vec`: `units` vector units per part, 16-byte aligned (host-checked).
             unsafe { load_round::<U, 2, P, true>(&from, &live, |k| units[k], lane, lanes) }
         } else {
@@ -284,20 +288,22 @@ unsafe fn rows_convert_body<const C: u32, U: convert::Loaded, const P: usize>(
                 let at = (block * a.dst_block_stride + offset * a.dst_token_stride) as usize;
                 // SAFETY: block < num_blocks, offset < block_size: the host checked that the
                 // row (both parts, at the same offset of their caches) lies in the cache, with
-                // the vector alignment where `vec` (8 bytes of fp8 per unit).
+                // the vector alignment where `vec` (8 bytes of fp8 per unit); later rounds load
+                // units below `units` of the source rows, as the first.
                 unsafe {
                     let to = [a.dst_k.add(at), a.dst_v.add(at)];
                     let div = Divider::new(scale);
                     let q = |v: &U| convert::unit::<C>(&v.raw(), &div);
-                    if one_round {
-                        span::store_round_map(&to, &live, |k| units[k], lane, lanes, &held, q);
-                    } else if vec {
-                        let mut u = lane;
-                        while u < most {
-                            let v =
-                                load_round::<U, 2, P, false>(&from, &live, |k| units[k], u, lanes);
+                    if vec {
+                        // Round after round: one copy of the conversion for both kinds of row.
+                        let (mut v, mut u) = (held, lane);
+                        loop {
                             span::store_round_map(&to, &live, |k| units[k], u, lanes, &v, q);
                             u += P as u32 * lanes;
+                            if one_round || u >= most {
+                                break;
+                            }
+                            v = load_round::<U, 2, P, false>(&from, &live, |k| units[k], u, lanes);
                         }
                     } else {
                         let sp = Span {
