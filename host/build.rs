@@ -134,13 +134,14 @@ fn build_ptx(kernels: &Path, out: &Path) {
 ///   per multiprocessor (≤ 128 registers) keep enough loads in flight;
 /// - `kvio_update_slots_convert` keeps four 16-byte loads in flight per lane and is
 ///   latency-bound: four 256-thread CTAs per multiprocessor (≤ 64 registers) give it the
-///   warps to hide that latency. Uncapped it takes 88 registers (sm_90, bf16); at 64 ptxas
-///   keeps one loop-invariant word in local memory (8 bytes on sm_90, 16 on sm_80: one
-///   L1-resident load per item).
+///   warps to hide that latency. Since MLA rows left it for `kvio_update_rows_convert` it
+///   takes 59 registers on sm_90 (62 on sm_80), no spills (uncapped: 62, 72 on sm_80); with
+///   their path it took 88 uncapped and spilled 28 B / 64 B at 64 (sm_90).
 /// - `kvio_update_rows_convert` holds a whole MLA row's loads per group (five 16-byte units a
 ///   lane): three 256-thread CTAs per multiprocessor (≤ 80 registers), as many as the copying
-///   `kvio_update_rows` gets with its 78. Uncapped it takes 86 registers on sm_90 (96 on
-///   sm_80), two CTAs; at three, 78 (80), no spills; at four, 360 B / 920 B of spills.
+///   `kvio_update_rows` gets with its 78. Uncapped it takes 94 registers on sm_90 (102 on
+///   sm_80), two CTAs; at three, 78 (78), no spills; at four, 144 B / 368 B of spills (sm_90).
+///   (ptxas 12.9, since wide rows share the one-round path's conversion code.)
 /// - `kvio_transfer_blocks_tma` runs one-warp CTAs (`kvio_kernels::bulk::THREADS`).
 const DIRECTIVES: [(&str, &str); 5] = [
     ("kvio_transfer_blocks", ".maxntid 512, 1, 1\n"),

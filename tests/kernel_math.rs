@@ -1077,10 +1077,12 @@ fn source_elements(n: usize, bytes: usize, rng: &mut SmallRng) -> Vec<u8> {
 }
 
 /// `kvio_update_rows_convert`'s body against the general converting entry's, on the same
-/// arguments (MLA rows: latent then rope part, one per-tensor scale): the same cache bytes and
-/// the same error word, for every conversion, vector units and single elements, groups of 1
-/// to 256 lanes (a row in one round of loads or in several), grids whose groups loop over
-/// tokens, negative and out-of-range slots.
+/// rows (MLA rows: latent then rope part, one per-tensor scale), which that entry writes as
+/// separate K and V items (`rows: 0`, both parts with the same scale): the same cache bytes
+/// and the same error word, for every conversion, vector units and single elements (the
+/// rows entry's out-of-line element-by-element path), groups of 1 to 256 lanes (a row in one
+/// round of loads, or in several: its out-of-line round-by-round path), grids whose groups
+/// loop over tokens, negative and out-of-range slots.
 #[test]
 fn rows_convert_matches_the_general_converting_entry() {
     use kvio_kernels::args::SlotArgs;
@@ -1166,12 +1168,12 @@ fn rows_convert_matches_the_general_converting_entry() {
                                 k_scale: scale.as_ptr(),
                                 v_scale: scale.as_ptr(),
                                 scale_per_head: 0,
-                                rows: 1,
+                                rows: rows_entry as u32,
                                 width,
                                 shift,
                                 errors: errors.as_mut_ptr(),
                             };
-                            assert!(a.converts_rows());
+                            assert_eq!(a.converts_rows(), rows_entry);
                             // SAFETY: every row the slots reach lies in the buffers above,
                             // aligned for `width` (rows of 16-byte multiples, 8-byte fp8 rows).
                             emulate(grid, block, shift, |g| unsafe {

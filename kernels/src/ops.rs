@@ -195,12 +195,14 @@ unsafe fn rows_body<T: Unit>(a: &SlotArgs, g: Group) {
     }
 }
 
-/// [`update_slots`] for converting updates (`a.convert` set): [`slots_convert_body`] compiled
-/// once per conversion code (dispatched here, once), so the source type and the fp8 format
-/// are constants in each copy.
+/// [`update_slots`] for converting updates (`a.convert` set) of separate K and V items:
+/// [`slots_convert_body`] compiled once per conversion code (dispatched here, once), so the
+/// source type and the fp8 format are constants in each copy. One-row items (`a.rows`) are
+/// [`update_rows_convert`]'s (the host routes them there: [`SlotArgs::converts_rows`]).
 ///
 /// # Safety
-/// As [`update_slots`]; `a.convert` is a valid conversion code.
+/// As [`update_slots`], without `rows` (`a.rows == 0`, checked in debug builds only);
+/// `a.convert` is a valid conversion code.
 #[inline(always)]
 pub unsafe fn update_slots_convert(a: &SlotArgs, g: Group) {
     // SAFETY: forwarded.
@@ -231,8 +233,11 @@ pub unsafe fn update_rows_convert(a: &SlotArgs, g: Group) {
 /// of each part per lane in one round ([`load_round`]), issued with the scale's load before
 /// the slot is read so the latencies overlap, then converts and stores them
 /// ([`span::store_round_map`] through [`convert::unit`]). A row whose larger part has more
-/// than `P * lanes` units goes round by round once the slot is known; one without the vector
-/// alignment (`width` 1) element by element ([`Span::convert_scalar`]).
+/// than `P * lanes` units continues round by round once the slot is known, through the same
+/// (single) copy of the round's conversion code: each copy converts `2 * P` units, inlined,
+/// and this entry holds one per conversion, so a second copy for wide rows would double it.
+/// A row without the vector alignment (`width` 1) goes element by element
+/// ([`Span::convert_scalar`]).
 ///
 /// # Safety
 /// As [`update_slots`], with `rows`; `C` is the conversion code of `a.convert`, `U` the unit
@@ -260,7 +265,8 @@ unsafe fn rows_convert_body<const C: u32, U: convert::Loaded, const P: usize>(
                 a.src_v.add((tok * a.src_token_stride_v) as usize),
             ]
         };
-        let held = if one_round {
+        // The first round (the whole row where `one_round`).
+        let held = if vec {
             // SAFETY: `vec`: `units` vector units per part, 16-byte aligned (host-checked).
             unsafe { load_round::<U, 2, P, true>(&from, &live, |k| units[k], lane, lanes) }
         } else {
@@ -282,20 +288,22 @@ unsafe fn rows_convert_body<const C: u32, U: convert::Loaded, const P: usize>(
                 let at = (block * a.dst_block_stride + offset * a.dst_token_stride) as usize;
                 // SAFETY: block < num_blocks, offset < block_size: the host checked that the
                 // row (both parts, at the same offset of their caches) lies in the cache, with
-                // the vector alignment where `vec` (8 bytes of fp8 per unit).
+                // the vector alignment where `vec` (8 bytes of fp8 per unit); later rounds load
+                // units below `units` of the source rows, as the first.
                 unsafe {
                     let to = [a.dst_k.add(at), a.dst_v.add(at)];
                     let div = Divider::new(scale);
                     let q = |v: &U| convert::unit::<C>(&v.raw(), &div);
-                    if one_round {
-                        span::store_round_map(&to, &live, |k| units[k], lane, lanes, &held, q);
-                    } else if vec {
-                        let mut u = lane;
-                        while u < most {
-                            let v =
-                                load_round::<U, 2, P, false>(&from, &live, |k| units[k], u, lanes);
+                    if vec {
+                        // Round after round: one copy of the conversion for both kinds of row.
+                        let (mut v, mut u) = (held, lane);
+                        loop {
                             span::store_round_map(&to, &live, |k| units[k], u, lanes, &v, q);
                             u += P as u32 * lanes;
+                            if one_round || u >= most {
+                                break;
+                            }
+                            v = load_round::<U, 2, P, false>(&from, &live, |k| units[k], u, lanes);
                         }
                     } else {
                         let sp = Span {
@@ -399,8 +407,8 @@ unsafe fn slot_of(a: &SlotArgs, tok: u64) -> i64 {
 }
 
 /// The converting slot update for conversion `C`: each item's source elements quantized to
-/// fp8 with the part's scale (per tensor, or per head), K and V as separate items or (`rows`)
-/// one MLA row (latent then rope part, K's scale).
+/// fp8 with the part's scale (per tensor, or per head), K and V as separate items. One-row
+/// items (`rows`: MLA rows) are [`update_rows_convert`]'s: the host never sends them here.
 ///
 /// One path for every size, kept lean in registers so that several CTAs share a
 /// multiprocessor: a lane loads its first batch of vector units (four 16-byte loads: a
@@ -410,11 +418,12 @@ unsafe fn slot_of(a: &SlotArgs, tok: u64) -> i64 {
 /// for one item.
 ///
 /// # Safety
-/// As [`update_slots`]; `C` is the conversion code of `a.convert`.
+/// As [`update_slots`], without `rows` (`a.rows == 0`: checked in debug builds, so in the
+/// emulated tests); `C` is the conversion code of `a.convert`.
 #[inline(always)]
 unsafe fn slots_convert_body<const C: u32>(a: &SlotArgs, g: Group) {
-    let rows = a.rows != 0;
-    let parts = if a.src_v.is_null() || rows { 1 } else { 2 };
+    debug_assert!(a.rows == 0, "rows go to update_rows_convert");
+    let parts = if a.src_v.is_null() { 1 } else { 2 };
     let items = a.num_tokens * parts * a.heads;
     let vec = a.width as u64 == convert::VEC;
     // Steps: vector units of VEC elements, or single elements.
@@ -441,21 +450,13 @@ unsafe fn slots_convert_body<const C: u32>(a: &SlotArgs, g: Group) {
                 a.v_scale,
             )
         };
-        // SAFETY: tok < num_tokens and head < heads: inside the (host-validated) sources (a
-        // row's V part has no heads).
-        let sp = unsafe {
-            let s = src.add((tok * sts + head * a.src_head_stride) as usize);
-            let (sv, nv) = if rows {
-                let sv = a.src_v.add((tok * a.src_token_stride_v) as usize);
-                (sv, a.chunk_bytes_v)
-            } else {
-                (s, 0)
-            };
-            Span {
-                src: [s, sv],
-                split: (chunk / per) as u32,
-                total: ((chunk + nv) / per) as u32,
-            }
+        // SAFETY: tok < num_tokens and head < heads: inside the (host-validated) sources.
+        let s = unsafe { src.add((tok * sts + head * a.src_head_stride) as usize) };
+        // One part: every step at `s` (`src[1]` is never read).
+        let sp = Span {
+            src: [s, s],
+            split: (chunk / per) as u32,
+            total: (chunk / per) as u32,
         };
         let at = if a.scale_per_head != 0 {
             head as usize
@@ -485,16 +486,15 @@ unsafe fn slots_convert_body<const C: u32>(a: &SlotArgs, g: Group) {
                     + offset * a.dst_token_stride
                     + head * a.dst_head_stride;
                 // SAFETY: block < num_blocks, offset < block_size, head < heads: the host
-                // checked that all such spans (a row's V part at the same offset of the V
-                // cache) lie in the caches, with the vector alignment where `vec`.
+                // checked that all such spans lie in the caches, with the vector alignment
+                // where `vec`.
                 unsafe {
                     let d = dst.add(at as usize);
-                    let dv = if rows { a.dst_v.add(at as usize) } else { d };
                     if vec {
                         let div = Divider::new(scale);
-                        sp.convert::<C>([d, dv], &raw, lane, lanes, &div);
+                        sp.convert::<C>([d, d], &raw, lane, lanes, &div);
                     } else {
-                        sp.convert_scalar::<C>([d, dv], lane, lanes, scale);
+                        sp.convert_scalar::<C>([d, d], lane, lanes, scale);
                     }
                 }
             }
