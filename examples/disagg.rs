@@ -13,14 +13,17 @@
 //! `UCX_NET_DEVICES=lo`, `UCX_TLS=sm,self,tcp` (plus `cuda_copy` on a machine with NVIDIA GPUs,
 //! which NIXL requires even for host memory, and `cuda_ipc` for device caches) unless
 //! set. `--dram` runs both caches in host memory, kvio's kernels executed on the CPU
-//! (`kvio::emulate`): no GPU needed. Without a GPU (and without `--dram`), or without the
-//! NIXL libraries, it says so and exits normally.
+//! (`kvio::emulate`): no GPU needed. `--devices P,D` puts the prefill cache on GPU `P` and the
+//! decode cache on GPU `D` (default `0,0`: both on the first GPU), so on a two-GPU machine
+//! `--devices 0,1` ships the prompt over the GPUs' link (UCX `cuda_ipc`). Without a GPU (and
+//! without `--dram`), or without the NIXL libraries, it says so and exits normally.
 //!
 //! ```sh
 //! # NIXL's libraries: the nixl-cu12 wheel (see .ci/run)
 //! export LD_LIBRARY_PATH=$NIXL/.nixl_cu12.mesonpy.libs NIXL_PLUGIN_DIR=$NIXL/.nixl_cu12.mesonpy.libs/plugins
 //! cargo run --release --features nixl --example disagg            # device caches (VRAM)
 //! cargo run --release --features nixl --example disagg -- --dram   # host caches, CPU kernels
+//! cargo run --release --features nixl --example disagg -- --devices 0,1  # GPU 0 -> GPU 1
 //! ```
 
 use std::error::Error;
@@ -105,18 +108,20 @@ enum Cache {
 }
 
 impl Cache {
-    /// A cache filled with `fill` bytes; `None` (after saying why) without a GPU.
-    fn new(dram: bool, fill: u8, role: &str) -> Res<Option<Cache>> {
+    /// A cache filled with `fill` bytes, on GPU `device` unless `dram`; `None` (after saying
+    /// why) without that GPU.
+    fn new(dram: bool, device: i32, fill: u8, role: &str) -> Res<Option<Cache>> {
         if dram {
             return Ok(Some(Cache::Host {
                 mem: vec![fill; BLOCKS * BLOCK],
             }));
         }
-        let ctx = match PrimaryContext::retain(0) {
+        let ctx = match PrimaryContext::retain(device) {
             Ok(c) => c,
             Err(e) => {
                 println!(
-                    "disagg {role}: no usable CUDA device ({e}); run with --dram for host caches"
+                    "disagg {role}: no usable CUDA device {device} ({e}); run with --dram for \
+                     host caches"
                 );
                 return Ok(None);
             }
@@ -290,8 +295,8 @@ fn agent(name: &str) -> Res<Agent> {
     Ok(a)
 }
 
-fn prefill(dir: &Path, dram: bool) -> Res<()> {
-    let Some(mut cache) = Cache::new(dram, 0, "prefill")? else {
+fn prefill(dir: &Path, dram: bool, device: i32) -> Res<()> {
+    let Some(mut cache) = Cache::new(dram, device, 0, "prefill")? else {
         return Ok(());
     };
     // 1. The prompt's K/V into this cache, with kvio.
@@ -354,9 +359,9 @@ fn prefill(dir: &Path, dram: bool) -> Res<()> {
     Ok(())
 }
 
-fn decode(dir: &Path, dram: bool) -> Res<()> {
+fn decode(dir: &Path, dram: bool, device: i32) -> Res<()> {
     const POISON: u8 = 0xA5;
-    let Some(mut cache) = Cache::new(dram, POISON, "decode")? else {
+    let Some(mut cache) = Cache::new(dram, device, POISON, "decode")? else {
         return Ok(());
     };
     let total = PROMPT + DECODE;
@@ -427,15 +432,25 @@ fn main() {
         .iter()
         .position(|a| a == "--role")
         .and_then(|i| args.get(i + 1));
-    let dir = args
-        .iter()
-        .position(|a| a == "--dir")
-        .and_then(|i| args.get(i + 1))
-        .map(PathBuf::from);
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+    };
+    let dir = value("--dir").map(PathBuf::from);
+    let usage =
+        "usage: disagg [--dram | --devices P,D] (--role decode --dir DIR --device D: internal)";
     let result = match (role.map(String::as_str), dir) {
-        (Some("decode"), Some(dir)) => decode(&dir, dram),
-        (None, None) => parent(dram),
-        _ => Err("usage: disagg [--dram] (--role decode --dir DIR: internal)".into()),
+        (Some("decode"), Some(dir)) => match value("--device").map(|d| d.parse()) {
+            Some(Ok(d)) => decode(&dir, dram, d),
+            _ => Err(usage.into()),
+        },
+        (None, None) => match value("--devices").map(|v| parse_devices(v)) {
+            None => parent(dram, (0, 0)),
+            Some(Some(devs)) if !dram => parent(dram, devs),
+            Some(_) => Err(usage.into()),
+        },
+        _ => Err(usage.into()),
     };
     if let Err(e) = result {
         eprintln!("disagg {}: {e}", role.map_or("prefill", String::as_str));
@@ -443,8 +458,15 @@ fn main() {
     }
 }
 
-/// The prefill process: starts the decode process, runs its side, waits for the other.
-fn parent(dram: bool) -> Res<()> {
+/// `P,D`: the prefill and the decode process's GPU ordinals.
+fn parse_devices(v: &str) -> Option<(i32, i32)> {
+    let (p, d) = v.split_once(',')?;
+    Some((p.trim().parse().ok()?, d.trim().parse().ok()?))
+}
+
+/// The prefill process (on GPU `devices.0`): starts the decode process (on `devices.1`), runs
+/// its side, waits for the other.
+fn parent(dram: bool, devices: (i32, i32)) -> Res<()> {
     if !nixl::available() {
         println!(
             "disagg: libnixl_capi.so not found (the nixl-cu12 wheel's libraries on \
@@ -469,11 +491,12 @@ fn parent(dram: bool) -> Res<()> {
     std::fs::create_dir_all(&dir)?;
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.args(["--role", "decode", "--dir"]).arg(&dir);
+    cmd.args(["--device", &devices.1.to_string()]);
     if dram {
         cmd.arg("--dram");
     }
     let mut child = cmd.spawn()?;
-    let mine = prefill(&dir, dram);
+    let mine = prefill(&dir, dram, devices.0);
     if mine.is_err() {
         let _ = child.kill();
     }

@@ -1,0 +1,419 @@
+//! GPU to GPU through NIXL in two processes, against the peer-copy ceiling measured in the
+//! same run.
+//!
+//! A sending process owns a cross-layer KV pool of 2 MiB blocks (32 layers, K and V, 16
+//! tokens, 8 heads of 128 bf16) on GPU `S`; it re-executes itself as a receiving process with
+//! an equal pool on GPU `R`. The two exchange NIXL metadata through files in a temporary folder
+//! and talk UCX on this host only (`UCX_NET_DEVICES=lo`; `cuda_ipc` moves device memory over
+//! the GPUs' link). The sender writes every block to the receiver's pool, timed from the post
+//! to the completion, in two maps:
+//!
+//! - scattered: block `i` to block `7i mod N`, so no two blocks are neighbours on both sides:
+//!   one 2 MiB descriptor per block (what a serving stack's scattered pages give);
+//! - contiguous: block `i` to block `i`, one descriptor for the whole pool.
+//!
+//! After each map the receiver checks every byte of its (poisoned beforehand) pool against
+//! the sender's random data, moved by the CPU reference (`kvio::reference::copy_blocks`).
+//! The ceiling is the sender's own peer copy (`cuMemcpyDtoDAsync` between the two GPUs with
+//! peer access enabled, CUDA events on its stream) of 1 GiB and of one pool's bytes. Prints
+//! the median and best GB/s of each, the ratios, and one JSON line (`nixl_peer {..}`).
+//!
+//! ```sh
+//! # NIXL's libraries: the nixl-cu12 wheel (see .ci/run and the README)
+//! cargo run --release --features nixl --example nixl_peer                    # GPU 0 -> GPU 1
+//! cargo run --release --features nixl --example nixl_peer -- --devices 0,1 --blocks 256
+//! ```
+//!
+//! Without the NIXL libraries or without the two GPUs it says so and exits normally.
+
+use std::error::Error;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kvio::cust::sys as cu;
+use kvio::nixl::nixl_sys::{Agent, XferOp};
+use kvio::nixl::{self, Memory, Notifications, PostArgs};
+use kvio::reference::{self, PoolImage};
+use kvio::{
+    BlockCopy, BlockMap, BlockPool, DeviceAlloc, DeviceBytes, DeviceBytesMut, Event, PoolMemory,
+    PrimaryContext, Stream,
+};
+use kvio_suite::random_bytes;
+
+const LAYERS: usize = 32;
+const BS: usize = 16;
+const HEADS: usize = 8;
+const DIM: usize = 128;
+const ELEM: usize = 2;
+/// One cross-layer block: 2 MiB.
+const BLOCK: usize = LAYERS * 2 * BS * HEADS * DIM * ELEM;
+const SEED: u64 = 4242;
+const POISON: u8 = 0xA5;
+const WARMUP: usize = 3;
+const REPS: usize = 20;
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+type Res<T> = Result<T, Box<dyn Error>>;
+
+/// The cross-layer pool of `blocks` 2 MiB blocks over `mem`.
+fn pool<'a, M: PoolMemory<'a>>(mem: M, blocks: usize) -> BlockPool<'a, M::Access> {
+    BlockPool::cross_layer_nhd(mem, blocks, LAYERS, BS, HEADS, DIM, ELEM)
+}
+
+/// The two maps: (name, pairs).
+fn maps(blocks: usize) -> Vec<(&'static str, Vec<[i64; 2]>)> {
+    let scattered = (0..blocks)
+        .map(|i| [i as i64, (i * 7 % blocks) as i64])
+        .collect();
+    let contiguous = (0..blocks).map(|i| [i as i64, i as i64]).collect();
+    vec![("scattered", scattered), ("contiguous", contiguous)]
+}
+
+fn check(what: &str, rc: cu::CUresult) -> Res<()> {
+    if rc == cu::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("{what}: {rc:?}").into())
+    }
+}
+
+/// Median and best of `v` (sorted in place).
+fn median_best(v: &mut [f64]) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[0])
+}
+
+/// Writes `data` to `dir/name` atomically.
+fn publish(dir: &Path, name: &str, data: &[u8]) -> Res<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    std::fs::write(&tmp, data)?;
+    std::fs::rename(tmp, dir.join(name))?;
+    Ok(())
+}
+
+/// Waits for `dir/name` and reads it.
+fn fetch(dir: &Path, name: &str) -> Res<Vec<u8>> {
+    let start = Instant::now();
+    loop {
+        if let Ok(d) = std::fs::read(dir.join(name)) {
+            return Ok(d);
+        }
+        if start.elapsed() > TIMEOUT {
+            return Err(format!("{name} did not appear in {}", dir.display()).into());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn agent(name: &str) -> Res<Agent> {
+    let a = Agent::new(name)?;
+    let (_m, p) = a.get_plugin_params("UCX")?;
+    a.create_backend("UCX", &p)?;
+    Ok(a)
+}
+
+/// The peer-copy ceiling: seconds per copy of `bytes` from GPU `src` to GPU `dst` (the
+/// current context is `src`'s), each copy timed by events on the stream; (median, best).
+fn peer_ceiling(src: &PrimaryContext, dst: &PrimaryContext, bytes: usize) -> Res<(f64, f64)> {
+    dst.make_current()?;
+    let to = DeviceAlloc::new(bytes)?;
+    src.make_current()?;
+    let mut from = DeviceAlloc::new(bytes)?;
+    let stream = Stream::new()?;
+    from.write(0, &vec![0x3C; bytes], stream.sref())?;
+    stream.synchronize()?;
+    let (a, b) = (Event::new()?, Event::new()?);
+    let mut secs = Vec::new();
+    for rep in 0..WARMUP + 10 {
+        a.record(stream.sref())?;
+        // SAFETY: both allocations are `bytes` long and alive until the stream is synchronised
+        // below; unified addressing names each by its device pointer.
+        check("cuMemcpyDtoDAsync", unsafe {
+            cu::cuMemcpyDtoDAsync_v2(
+                to.bytes().ptr(),
+                from.bytes().ptr(),
+                bytes,
+                stream.cu_stream(),
+            )
+        })?;
+        b.record(stream.sref())?;
+        b.synchronize()?;
+        if rep >= WARMUP {
+            secs.push(b.elapsed_ms(&a)? as f64 / 1e3);
+        }
+    }
+    Ok(median_best(&mut secs))
+}
+
+/// Lets `from`'s context reach `to`'s memory directly (NVLink or PCIe peer access).
+fn enable_peer(from: &PrimaryContext, to: &PrimaryContext) -> Res<()> {
+    from.make_current()?;
+    // SAFETY: both contexts are retained; flags must be 0.
+    let rc = unsafe { cu::cuCtxEnablePeerAccess(to.cu_context(), 0) };
+    if rc != cu::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+        check("cuCtxEnablePeerAccess", rc)?;
+    }
+    Ok(())
+}
+
+fn sender(dir: &Path, devices: (i32, i32), blocks: usize) -> Res<()> {
+    let bytes = blocks * BLOCK;
+    let peer = PrimaryContext::retain(devices.1)?;
+    let ctx = PrimaryContext::retain(devices.0)?;
+    let stream = Stream::new()?;
+    let data = random_bytes(bytes, SEED);
+    let mut mem = DeviceAlloc::new(bytes)?;
+    mem.write(0, &data, stream.sref())?;
+    stream.synchronize()?;
+    drop(data);
+
+    let a = agent("nixl-peer-send")?;
+    let local = nixl::pool_memory(&pool(mem.bytes(), blocks))?;
+    // SAFETY: the pool outlives the registration (dropped at the end of this function) and is
+    // only read by the transfers.
+    let _reg = unsafe { nixl::register_pool_in(&a, &pool(mem.bytes_mut(), blocks), local)? };
+    publish(dir, "send.md", &a.get_local_md()?)?;
+    let remote_name = a.load_remote_md(&fetch(dir, "recv.md")?)?;
+    let info = String::from_utf8(fetch(dir, "recv.info")?)?;
+    let mut it = info.split_whitespace();
+    let ptr: u64 = it.next().ok_or("info")?.parse()?;
+    let len: usize = it.next().ok_or("info")?.parse()?;
+    let remote = Memory::Vram {
+        device: it.next().ok_or("info")?.parse()?,
+    };
+    if len != bytes {
+        return Err(format!("the receiver's pool is {len} bytes, expected {bytes}").into());
+    }
+    let mut inbox = Notifications::new(&a);
+
+    let mut results = Vec::new();
+    for (name, pairs) in maps(blocks) {
+        // SAFETY: the receiver's registered pool as it described it (its address space).
+        let dst = unsafe { DeviceBytesMut::from_raw(ptr, len) };
+        let copy = BlockCopy::new(
+            pool(mem.bytes(), blocks),
+            pool(dst, blocks),
+            BlockMap::Host(&pairs),
+        );
+        let mut secs = Vec::new();
+        let mut descs = 0;
+        for rep in 0..WARMUP + REPS {
+            let last = rep + 1 == WARMUP + REPS;
+            let tag = format!("{name}-written");
+            let args = PostArgs {
+                local,
+                remote,
+                notify: last.then_some(tag.as_bytes()),
+            };
+            let start = Instant::now();
+            // SAFETY: the local pool stays allocated and unwritten until the transfer is
+            // complete; the receiver touches its pool only after the notification of the last
+            // write, and answers before the next map's first write.
+            let t = unsafe { nixl::post_with(&a, &remote_name, XferOp::Write, &copy, &args)? };
+            t.wait(Some(TIMEOUT))?;
+            if rep >= WARMUP {
+                secs.push(start.elapsed().as_secs_f64());
+            }
+            descs = t.descs();
+        }
+        // The receiver checks every byte, then poisons its pool again.
+        inbox.wait(
+            &remote_name,
+            format!("{name}-checked").as_bytes(),
+            Some(TIMEOUT),
+        )?;
+        let (med, best) = median_best(&mut secs);
+        results.push((name, descs, med, best));
+    }
+
+    enable_peer(&ctx, &peer)?;
+    ctx.make_current()?;
+    let gib = 1usize << 30;
+    let (c1_med, c1_best) = peer_ceiling(&ctx, &peer, gib)?;
+    let (cp_med, cp_best) = peer_ceiling(&ctx, &peer, bytes)?;
+    let gbps = |b: usize, s: f64| b as f64 / s / 1e9;
+    println!(
+        "nixl_peer: peer-copy ceiling GPU {} -> GPU {}: 1 GiB median {:.1} GB/s (best {:.1}); \
+         {} MiB median {:.1} GB/s (best {:.1})",
+        devices.0,
+        devices.1,
+        gbps(gib, c1_med),
+        gbps(gib, c1_best),
+        bytes >> 20,
+        gbps(bytes, cp_med),
+        gbps(bytes, cp_best)
+    );
+    let mut json = format!(
+        "{{\"blocks\":{blocks},\"block_bytes\":{BLOCK},\"ceiling_1gib_gbps\":{:.2},\
+         \"ceiling_pool_gbps\":{:.2}",
+        gbps(gib, c1_med),
+        gbps(bytes, cp_med)
+    );
+    for (name, descs, med, best) in &results {
+        let g = gbps(bytes, *med);
+        println!(
+            "nixl_peer: {name}: {blocks} blocks of 2 MiB ({} MiB) in {descs} descriptors, \
+             VRAM {} -> VRAM {}: median {:.1} GB/s (best {:.1}) = {:.1}% of the 1 GiB ceiling, \
+             {:.1}% of the same-size copy; every byte checked by the receiver",
+            bytes >> 20,
+            devices.0,
+            devices.1,
+            g,
+            gbps(bytes, *best),
+            100.0 * g / gbps(gib, c1_med),
+            100.0 * g / gbps(bytes, cp_med)
+        );
+        json.push_str(&format!(
+            ",\"{name}\":{{\"descs\":{descs},\"median_gbps\":{g:.2},\"best_gbps\":{:.2}}}",
+            gbps(bytes, *best)
+        ));
+    }
+    println!("nixl_peer {json}}}");
+    nixl::notify(&a, &remote_name, b"done")?;
+    Ok(())
+}
+
+fn receiver(dir: &Path, device: i32, blocks: usize) -> Res<()> {
+    let bytes = blocks * BLOCK;
+    let _ctx = PrimaryContext::retain(device)?;
+    let stream = Stream::new()?;
+    let mut mem = DeviceAlloc::new(bytes)?;
+    let poison = vec![POISON; bytes];
+    mem.write(0, &poison, stream.sref())?;
+    stream.synchronize()?;
+    let a = agent("nixl-peer-recv")?;
+    let view = mem.bytes_mut();
+    let (ptr, len) = (view.ptr(), view.len());
+    let local = nixl::pool_memory(&pool(mem.bytes(), blocks))?;
+    // SAFETY: the pool outlives the registration; it is read and re-poisoned only between a
+    // map's last write (notified) and the answer that lets the sender go on.
+    let _reg = unsafe { nixl::register_pool_in(&a, &pool(mem.bytes_mut(), blocks), local)? };
+    let mut inbox = Notifications::new(&a);
+    publish(dir, "recv.md", &a.get_local_md()?)?;
+    publish(dir, "recv.info", format!("{ptr} {len} {device}").as_bytes())?;
+    let remote = a.load_remote_md(&fetch(dir, "send.md")?)?;
+
+    let src = random_bytes(bytes, SEED);
+    // SAFETY: descriptions only, for the reference's byte offsets.
+    let image = PoolImage::of(&pool(unsafe { DeviceBytes::from_raw(0, bytes) }, blocks))
+        .ok_or("a cross-layer pool has an image")?;
+    let mut got = vec![0u8; bytes];
+    for (name, pairs) in maps(blocks) {
+        inbox.wait(&remote, format!("{name}-written").as_bytes(), Some(TIMEOUT))?;
+        mem.read(0, &mut got, stream.sref())?;
+        stream.synchronize()?;
+        let mut want = poison.clone();
+        let c = reference::copy_blocks(&image, &src, &image, &mut want, &pairs);
+        if c.bad_blocks != 0 {
+            return Err(format!("reference: {} bad blocks", c.bad_blocks).into());
+        }
+        if let Some(i) = got.iter().zip(&want).position(|(g, w)| g != w) {
+            return Err(format!("{name}: byte {i} (block {}) differs", i / BLOCK).into());
+        }
+        println!("nixl_peer receiver: {name}: all {bytes} bytes on GPU {device} match");
+        mem.write(0, &poison, stream.sref())?;
+        stream.synchronize()?;
+        nixl::notify(&a, &remote, format!("{name}-checked").as_bytes())?;
+    }
+    inbox.wait(&remote, b"done", Some(TIMEOUT))?;
+    Ok(())
+}
+
+/// Device count, or why there is none.
+fn device_count() -> Res<i32> {
+    let mut n = 0;
+    // SAFETY: plain driver calls with an out-pointer to a local.
+    unsafe {
+        check("cuInit", cu::cuInit(0))?;
+        check("cuDeviceGetCount", cu::cuDeviceGetCount(&mut n))?;
+    }
+    Ok(n)
+}
+
+fn parent(devices: (i32, i32), blocks: usize) -> Res<()> {
+    if !nixl::available() {
+        println!("nixl_peer: libnixl_capi.so not found (see .ci/run); nothing to run");
+        return Ok(());
+    }
+    match device_count() {
+        Ok(n) if n > devices.0.max(devices.1) => {}
+        Ok(n) => {
+            println!(
+                "nixl_peer: {n} GPUs here, GPUs {} and {} needed; nothing to run",
+                devices.0, devices.1
+            );
+            return Ok(());
+        }
+        Err(e) => {
+            println!("nixl_peer: no usable CUDA driver ({e}); nothing to run");
+            return Ok(());
+        }
+    }
+    for (k, v) in [
+        ("UCX_TLS", "sm,self,tcp,cuda_copy,cuda_ipc"),
+        ("UCX_NET_DEVICES", "lo"),
+    ] {
+        if std::env::var_os(k).is_none() {
+            std::env::set_var(k, v);
+        }
+    }
+    let dir = std::env::temp_dir().join(format!("kvio-nixl-peer-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["--role", "recv", "--dir"])
+        .arg(&dir)
+        .args([
+            "--device",
+            &devices.1.to_string(),
+            "--blocks",
+            &blocks.to_string(),
+        ])
+        .spawn()?;
+    let mine = sender(&dir, devices, blocks);
+    if mine.is_err() {
+        let _ = child.kill();
+    }
+    let status = child.wait()?;
+    let _ = std::fs::remove_dir_all(&dir);
+    mine?;
+    if !status.success() {
+        return Err(format!("the receiving process failed ({status})").into());
+    }
+    Ok(())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .map(String::as_str)
+    };
+    let usage = "usage: nixl_peer [--devices S,R] [--blocks N] (--role recv --dir DIR --device R: internal)";
+    let run = || -> Res<()> {
+        let blocks: usize = value("--blocks").unwrap_or("256").parse()?;
+        if blocks < 2 || blocks % 7 == 0 {
+            return Err(format!("--blocks {blocks}: at least 2 and not a multiple of 7").into());
+        }
+        match (value("--role"), value("--dir")) {
+            (Some("recv"), Some(dir)) => {
+                let device = value("--device").ok_or(usage)?.parse()?;
+                receiver(&PathBuf::from(dir), device, blocks)
+            }
+            (None, None) => {
+                let (s, r) = value("--devices")
+                    .unwrap_or("0,1")
+                    .split_once(',')
+                    .ok_or(usage)?;
+                parent((s.trim().parse()?, r.trim().parse()?), blocks)
+            }
+            _ => Err(usage.into()),
+        }
+    };
+    if let Err(e) = run() {
+        eprintln!("nixl_peer {}: {e}", value("--role").unwrap_or("send"));
+        std::process::exit(1);
+    }
+}
