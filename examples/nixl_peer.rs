@@ -24,7 +24,9 @@
 //! cargo run --release --features nixl --example nixl_peer -- --devices 0,1 --blocks 256
 //! ```
 //!
-//! Without the NIXL libraries or without the two GPUs it says so and exits normally.
+//! `KVIO_NIXL_UCX_PARAMS=key=value,..` sets UCX backend parameters over the plugin's defaults
+//! (which it prints), e.g. `num_threads=4` as vLLM's NixlConnector passes. Without the NIXL
+//! libraries or without the two GPUs it says so and exits normally.
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -106,9 +108,27 @@ fn fetch(dir: &Path, name: &str) -> Res<Vec<u8>> {
     }
 }
 
+/// An agent with a UCX backend: the plugin's default parameters, with `key=value` pairs from
+/// `KVIO_NIXL_UCX_PARAMS` (comma-separated, e.g. `num_threads=4`) set over them.
 fn agent(name: &str) -> Res<Agent> {
     let a = Agent::new(name)?;
-    let (_m, p) = a.get_plugin_params("UCX")?;
+    let (_m, mut p) = a.get_plugin_params("UCX")?;
+    if let Ok(extra) = std::env::var("KVIO_NIXL_UCX_PARAMS") {
+        for kv in extra.split(',').filter(|kv| !kv.is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or("KVIO_NIXL_UCX_PARAMS: key=value pairs")?;
+            p.set(k, v)?;
+        }
+    }
+    if name.ends_with("send") {
+        let pairs: Vec<String> = p
+            .iter()?
+            .filter_map(|kv| kv.ok())
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        println!("nixl_peer: UCX backend parameters: {}", pairs.join(" "));
+    }
     a.create_backend("UCX", &p)?;
     Ok(a)
 }
@@ -394,7 +414,7 @@ fn main() {
     let usage = "usage: nixl_peer [--devices S,R] [--blocks N] (--role recv --dir DIR --device R: internal)";
     let run = || -> Res<()> {
         let blocks: usize = value("--blocks").unwrap_or("256").parse()?;
-        if blocks < 2 || blocks % 7 == 0 {
+        if blocks < 2 || blocks.is_multiple_of(7) {
             return Err(format!("--blocks {blocks}: at least 2 and not a multiple of 7").into());
         }
         match (value("--role"), value("--dir")) {
