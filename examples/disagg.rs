@@ -38,6 +38,7 @@ use kvio::{
     BlockCopy, BlockMap, BlockPool, DeviceAlloc, DeviceBytes, DeviceBytesMut, Kvio, PoolMemory,
     PrimaryContext, SlotMapping, SlotUpdate, Stream, StreamRef, TokenLayout,
 };
+use kvio_suite::nixl::{fetch, publish};
 use kvio_suite::{random_bytes, Rng};
 
 const LAYERS: usize = 4;
@@ -265,28 +266,6 @@ fn reference_write(cache: &mut [u8], keys: &[u8], values: &[u8], slots: &[i64]) 
     Ok(())
 }
 
-/// Writes `data` to `dir/name` atomically (a reader never sees half of it).
-fn publish(dir: &Path, name: &str, data: &[u8]) -> Res<()> {
-    let tmp = dir.join(format!("{name}.tmp"));
-    std::fs::write(&tmp, data)?;
-    std::fs::rename(tmp, dir.join(name))?;
-    Ok(())
-}
-
-/// Waits for `dir/name` and reads it.
-fn fetch(dir: &Path, name: &str) -> Res<Vec<u8>> {
-    let start = Instant::now();
-    loop {
-        if let Ok(d) = std::fs::read(dir.join(name)) {
-            return Ok(d);
-        }
-        if start.elapsed() > TIMEOUT {
-            return Err(format!("{name} did not appear in {}", dir.display()).into());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// An agent with a UCX backend.
 fn agent(name: &str) -> Res<Agent> {
     let a = Agent::new(name)?;
@@ -311,8 +290,8 @@ fn prefill(dir: &Path, dram: bool, device: i32) -> Res<()> {
     // not touched while the transfer runs.
     let _reg = unsafe { nixl::register_pool_in(&a, &pool(cache.bytes_mut()), mem)? };
     publish(dir, "prefill.md", &a.get_local_md()?)?;
-    let remote = a.load_remote_md(&fetch(dir, "decode.md")?)?;
-    let info = String::from_utf8(fetch(dir, "decode.info")?)?;
+    let remote = a.load_remote_md(&fetch(dir, "decode.md", TIMEOUT)?)?;
+    let info = String::from_utf8(fetch(dir, "decode.info", TIMEOUT)?)?;
     let mut it = info.split_whitespace();
     let (ptr, len): (u64, usize) = (
         it.next().ok_or("info")?.parse()?,
@@ -387,7 +366,7 @@ fn decode(dir: &Path, dram: bool, device: i32) -> Res<()> {
         "decode.info",
         format!("{ptr} {len} {mem_word} {}", ids.join(" ")).as_bytes(),
     )?;
-    let remote = a.load_remote_md(&fetch(dir, "prefill.md")?)?;
+    let remote = a.load_remote_md(&fetch(dir, "prefill.md", TIMEOUT)?)?;
 
     // 1. The prompt's blocks arrive.
     inbox.wait(&remote, b"prompt-ready", Some(TIMEOUT))?;

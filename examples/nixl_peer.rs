@@ -41,6 +41,7 @@ use kvio::{
     BlockCopy, BlockMap, BlockPool, DeviceAlloc, DeviceBytes, DeviceBytesMut, Event, PoolMemory,
     PrimaryContext, Stream,
 };
+use kvio_suite::nixl::{fetch, publish};
 use kvio_suite::random_bytes;
 
 const LAYERS: usize = 32;
@@ -84,28 +85,6 @@ fn check(what: &str, rc: cu::CUresult) -> Res<()> {
 fn median_best(v: &mut [f64]) -> (f64, f64) {
     v.sort_by(f64::total_cmp);
     (v[v.len() / 2], v[0])
-}
-
-/// Writes `data` to `dir/name` atomically.
-fn publish(dir: &Path, name: &str, data: &[u8]) -> Res<()> {
-    let tmp = dir.join(format!("{name}.tmp"));
-    std::fs::write(&tmp, data)?;
-    std::fs::rename(tmp, dir.join(name))?;
-    Ok(())
-}
-
-/// Waits for `dir/name` and reads it.
-fn fetch(dir: &Path, name: &str) -> Res<Vec<u8>> {
-    let start = Instant::now();
-    loop {
-        if let Ok(d) = std::fs::read(dir.join(name)) {
-            return Ok(d);
-        }
-        if start.elapsed() > TIMEOUT {
-            return Err(format!("{name} did not appear in {}", dir.display()).into());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// An agent with a UCX backend: the plugin's default parameters, with `key=value` pairs from
@@ -194,8 +173,8 @@ fn sender(dir: &Path, devices: (i32, i32), blocks: usize) -> Res<()> {
     // only read by the transfers.
     let _reg = unsafe { nixl::register_pool_in(&a, &pool(mem.bytes_mut(), blocks), local)? };
     publish(dir, "send.md", &a.get_local_md()?)?;
-    let remote_name = a.load_remote_md(&fetch(dir, "recv.md")?)?;
-    let info = String::from_utf8(fetch(dir, "recv.info")?)?;
+    let remote_name = a.load_remote_md(&fetch(dir, "recv.md", TIMEOUT)?)?;
+    let info = String::from_utf8(fetch(dir, "recv.info", TIMEOUT)?)?;
     let mut it = info.split_whitespace();
     let ptr: u64 = it.next().ok_or("info")?.parse()?;
     let len: usize = it.next().ok_or("info")?.parse()?;
@@ -312,7 +291,7 @@ fn receiver(dir: &Path, device: i32, blocks: usize) -> Res<()> {
     let mut inbox = Notifications::new(&a);
     publish(dir, "recv.md", &a.get_local_md()?)?;
     publish(dir, "recv.info", format!("{ptr} {len} {device}").as_bytes())?;
-    let remote = a.load_remote_md(&fetch(dir, "send.md")?)?;
+    let remote = a.load_remote_md(&fetch(dir, "send.md", TIMEOUT)?)?;
 
     let src = random_bytes(bytes, SEED);
     // SAFETY: descriptions only, for the reference's byte offsets.

@@ -752,6 +752,35 @@ pub mod nixl {
         a
     }
 
+    /// Writes `data` to `dir/name` atomically (a reader never sees half of it): the side
+    /// channel of the two-process examples (NIXL metadata, a pool's address).
+    pub fn publish(dir: &std::path::Path, name: &str, data: &[u8]) -> std::io::Result<()> {
+        let tmp = dir.join(format!("{name}.tmp"));
+        std::fs::write(&tmp, data)?;
+        std::fs::rename(tmp, dir.join(name))
+    }
+
+    /// Waits up to `timeout` for `dir/name` ([`publish`]) and reads it.
+    pub fn fetch(
+        dir: &std::path::Path,
+        name: &str,
+        timeout: std::time::Duration,
+    ) -> std::io::Result<Vec<u8>> {
+        let start = std::time::Instant::now();
+        loop {
+            if let Ok(d) = std::fs::read(dir.join(name)) {
+                return Ok(d);
+            }
+            if start.elapsed() > timeout {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("{name} did not appear in {}", dir.display()),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
     /// Two agents that loaded each other's metadata (what a side channel carries between
     /// hosts); call after registering their memory.
     pub fn connect(a: &Agent, b: &Agent) {
