@@ -12,6 +12,9 @@
 //!   one 2 MiB descriptor per block (what a serving stack's scattered pages give);
 //! - contiguous: block `i` to block `i`, one descriptor for the whole pool.
 //!
+//! `--requests K` splits each map's pairs into `K` parts posted as `K` NIXL transfers at once
+//! (each notified in the last write) and waits for all of them.
+//!
 //! After each map the receiver checks every byte of its (poisoned beforehand) pool against
 //! the sender's random data, moved by the CPU reference (`kvio::reference::copy_blocks`).
 //! The ceiling is the sender's own peer copy (`cuMemcpyDtoDAsync` between the two GPUs with
@@ -156,7 +159,7 @@ fn enable_peer(from: &PrimaryContext, to: &PrimaryContext) -> Res<()> {
     Ok(())
 }
 
-fn sender(dir: &Path, devices: (i32, i32), blocks: usize) -> Res<()> {
+fn sender(dir: &Path, devices: (i32, i32), blocks: usize, requests: usize) -> Res<()> {
     let bytes = blocks * BLOCK;
     let peer = PrimaryContext::retain(devices.1)?;
     let ctx = PrimaryContext::retain(devices.0)?;
@@ -190,31 +193,46 @@ fn sender(dir: &Path, devices: (i32, i32), blocks: usize) -> Res<()> {
     for (name, pairs) in maps(blocks) {
         // SAFETY: the receiver's registered pool as it described it (its address space).
         let dst = unsafe { DeviceBytesMut::from_raw(ptr, len) };
-        let copy = BlockCopy::new(
-            pool(mem.bytes(), blocks),
-            pool(dst, blocks),
-            BlockMap::Host(&pairs),
-        );
+        // One copy per request: the map's pairs split into `requests` parts, posted together.
+        let copies: Vec<BlockCopy<'_>> = pairs
+            .chunks(pairs.len().div_ceil(requests))
+            .map(|part| {
+                // SAFETY: as `dst` above.
+                let dst = unsafe { DeviceBytesMut::from_raw(dst.ptr(), dst.len()) };
+                BlockCopy::new(
+                    pool(mem.bytes(), blocks),
+                    pool(dst, blocks),
+                    BlockMap::Host(part),
+                )
+            })
+            .collect();
         let mut secs = Vec::new();
         let mut descs = 0;
         for rep in 0..WARMUP + REPS {
             let last = rep + 1 == WARMUP + REPS;
-            let tag = format!("{name}-written");
-            let args = PostArgs {
-                local,
-                remote,
-                notify: last.then_some(tag.as_bytes()),
-            };
             let start = Instant::now();
-            // SAFETY: the local pool stays allocated and unwritten until the transfer is
-            // complete; the receiver touches its pool only after the notification of the last
-            // write, and answers before the next map's first write.
-            let t = unsafe { nixl::post_with(&a, &remote_name, XferOp::Write, &copy, &args)? };
-            t.wait(Some(TIMEOUT))?;
+            let mut posted = Vec::with_capacity(copies.len());
+            for (i, copy) in copies.iter().enumerate() {
+                let tag = format!("{name}-written-{i}");
+                let args = PostArgs {
+                    local,
+                    remote,
+                    notify: last.then_some(tag.as_bytes()),
+                };
+                // SAFETY: the local pool stays allocated and unwritten until every transfer
+                // is complete; the receiver touches its pool only after the notifications of
+                // the last write, and answers before the next map's first write.
+                posted.push(unsafe {
+                    nixl::post_with(&a, &remote_name, XferOp::Write, copy, &args)?
+                });
+            }
+            for t in &posted {
+                t.wait(Some(TIMEOUT))?;
+            }
             if rep >= WARMUP {
                 secs.push(start.elapsed().as_secs_f64());
             }
-            descs = t.descs();
+            descs = posted.iter().map(nixl::Transfer::descs).sum();
         }
         // The receiver checks every byte, then poisons its pool again.
         inbox.wait(
@@ -223,7 +241,7 @@ fn sender(dir: &Path, devices: (i32, i32), blocks: usize) -> Res<()> {
             Some(TIMEOUT),
         )?;
         let (med, best) = median_best(&mut secs);
-        results.push((name, descs, med, best));
+        results.push((name, copies.len(), descs, med, best));
     }
 
     enable_peer(&ctx, &peer)?;
@@ -249,10 +267,11 @@ fn sender(dir: &Path, devices: (i32, i32), blocks: usize) -> Res<()> {
         gbps(gib, c1_med),
         gbps(bytes, cp_med)
     );
-    for (name, descs, med, best) in &results {
+    for (name, reqs, descs, med, best) in &results {
         let g = gbps(bytes, *med);
         println!(
-            "nixl_peer: {name}: {blocks} blocks of 2 MiB ({} MiB) in {descs} descriptors, \
+            "nixl_peer: {name}: {blocks} blocks of 2 MiB ({} MiB) in {descs} descriptors \
+             ({reqs} requests), \
              VRAM {} -> VRAM {}: median {:.1} GB/s (best {:.1}) = {:.1}% of the 1 GiB ceiling, \
              {:.1}% of the same-size copy; every byte checked by the receiver",
             bytes >> 20,
@@ -264,7 +283,8 @@ fn sender(dir: &Path, devices: (i32, i32), blocks: usize) -> Res<()> {
             100.0 * g / gbps(bytes, cp_med)
         );
         json.push_str(&format!(
-            ",\"{name}\":{{\"descs\":{descs},\"median_gbps\":{g:.2},\"best_gbps\":{:.2}}}",
+            ",\"{name}\":{{\"requests\":{reqs},\"descs\":{descs},\"median_gbps\":{g:.2},\
+             \"best_gbps\":{:.2}}}",
             gbps(bytes, *best)
         ));
     }
@@ -273,7 +293,7 @@ fn sender(dir: &Path, devices: (i32, i32), blocks: usize) -> Res<()> {
     Ok(())
 }
 
-fn receiver(dir: &Path, device: i32, blocks: usize) -> Res<()> {
+fn receiver(dir: &Path, device: i32, blocks: usize, requests: usize) -> Res<()> {
     let bytes = blocks * BLOCK;
     let _ctx = PrimaryContext::retain(device)?;
     let stream = Stream::new()?;
@@ -299,7 +319,10 @@ fn receiver(dir: &Path, device: i32, blocks: usize) -> Res<()> {
         .ok_or("a cross-layer pool has an image")?;
     let mut got = vec![0u8; bytes];
     for (name, pairs) in maps(blocks) {
-        inbox.wait(&remote, format!("{name}-written").as_bytes(), Some(TIMEOUT))?;
+        for i in 0..pairs.len().div_ceil(pairs.len().div_ceil(requests)) {
+            let tag = format!("{name}-written-{i}");
+            inbox.wait(&remote, tag.as_bytes(), Some(TIMEOUT))?;
+        }
         mem.read(0, &mut got, stream.sref())?;
         stream.synchronize()?;
         let mut want = poison.clone();
@@ -330,7 +353,7 @@ fn device_count() -> Res<i32> {
     Ok(n)
 }
 
-fn parent(devices: (i32, i32), blocks: usize) -> Res<()> {
+fn parent(devices: (i32, i32), blocks: usize, requests: usize) -> Res<()> {
     if !nixl::available() {
         println!("nixl_peer: libnixl_capi.so not found (see .ci/run); nothing to run");
         return Ok(());
@@ -367,9 +390,11 @@ fn parent(devices: (i32, i32), blocks: usize) -> Res<()> {
             &devices.1.to_string(),
             "--blocks",
             &blocks.to_string(),
+            "--requests",
+            &requests.to_string(),
         ])
         .spawn()?;
-    let mine = sender(&dir, devices, blocks);
+    let mine = sender(&dir, devices, blocks, requests);
     if mine.is_err() {
         let _ = child.kill();
     }
@@ -390,23 +415,27 @@ fn main() {
             .and_then(|i| args.get(i + 1))
             .map(String::as_str)
     };
-    let usage = "usage: nixl_peer [--devices S,R] [--blocks N] (--role recv --dir DIR --device R: internal)";
+    let usage = "usage: nixl_peer [--devices S,R] [--blocks N] [--requests K] (--role recv --dir DIR --device R: internal)";
     let run = || -> Res<()> {
         let blocks: usize = value("--blocks").unwrap_or("256").parse()?;
+        let requests: usize = value("--requests").unwrap_or("1").parse()?;
+        if requests == 0 {
+            return Err("--requests 0: at least 1".into());
+        }
         if blocks < 2 || blocks.is_multiple_of(7) {
             return Err(format!("--blocks {blocks}: at least 2 and not a multiple of 7").into());
         }
         match (value("--role"), value("--dir")) {
             (Some("recv"), Some(dir)) => {
                 let device = value("--device").ok_or(usage)?.parse()?;
-                receiver(&PathBuf::from(dir), device, blocks)
+                receiver(&PathBuf::from(dir), device, blocks, requests)
             }
             (None, None) => {
                 let (s, r) = value("--devices")
                     .unwrap_or("0,1")
                     .split_once(',')
                     .ok_or(usage)?;
-                parent((s.trim().parse()?, r.trim().parse()?), blocks)
+                parent((s.trim().parse()?, r.trim().parse()?), blocks, requests)
             }
             _ => Err(usage.into()),
         }
