@@ -127,10 +127,60 @@ pub unsafe fn update_rows(a: &SlotArgs, g: Group) {
     unsafe { span::by_width!(a.width, rows_body(a, g)) }
 }
 
+/// The per-token loop of the one-row updates ([`rows_body`], [`rows_convert_body`]), over the
+/// tokens of group `$g` (`$a` the [`SlotArgs`]): binds `$from` to the token's source rows (its
+/// K and V parts) and runs the `early` statements (the loads that need only `$from`, issued
+/// before the slot is read so the two latencies overlap; what they bind stays in scope); then
+/// a negative slot is skipped, one past the cache counted (by lane 0, `err::BAD_SLOT`), and
+/// for an in-range slot `$to` is bound to the row's K and V parts at the slot (the same offset
+/// of both caches) and the `store` block runs.
+///
+/// A macro, not a function taking the two steps as closures, so that it expands in place: the
+/// closures' calls (returning the loaded round by value) changed the generated PTX of both
+/// entry points. Only for use inside an `unsafe fn` whose contract includes [`update_slots`]'s
+/// with `rows`; `early` and `store` may access `$from` and `$to` as far as the host validated
+/// a row (`chunk_bytes` of K, `chunk_bytes_v` of V).
+macro_rules! for_each_row {
+    ($a:ident, $g:ident, |$from:ident| { $($early:tt)* }, |$to:ident| $store:block) => {{
+        let mut tok = $g.first;
+        while tok < $a.num_tokens {
+            // SAFETY: tok < num_tokens: both parts' rows lie in the (host-validated) sources.
+            let $from = unsafe {
+                [
+                    $a.src_k.add((tok * $a.src_token_stride) as usize),
+                    $a.src_v.add((tok * $a.src_token_stride_v) as usize),
+                ]
+            };
+            $($early)*
+            // SAFETY: tok < num_tokens, the length of the slot array.
+            let slot = unsafe { slot_of($a, tok) };
+            match index::slot_target(slot, $a.block_size, $a.num_blocks) {
+                SlotTarget::Skip => {}
+                SlotTarget::OutOfRange => {
+                    if $g.lane == 0 {
+                        // SAFETY: see count_error.
+                        unsafe { count_error($a.errors, err::BAD_SLOT) };
+                    }
+                }
+                SlotTarget::At { block, offset } => {
+                    let at =
+                        (block * $a.dst_block_stride + offset * $a.dst_token_stride) as usize;
+                    // SAFETY: block < num_blocks, offset < block_size: the host checked that
+                    // the row (both parts, at the same offset of their caches) lies in the
+                    // cache.
+                    let $to = unsafe { [$a.dst_k.add(at), $a.dst_v.add(at)] };
+                    $store
+                }
+            }
+            tok += $g.step;
+        }
+    }};
+}
+
 /// The copying update of one-row items (`a.rows`: an MLA row, latent part `K` then rope part
-/// `V`, one head), with accesses of `T`: a group copies a token's two spans together, in one
-/// round of loads when both fit ([`load_round`]: issued before the slot is read, so the two
-/// latencies overlap), else round by round once the slot is known.
+/// `V`, one head), with accesses of `T`, through [`for_each_row`]: a group copies a token's two
+/// spans together, in one round of loads when both fit ([`load_round`]: issued before the slot
+/// is read, so the two latencies overlap), else round by round once the slot is known.
 ///
 /// # Safety
 /// As [`update_slots`], with every address, stride and chunk a multiple of `size_of::<T>()`.
@@ -146,53 +196,35 @@ unsafe fn rows_body<T: Unit>(a: &SlotArgs, g: Group) {
     // A whole row in one round (the lanes the host gives a row of 16-byte units): loaded before
     // the slot is read, so the two latencies overlap. Narrower rows go round by round.
     let one_round = most <= BATCH_UNITS * lanes;
-    let mut tok = g.first;
-    while tok < a.num_tokens {
-        // SAFETY: tok < num_tokens: both parts' rows lie in the (host-validated) sources.
-        let from = unsafe {
-            [
-                a.src_k.add((tok * a.src_token_stride) as usize),
-                a.src_v.add((tok * a.src_token_stride_v) as usize),
-            ]
-        };
-        let held = if one_round {
-            // SAFETY: as above, `units` values of T per part, aligned for T.
-            unsafe { load_round::<T, 2, P, true>(&from, &live, |k| units[k], lane, lanes) }
-        } else {
-            [[T::ZERO; P]; 2]
-        };
-        // SAFETY: tok < num_tokens, the length of the slot array.
-        let slot = unsafe { slot_of(a, tok) };
-        match index::slot_target(slot, a.block_size, a.num_blocks) {
-            SlotTarget::Skip => {}
-            SlotTarget::OutOfRange => {
-                if g.lane == 0 {
-                    // SAFETY: see count_error.
-                    unsafe { count_error(a.errors, err::BAD_SLOT) };
-                }
-            }
-            SlotTarget::At { block, offset } => {
-                let at = (block * a.dst_block_stride + offset * a.dst_token_stride) as usize;
-                // SAFETY: block < num_blocks, offset < block_size: the host checked that the
-                // row (both parts, at the same offset of their caches) lies in the cache.
-                unsafe {
-                    let to = [a.dst_k.add(at), a.dst_v.add(at)];
-                    if one_round {
-                        store_round::<T, 2, P>(&to, &live, |k| units[k], lane, lanes, &held);
-                    } else {
-                        let mut u = lane;
-                        while u < most {
-                            let v =
-                                load_round::<T, 2, P, false>(&from, &live, |k| units[k], u, lanes);
-                            store_round::<T, 2, P>(&to, &live, |k| units[k], u, lanes, &v);
-                            u += BATCH_UNITS * lanes;
-                        }
+    for_each_row!(
+        a,
+        g,
+        |from| {
+            let held = if one_round {
+                // SAFETY: `from` is a token's row ([`for_each_row`]): `units` values of T per
+                // part, aligned for T.
+                unsafe { load_round::<T, 2, P, true>(&from, &live, |k| units[k], lane, lanes) }
+            } else {
+                [[T::ZERO; P]; 2]
+            };
+        },
+        |to| {
+            // SAFETY: `from` and `to` are the token's row in the sources and at its slot in the
+            // caches ([`for_each_row`]): `units` values of T per part, aligned for T.
+            unsafe {
+                if one_round {
+                    store_round::<T, 2, P>(&to, &live, |k| units[k], lane, lanes, &held);
+                } else {
+                    let mut u = lane;
+                    while u < most {
+                        let v = load_round::<T, 2, P, false>(&from, &live, |k| units[k], u, lanes);
+                        store_round::<T, 2, P>(&to, &live, |k| units[k], u, lanes, &v);
+                        u += BATCH_UNITS * lanes;
                     }
                 }
             }
         }
-        tok += g.step;
-    }
+    );
 }
 
 /// [`update_slots`] for converting updates (`a.convert` set) of separate K and V items:
@@ -229,14 +261,14 @@ pub unsafe fn update_rows_convert(a: &SlotArgs, g: Group) {
 }
 
 /// The converting update of one-row items for conversion `C` ([`update_rows_convert`]): as
-/// [`rows_body`], a group loads a token's two parts together, `P` vector units (loaded as `U`)
-/// of each part per lane in one round ([`load_round`]), issued with the scale's load before
-/// the slot is read so the latencies overlap, then converts and stores them
-/// ([`span::store_round_map`] through [`convert::unit`]). A row whose larger part has more
-/// than `P * lanes` units continues round by round once the slot is known, through the same
-/// (single) copy of the round's conversion code: each copy converts `2 * P` units, inlined,
-/// and this entry holds one per conversion, so a second copy for wide rows would double it.
-/// A row without the vector alignment (`width` 1) goes element by element
+/// [`rows_body`] (through [`for_each_row`]), a group loads a token's two parts together, `P`
+/// vector units (loaded as `U`) of each part per lane in one round ([`load_round`]), issued
+/// with the scale's load before the slot is read so the latencies overlap, then converts and
+/// stores them ([`span::store_round_map`] through [`convert::unit`]). A row whose larger part
+/// has more than `P * lanes` units continues round by round once the slot is known, through
+/// the same (single) copy of the round's conversion code: each copy converts `2 * P` units,
+/// inlined, and this entry holds one per conversion, so a second copy for wide rows would
+/// double it. A row without the vector alignment (`width` 1) goes element by element
 /// ([`Span::convert_scalar`]).
 ///
 /// # Safety
@@ -256,68 +288,50 @@ unsafe fn rows_convert_body<const C: u32, U: convert::Loaded, const P: usize>(
     let (lane, lanes) = (g.lane as u32, g.lanes as u32);
     let live = [true; 2];
     let one_round = vec && most <= P as u32 * lanes;
-    let mut tok = g.first;
-    while tok < a.num_tokens {
-        // SAFETY: tok < num_tokens: both parts' rows lie in the (host-validated) sources.
-        let from = unsafe {
-            [
-                a.src_k.add((tok * a.src_token_stride) as usize),
-                a.src_v.add((tok * a.src_token_stride_v) as usize),
-            ]
-        };
-        // The first round (the whole row where `one_round`).
-        let held = if vec {
-            // SAFETY: `vec`: `units` vector units per part, 16-byte aligned (host-checked).
-            unsafe { load_round::<U, 2, P, true>(&from, &live, |k| units[k], lane, lanes) }
-        } else {
-            [[U::ZERO; P]; 2]
-        };
-        // SAFETY: the host checked one per-tensor scale (K's) for the row.
-        let scale = unsafe { *a.k_scale };
-        // SAFETY: tok < num_tokens, the length of the slot array.
-        let slot = unsafe { slot_of(a, tok) };
-        match index::slot_target(slot, a.block_size, a.num_blocks) {
-            SlotTarget::Skip => {}
-            SlotTarget::OutOfRange => {
-                if g.lane == 0 {
-                    // SAFETY: see count_error.
-                    unsafe { count_error(a.errors, err::BAD_SLOT) };
-                }
-            }
-            SlotTarget::At { block, offset } => {
-                let at = (block * a.dst_block_stride + offset * a.dst_token_stride) as usize;
-                // SAFETY: block < num_blocks, offset < block_size: the host checked that the
-                // row (both parts, at the same offset of their caches) lies in the cache, with
-                // the vector alignment where `vec` (8 bytes of fp8 per unit); later rounds load
-                // units below `units` of the source rows, as the first.
-                unsafe {
-                    let to = [a.dst_k.add(at), a.dst_v.add(at)];
-                    let div = Divider::new(scale);
-                    let q = |v: &U| convert::unit::<C>(&v.raw(), &div);
-                    if vec {
-                        // Round after round: one copy of the conversion for both kinds of row.
-                        let (mut v, mut u) = (held, lane);
-                        loop {
-                            span::store_round_map(&to, &live, |k| units[k], u, lanes, &v, q);
-                            u += P as u32 * lanes;
-                            if one_round || u >= most {
-                                break;
-                            }
-                            v = load_round::<U, 2, P, false>(&from, &live, |k| units[k], u, lanes);
+    for_each_row!(
+        a,
+        g,
+        |from| {
+            // The first round (the whole row where `one_round`).
+            let held = if vec {
+                // SAFETY: `vec`: `from` is a token's row ([`for_each_row`]), `units` vector units
+                // per part, 16-byte aligned (host-checked).
+                unsafe { load_round::<U, 2, P, true>(&from, &live, |k| units[k], lane, lanes) }
+            } else {
+                [[U::ZERO; P]; 2]
+            };
+            // SAFETY: the host checked one per-tensor scale (K's) for the row.
+            let scale = unsafe { *a.k_scale };
+        },
+        |to| {
+            // SAFETY: `from` and `to` are the token's row in the sources and at its slot in the
+            // caches ([`for_each_row`]), with the vector alignment where `vec` (8 bytes of fp8 per
+            // unit); later rounds load units below `units` of the source rows, as the first.
+            unsafe {
+                let div = Divider::new(scale);
+                let q = |v: &U| convert::unit::<C>(&v.raw(), &div);
+                if vec {
+                    // Round after round: one copy of the conversion for both kinds of row.
+                    let (mut v, mut u) = (held, lane);
+                    loop {
+                        span::store_round_map(&to, &live, |k| units[k], u, lanes, &v, q);
+                        u += P as u32 * lanes;
+                        if one_round || u >= most {
+                            break;
                         }
-                    } else {
-                        let sp = Span {
-                            src: from,
-                            split: units[0],
-                            total: units[0] + units[1],
-                        };
-                        sp.convert_scalar::<C>(to, lane, lanes, scale);
+                        v = load_round::<U, 2, P, false>(&from, &live, |k| units[k], u, lanes);
                     }
+                } else {
+                    let sp = Span {
+                        src: from,
+                        split: units[0],
+                        total: units[0] + units[1],
+                    };
+                    sp.convert_scalar::<C>(to, lane, lanes, scale);
                 }
             }
         }
-        tok += g.step;
-    }
+    );
 }
 
 /// The slot update: plain copies, or (`GENERAL`) K and V of different widths or input
