@@ -25,15 +25,19 @@
 //! # NIXL's libraries: the nixl-cu12 wheel (see .ci/run and the README)
 //! cargo run --release --features nixl --example nixl_peer                    # GPU 0 -> GPU 1
 //! cargo run --release --features nixl --example nixl_peer -- --devices 0,1 --blocks 256
+//! cargo run --release --features nixl --example nixl_peer -- --dram            # no GPU
 //! ```
 //!
 //! `KVIO_NIXL_UCX_PARAMS=key=value,..` sets UCX backend parameters over the plugin's defaults
-//! (which it prints), e.g. `num_threads=4` as vLLM's NixlConnector passes. Without the NIXL
-//! libraries or without the two GPUs it says so and exits normally.
+//! (which it prints), e.g. `num_threads=4` as vLLM's NixlConnector passes. `--dram` runs both
+//! pools in host memory (UCX over TCP on loopback; default 16 blocks, no ceiling): the same
+//! two processes, maps, requests and byte checks with no GPU, as `.ci/run` does. Without the
+//! NIXL libraries, or without the two GPUs (and without `--dram`), it says so and exits
+//! normally.
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use kvio::cust::sys as cu;
@@ -65,6 +69,76 @@ type Res<T> = Result<T, Box<dyn Error>>;
 /// The cross-layer pool of `blocks` 2 MiB blocks over `mem`.
 fn pool<'a, M: PoolMemory<'a>>(mem: M, blocks: usize) -> BlockPool<'a, M::Access> {
     BlockPool::cross_layer_nhd(mem, blocks, LAYERS, BS, HEADS, DIM, ELEM)
+}
+
+/// A process's pool memory: a device allocation on the current context, or a host vector
+/// (`--dram`).
+enum Mem {
+    Gpu { mem: DeviceAlloc, stream: Stream },
+    Host(Vec<u8>),
+}
+
+impl Mem {
+    /// `data` in device memory of the current context, or in host memory (`dram`).
+    fn new(dram: bool, data: Vec<u8>) -> Res<Mem> {
+        if dram {
+            return Ok(Mem::Host(data));
+        }
+        let stream = Stream::new()?;
+        let mut mem = DeviceAlloc::new(data.len())?;
+        mem.write(0, &data, stream.sref())?;
+        stream.synchronize()?;
+        Ok(Mem::Gpu { mem, stream })
+    }
+
+    fn bytes(&self) -> DeviceBytes<'_> {
+        match self {
+            Mem::Gpu { mem, .. } => mem.bytes(),
+            // SAFETY: the vector lives as long as the borrow of `self`.
+            Mem::Host(v) => unsafe { DeviceBytes::from_raw(v.as_ptr() as u64, v.len()) },
+        }
+    }
+
+    fn bytes_mut(&mut self) -> DeviceBytesMut<'_> {
+        match self {
+            Mem::Gpu { mem, .. } => mem.bytes_mut(),
+            // SAFETY: the vector lives as long as the borrow of `self`; NIXL writes it only
+            // while the owner does not touch it (the transfers' contracts).
+            Mem::Host(v) => unsafe { DeviceBytesMut::from_raw(v.as_mut_ptr() as u64, v.len()) },
+        }
+    }
+
+    /// The memory's contents (complete transfers only: the caller's protocol).
+    fn read(&self) -> Res<Vec<u8>> {
+        match self {
+            Mem::Gpu { mem, stream } => {
+                let mut out = vec![0; mem.len()];
+                mem.read(0, &mut out, stream.sref())?;
+                stream.synchronize()?;
+                Ok(out)
+            }
+            Mem::Host(v) => Ok(v.clone()),
+        }
+    }
+
+    /// Overwrites the memory with `data` (of its length).
+    fn fill(&mut self, data: &[u8]) -> Res<()> {
+        match self {
+            Mem::Gpu { mem, stream } => {
+                mem.write(0, data, stream.sref())?;
+                stream.synchronize()?;
+            }
+            Mem::Host(v) => v.copy_from_slice(data),
+        }
+        Ok(())
+    }
+
+    fn memory(&self, blocks: usize) -> Res<Memory> {
+        Ok(match self {
+            Mem::Gpu { .. } => nixl::pool_memory(&pool(self.bytes(), blocks))?,
+            Mem::Host(_) => Memory::Dram,
+        })
+    }
 }
 
 /// The two maps: (name, pairs).
@@ -159,19 +233,47 @@ fn enable_peer(from: &PrimaryContext, to: &PrimaryContext) -> Res<()> {
     Ok(())
 }
 
-fn sender(dir: &Path, devices: (i32, i32), blocks: usize, requests: usize) -> Res<()> {
-    let bytes = blocks * BLOCK;
+/// Both GPUs' primary contexts (the receiver's retained first, the sender's current), or none
+/// (`--dram`).
+fn contexts(dram: bool, devices: (i32, i32)) -> Res<Option<(PrimaryContext, PrimaryContext)>> {
+    if dram {
+        return Ok(None);
+    }
     let peer = PrimaryContext::retain(devices.1)?;
     let ctx = PrimaryContext::retain(devices.0)?;
-    let stream = Stream::new()?;
-    let data = random_bytes(bytes, SEED);
-    let mut mem = DeviceAlloc::new(bytes)?;
-    mem.write(0, &data, stream.sref())?;
-    stream.synchronize()?;
-    drop(data);
+    Ok(Some((ctx, peer)))
+}
+
+/// Waits for `msg` from the receiving process's agent `from`, failing as soon as that
+/// process has ended (its error is on its standard error) or after [`TIMEOUT`].
+fn answer(inbox: &mut Notifications, from: &str, msg: &str, child: &mut Child) -> Res<()> {
+    let start = Instant::now();
+    while !inbox.take(from, msg.as_bytes())? {
+        if let Some(status) = child.try_wait()? {
+            return Err(format!("the receiving process ended ({status}) before \"{msg}\"").into());
+        }
+        if start.elapsed() > TIMEOUT {
+            return Err(format!("no \"{msg}\" from the receiving process in {TIMEOUT:?}").into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
+}
+
+/// The sending process's side (`child`: the receiving process).
+fn sender(dir: &Path, cfg: Cfg, child: &mut Child) -> Res<()> {
+    let Cfg {
+        devices,
+        blocks,
+        requests,
+        dram,
+    } = cfg;
+    let bytes = blocks * BLOCK;
+    let ctxs = contexts(dram, devices)?;
+    let mut mem = Mem::new(dram, random_bytes(bytes, SEED))?;
 
     let a = agent("nixl-peer-send")?;
-    let local = nixl::pool_memory(&pool(mem.bytes(), blocks))?;
+    let local = mem.memory(blocks)?;
     // SAFETY: the pool outlives the registration (dropped at the end of this function) and is
     // only read by the transfers.
     let _reg = unsafe { nixl::register_pool_in(&a, &pool(mem.bytes_mut(), blocks), local)? };
@@ -181,8 +283,9 @@ fn sender(dir: &Path, devices: (i32, i32), blocks: usize, requests: usize) -> Re
     let mut it = info.split_whitespace();
     let ptr: u64 = it.next().ok_or("info")?.parse()?;
     let len: usize = it.next().ok_or("info")?.parse()?;
-    let remote = Memory::Vram {
-        device: it.next().ok_or("info")?.parse()?,
+    let remote = match it.next().ok_or("info")? {
+        "dram" => Memory::Dram,
+        d => Memory::Vram { device: d.parse()? },
     };
     if len != bytes {
         return Err(format!("the receiver's pool is {len} bytes, expected {bytes}").into());
@@ -235,52 +338,66 @@ fn sender(dir: &Path, devices: (i32, i32), blocks: usize, requests: usize) -> Re
             descs = posted.iter().map(nixl::Transfer::descs).sum();
         }
         // The receiver checks every byte, then poisons its pool again.
-        inbox.wait(
-            &remote_name,
-            format!("{name}-checked").as_bytes(),
-            Some(TIMEOUT),
-        )?;
+        answer(&mut inbox, &remote_name, &format!("{name}-checked"), child)?;
         let (med, best) = median_best(&mut secs);
         results.push((name, copies.len(), descs, med, best));
     }
 
-    enable_peer(&ctx, &peer)?;
-    ctx.make_current()?;
-    let gib = 1usize << 30;
-    let (c1_med, c1_best) = peer_ceiling(&ctx, &peer, gib)?;
-    let (cp_med, cp_best) = peer_ceiling(&ctx, &peer, bytes)?;
     let gbps = |b: usize, s: f64| b as f64 / s / 1e9;
-    println!(
-        "nixl_peer: peer-copy ceiling GPU {} -> GPU {}: 1 GiB median {:.1} GB/s (best {:.1}); \
-         {} MiB median {:.1} GB/s (best {:.1})",
-        devices.0,
-        devices.1,
-        gbps(gib, c1_med),
-        gbps(gib, c1_best),
-        bytes >> 20,
-        gbps(bytes, cp_med),
-        gbps(bytes, cp_best)
-    );
-    let mut json = format!(
-        "{{\"blocks\":{blocks},\"block_bytes\":{BLOCK},\"ceiling_1gib_gbps\":{:.2},\
-         \"ceiling_pool_gbps\":{:.2}",
-        gbps(gib, c1_med),
-        gbps(bytes, cp_med)
-    );
+    let gib = 1usize << 30;
+    // The peer-copy ceilings (1 GiB, one pool's bytes), as GB/s; none on host memory.
+    let ceilings = match &ctxs {
+        Some((ctx, peer)) => {
+            enable_peer(ctx, peer)?;
+            ctx.make_current()?;
+            let (c1_med, c1_best) = peer_ceiling(ctx, peer, gib)?;
+            let (cp_med, cp_best) = peer_ceiling(ctx, peer, bytes)?;
+            println!(
+                "nixl_peer: peer-copy ceiling GPU {} -> GPU {}: 1 GiB median {:.1} GB/s \
+                 (best {:.1}); {} MiB median {:.1} GB/s (best {:.1})",
+                devices.0,
+                devices.1,
+                gbps(gib, c1_med),
+                gbps(gib, c1_best),
+                bytes >> 20,
+                gbps(bytes, cp_med),
+                gbps(bytes, cp_best)
+            );
+            Some((gbps(gib, c1_med), gbps(bytes, cp_med)))
+        }
+        None => None,
+    };
+    let mut json = match ceilings {
+        Some((c1, cp)) => format!(
+            "{{\"blocks\":{blocks},\"block_bytes\":{BLOCK},\"ceiling_1gib_gbps\":{c1:.2},\
+             \"ceiling_pool_gbps\":{cp:.2}"
+        ),
+        None => format!(
+            "{{\"blocks\":{blocks},\"block_bytes\":{BLOCK},\"dram\":true,\
+             \"ceiling_1gib_gbps\":null,\"ceiling_pool_gbps\":null"
+        ),
+    };
+    let (from, to) = if dram {
+        ("DRAM".to_string(), "DRAM".to_string())
+    } else {
+        (format!("VRAM {}", devices.0), format!("VRAM {}", devices.1))
+    };
     for (name, reqs, descs, med, best) in &results {
         let g = gbps(bytes, *med);
+        let ratios = match ceilings {
+            Some((c1, cp)) => format!(
+                " = {:.1}% of the 1 GiB ceiling, {:.1}% of the same-size copy",
+                100.0 * g / c1,
+                100.0 * g / cp
+            ),
+            None => String::new(),
+        };
         println!(
             "nixl_peer: {name}: {blocks} blocks of 2 MiB ({} MiB) in {descs} descriptors \
-             ({reqs} requests), \
-             VRAM {} -> VRAM {}: median {:.1} GB/s (best {:.1}) = {:.1}% of the 1 GiB ceiling, \
-             {:.1}% of the same-size copy; every byte checked by the receiver",
+             ({reqs} requests), {from} -> {to}: median {g:.1} GB/s (best {:.1}){ratios}; \
+             every byte checked by the receiver",
             bytes >> 20,
-            devices.0,
-            devices.1,
-            g,
             gbps(bytes, *best),
-            100.0 * g / gbps(gib, c1_med),
-            100.0 * g / gbps(bytes, cp_med)
         );
         json.push_str(&format!(
             ",\"{name}\":{{\"requests\":{reqs},\"descs\":{descs},\"median_gbps\":{g:.2},\
@@ -293,38 +410,49 @@ fn sender(dir: &Path, devices: (i32, i32), blocks: usize, requests: usize) -> Re
     Ok(())
 }
 
-fn receiver(dir: &Path, device: i32, blocks: usize, requests: usize) -> Res<()> {
+fn receiver(dir: &Path, cfg: Cfg) -> Res<()> {
+    let Cfg {
+        devices,
+        blocks,
+        requests,
+        dram,
+    } = cfg;
+    let device = devices.1;
     let bytes = blocks * BLOCK;
-    let _ctx = PrimaryContext::retain(device)?;
-    let stream = Stream::new()?;
-    let mut mem = DeviceAlloc::new(bytes)?;
+    let _ctx = if dram {
+        None
+    } else {
+        Some(PrimaryContext::retain(device)?)
+    };
     let poison = vec![POISON; bytes];
-    mem.write(0, &poison, stream.sref())?;
-    stream.synchronize()?;
+    let mut mem = Mem::new(dram, poison.clone())?;
     let a = agent("nixl-peer-recv")?;
     let view = mem.bytes_mut();
     let (ptr, len) = (view.ptr(), view.len());
-    let local = nixl::pool_memory(&pool(mem.bytes(), blocks))?;
+    let local = mem.memory(blocks)?;
     // SAFETY: the pool outlives the registration; it is read and re-poisoned only between a
     // map's last write (notified) and the answer that lets the sender go on.
     let _reg = unsafe { nixl::register_pool_in(&a, &pool(mem.bytes_mut(), blocks), local)? };
     let mut inbox = Notifications::new(&a);
     publish(dir, "recv.md", &a.get_local_md()?)?;
-    publish(dir, "recv.info", format!("{ptr} {len} {device}").as_bytes())?;
+    let where_ = if dram {
+        "dram".to_string()
+    } else {
+        device.to_string()
+    };
+    publish(dir, "recv.info", format!("{ptr} {len} {where_}").as_bytes())?;
     let remote = a.load_remote_md(&fetch(dir, "send.md", TIMEOUT)?)?;
 
     let src = random_bytes(bytes, SEED);
     // SAFETY: descriptions only, for the reference's byte offsets.
     let image = PoolImage::of(&pool(unsafe { DeviceBytes::from_raw(0, bytes) }, blocks))
         .ok_or("a cross-layer pool has an image")?;
-    let mut got = vec![0u8; bytes];
     for (name, pairs) in maps(blocks) {
         for i in 0..pairs.len().div_ceil(pairs.len().div_ceil(requests)) {
             let tag = format!("{name}-written-{i}");
             inbox.wait(&remote, tag.as_bytes(), Some(TIMEOUT))?;
         }
-        mem.read(0, &mut got, stream.sref())?;
-        stream.synchronize()?;
+        let got = mem.read()?;
         let mut want = poison.clone();
         let c = reference::copy_blocks(&image, &src, &image, &mut want, &pairs);
         if c.bad_blocks != 0 {
@@ -333,9 +461,8 @@ fn receiver(dir: &Path, device: i32, blocks: usize, requests: usize) -> Res<()> 
         if let Some(i) = got.iter().zip(&want).position(|(g, w)| g != w) {
             return Err(format!("{name}: byte {i} (block {}) differs", i / BLOCK).into());
         }
-        println!("nixl_peer receiver: {name}: all {bytes} bytes on GPU {device} match");
-        mem.write(0, &poison, stream.sref())?;
-        stream.synchronize()?;
+        println!("nixl_peer receiver: {name}: all {bytes} bytes of its pool ({local:?}) match");
+        mem.fill(&poison)?;
         nixl::notify(&a, &remote, format!("{name}-checked").as_bytes())?;
     }
     inbox.wait(&remote, b"done", Some(TIMEOUT))?;
@@ -353,12 +480,25 @@ fn device_count() -> Res<i32> {
     Ok(n)
 }
 
-fn parent(devices: (i32, i32), blocks: usize, requests: usize) -> Res<()> {
+/// What both processes run with.
+#[derive(Clone, Copy)]
+struct Cfg {
+    /// (sender's GPU, receiver's GPU).
+    devices: (i32, i32),
+    blocks: usize,
+    requests: usize,
+    /// Host memory pools, no GPU.
+    dram: bool,
+}
+
+fn parent(cfg: Cfg) -> Res<()> {
+    let Cfg { devices, dram, .. } = cfg;
     if !nixl::available() {
         println!("nixl_peer: libnixl_capi.so not found (see .ci/run); nothing to run");
         return Ok(());
     }
     match device_count() {
+        _ if dram => {}
         Ok(n) if n > devices.0.max(devices.1) => {}
         Ok(n) => {
             println!(
@@ -372,29 +512,35 @@ fn parent(devices: (i32, i32), blocks: usize, requests: usize) -> Res<()> {
             return Ok(());
         }
     }
-    for (k, v) in [
-        ("UCX_TLS", "sm,self,tcp,cuda_copy,cuda_ipc"),
-        ("UCX_NET_DEVICES", "lo"),
-    ] {
+    // NIXL refuses a UCX backend without a CUDA transport on a machine with NVIDIA GPUs,
+    // even for host memory.
+    let gpu_host = Path::new("/dev/nvidiactl").exists();
+    let tls = match (dram, gpu_host) {
+        (true, false) => "sm,self,tcp",
+        (true, true) => "sm,self,tcp,cuda_copy",
+        (false, _) => "sm,self,tcp,cuda_copy,cuda_ipc",
+    };
+    for (k, v) in [("UCX_TLS", tls), ("UCX_NET_DEVICES", "lo")] {
         if std::env::var_os(k).is_none() {
             std::env::set_var(k, v);
         }
     }
     let dir = std::env::temp_dir().join(format!("kvio-nixl-peer-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let mut child = Command::new(std::env::current_exe()?)
-        .args(["--role", "recv", "--dir"])
-        .arg(&dir)
-        .args([
-            "--device",
-            &devices.1.to_string(),
-            "--blocks",
-            &blocks.to_string(),
-            "--requests",
-            &requests.to_string(),
-        ])
-        .spawn()?;
-    let mine = sender(&dir, devices, blocks, requests);
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(["--role", "recv", "--dir"]).arg(&dir).args([
+        "--devices",
+        &format!("{},{}", devices.0, devices.1),
+        "--blocks",
+        &cfg.blocks.to_string(),
+        "--requests",
+        &cfg.requests.to_string(),
+    ]);
+    if dram {
+        cmd.arg("--dram");
+    }
+    let mut child = cmd.spawn()?;
+    let mine = sender(&dir, cfg, &mut child);
     if mine.is_err() {
         let _ = child.kill();
     }
@@ -415,9 +561,13 @@ fn main() {
             .and_then(|i| args.get(i + 1))
             .map(String::as_str)
     };
-    let usage = "usage: nixl_peer [--devices S,R] [--blocks N] [--requests K] (--role recv --dir DIR --device R: internal)";
+    let usage = "usage: nixl_peer [--devices S,R | --dram] [--blocks N] [--requests K] \
+                 (--role recv --dir DIR: internal)";
     let run = || -> Res<()> {
-        let blocks: usize = value("--blocks").unwrap_or("256").parse()?;
+        let dram = args.iter().any(|a| a == "--dram");
+        let blocks: usize = value("--blocks")
+            .unwrap_or(if dram { "16" } else { "256" })
+            .parse()?;
         let requests: usize = value("--requests").unwrap_or("1").parse()?;
         if requests == 0 {
             return Err("--requests 0: at least 1".into());
@@ -425,18 +575,19 @@ fn main() {
         if blocks < 2 || blocks.is_multiple_of(7) {
             return Err(format!("--blocks {blocks}: at least 2 and not a multiple of 7").into());
         }
+        let (s, r) = value("--devices")
+            .unwrap_or("0,1")
+            .split_once(',')
+            .ok_or(usage)?;
+        let cfg = Cfg {
+            devices: (s.trim().parse()?, r.trim().parse()?),
+            blocks,
+            requests,
+            dram,
+        };
         match (value("--role"), value("--dir")) {
-            (Some("recv"), Some(dir)) => {
-                let device = value("--device").ok_or(usage)?.parse()?;
-                receiver(&PathBuf::from(dir), device, blocks, requests)
-            }
-            (None, None) => {
-                let (s, r) = value("--devices")
-                    .unwrap_or("0,1")
-                    .split_once(',')
-                    .ok_or(usage)?;
-                parent((s.trim().parse()?, r.trim().parse()?), blocks, requests)
-            }
+            (Some("recv"), Some(dir)) => receiver(&PathBuf::from(dir), cfg),
+            (None, None) => parent(cfg),
             _ => Err(usage.into()),
         }
     };
