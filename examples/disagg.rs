@@ -38,7 +38,7 @@ use kvio::{
     BlockCopy, BlockMap, BlockPool, DeviceAlloc, DeviceBytes, DeviceBytesMut, Kvio, PoolMemory,
     PrimaryContext, SlotMapping, SlotUpdate, Stream, StreamRef, TokenLayout,
 };
-use kvio_suite::nixl::{fetch, publish};
+use kvio_suite::nixl::{fetch, publish, ucx_loopback};
 use kvio_suite::{random_bytes, Rng};
 
 const LAYERS: usize = 4;
@@ -453,19 +453,7 @@ fn parent(dram: bool, devices: (i32, i32)) -> Res<()> {
         );
         return Ok(());
     }
-    // NIXL refuses a UCX backend without a CUDA transport on a machine with NVIDIA GPUs,
-    // even for host memory.
-    let gpu_host = std::path::Path::new("/dev/nvidiactl").exists();
-    let tls = match (dram, gpu_host) {
-        (true, false) => "sm,self,tcp",
-        (true, true) => "sm,self,tcp,cuda_copy",
-        (false, _) => "sm,self,tcp,cuda_copy,cuda_ipc",
-    };
-    for (k, v) in [("UCX_TLS", tls), ("UCX_NET_DEVICES", "lo")] {
-        if std::env::var_os(k).is_none() {
-            std::env::set_var(k, v);
-        }
-    }
+    ucx_loopback(!dram);
     let dir = std::env::temp_dir().join(format!("kvio-disagg-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let mut cmd = Command::new(std::env::current_exe()?);

@@ -48,7 +48,7 @@ use kvio::{
     BlockCopy, BlockMap, BlockPool, DeviceAlloc, DeviceBytes, DeviceBytesMut, Event, PoolMemory,
     PrimaryContext, Stream,
 };
-use kvio_suite::nixl::{fetch, publish};
+use kvio_suite::nixl::{fetch, publish, ucx_loopback};
 use kvio_suite::random_bytes;
 
 const LAYERS: usize = 32;
@@ -262,12 +262,7 @@ fn answer(inbox: &mut Notifications, from: &str, msg: &str, child: &mut Child) -
 
 /// The sending process's side (`child`: the receiving process).
 fn sender(dir: &Path, cfg: Cfg, child: &mut Child) -> Res<()> {
-    let Cfg {
-        devices,
-        blocks,
-        requests,
-        dram,
-    } = cfg;
+    let (devices, blocks, requests, dram) = (cfg.devices, cfg.blocks, cfg.requests, cfg.dram);
     let bytes = blocks * BLOCK;
     let ctxs = contexts(dram, devices)?;
     let mut mem = Mem::new(dram, random_bytes(bytes, SEED))?;
@@ -411,13 +406,7 @@ fn sender(dir: &Path, cfg: Cfg, child: &mut Child) -> Res<()> {
 }
 
 fn receiver(dir: &Path, cfg: Cfg) -> Res<()> {
-    let Cfg {
-        devices,
-        blocks,
-        requests,
-        dram,
-    } = cfg;
-    let device = devices.1;
+    let (device, blocks, requests, dram) = (cfg.devices.1, cfg.blocks, cfg.requests, cfg.dram);
     let bytes = blocks * BLOCK;
     let _ctx = if dram {
         None
@@ -512,19 +501,7 @@ fn parent(cfg: Cfg) -> Res<()> {
             return Ok(());
         }
     }
-    // NIXL refuses a UCX backend without a CUDA transport on a machine with NVIDIA GPUs,
-    // even for host memory.
-    let gpu_host = Path::new("/dev/nvidiactl").exists();
-    let tls = match (dram, gpu_host) {
-        (true, false) => "sm,self,tcp",
-        (true, true) => "sm,self,tcp,cuda_copy",
-        (false, _) => "sm,self,tcp,cuda_copy,cuda_ipc",
-    };
-    for (k, v) in [("UCX_TLS", tls), ("UCX_NET_DEVICES", "lo")] {
-        if std::env::var_os(k).is_none() {
-            std::env::set_var(k, v);
-        }
-    }
+    ucx_loopback(!dram);
     let dir = std::env::temp_dir().join(format!("kvio-nixl-peer-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let mut cmd = Command::new(std::env::current_exe()?);

@@ -23,6 +23,7 @@ use kvio::nixl::nixl_sys::{Agent, XferOp};
 use kvio::nixl::{self, Registration};
 use kvio::reference::{self, PoolImage};
 use kvio::{BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceBytesMut, PagedLayout, Writable};
+use kvio_suite::nixl::ucx_loopback;
 use kvio_suite::{random_bytes, Rng};
 
 const REPS: usize = 5;
@@ -202,18 +203,7 @@ fn main() -> Res<()> {
         println!("nixl_plans: libnixl_capi.so not found (see .ci/run); nothing to measure");
         return Ok(());
     }
-    // NIXL refuses a UCX backend without a CUDA transport on a machine with NVIDIA GPUs,
-    // even for host memory.
-    let tls = if std::path::Path::new("/dev/nvidiactl").exists() {
-        "sm,self,tcp,cuda_copy"
-    } else {
-        "sm,self,tcp"
-    };
-    for (k, v) in [("UCX_TLS", tls), ("UCX_NET_DEVICES", "lo")] {
-        if std::env::var_os(k).is_none() {
-            std::env::set_var(k, v);
-        }
-    }
+    ucx_loopback(false);
     let base = Geo {
         blocks: 128,
         layers: 32,

@@ -720,6 +720,25 @@ pub mod nixl {
         }
     }
 
+    /// Keeps UCX on this host for the two-process examples unless the caller chose: shared
+    /// memory, self and TCP on `lo`, plus `cuda_copy` on a machine with NVIDIA GPUs (NIXL
+    /// refuses a UCX backend without a CUDA transport there, even for host memory) and
+    /// `cuda_ipc` where the pools are device memory (`device_memory`). Call before the first
+    /// agent exists, on one thread.
+    pub fn ucx_loopback(device_memory: bool) {
+        let gpu_host = std::path::Path::new("/dev/nvidiactl").exists();
+        let tls = match (device_memory, gpu_host) {
+            (false, false) => "sm,self,tcp",
+            (false, true) => "sm,self,tcp,cuda_copy",
+            (true, _) => "sm,self,tcp,cuda_copy,cuda_ipc",
+        };
+        for (k, v) in [("UCX_TLS", tls), ("UCX_NET_DEVICES", "lo")] {
+            if std::env::var_os(k).is_none() {
+                std::env::set_var(k, v);
+            }
+        }
+    }
+
     /// Pairs in runs of consecutive ids (1 to 4 long, shuffled), one in 8 padding: every block of
     /// `dst_blocks` written once, sources random.
     pub fn run_pairs(src_blocks: usize, dst_blocks: usize, rng: &mut crate::Rng) -> Vec<[i64; 2]> {
