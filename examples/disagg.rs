@@ -38,7 +38,7 @@ use kvio::{
     BlockCopy, BlockMap, BlockPool, DeviceAlloc, DeviceBytes, DeviceBytesMut, Kvio, PoolMemory,
     PrimaryContext, SlotMapping, SlotUpdate, Stream, StreamRef, TokenLayout,
 };
-use kvio_suite::nixl::{fetch, publish, ucx_loopback};
+use kvio_suite::nixl::{fetch, publish, run_pair, ucx_loopback};
 use kvio_suite::{random_bytes, Rng};
 
 const LAYERS: usize = 4;
@@ -462,16 +462,5 @@ fn parent(dram: bool, devices: (i32, i32)) -> Res<()> {
     if dram {
         cmd.arg("--dram");
     }
-    let mut child = cmd.spawn()?;
-    let mine = prefill(&dir, dram, devices.0);
-    if mine.is_err() {
-        let _ = child.kill();
-    }
-    let status = child.wait()?;
-    let _ = std::fs::remove_dir_all(&dir);
-    mine?;
-    if !status.success() {
-        return Err(format!("the decode process failed ({status})").into());
-    }
-    Ok(())
+    run_pair(&dir, &mut cmd, "decode", |_| prefill(&dir, dram, devices.0))
 }

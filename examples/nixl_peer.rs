@@ -48,7 +48,7 @@ use kvio::{
     BlockCopy, BlockMap, BlockPool, DeviceAlloc, DeviceBytes, DeviceBytesMut, Event, PoolMemory,
     PrimaryContext, Stream,
 };
-use kvio_suite::nixl::{fetch, publish, ucx_loopback};
+use kvio_suite::nixl::{fetch, publish, run_pair, ucx_loopback};
 use kvio_suite::random_bytes;
 
 const LAYERS: usize = 32;
@@ -516,18 +516,9 @@ fn parent(cfg: Cfg) -> Res<()> {
     if dram {
         cmd.arg("--dram");
     }
-    let mut child = cmd.spawn()?;
-    let mine = sender(&dir, cfg, &mut child);
-    if mine.is_err() {
-        let _ = child.kill();
-    }
-    let status = child.wait()?;
-    let _ = std::fs::remove_dir_all(&dir);
-    mine?;
-    if !status.success() {
-        return Err(format!("the receiving process failed ({status})").into());
-    }
-    Ok(())
+    run_pair(&dir, &mut cmd, "receiving", |child| {
+        sender(&dir, cfg, child)
+    })
 }
 
 fn main() {

@@ -720,6 +720,29 @@ pub mod nixl {
         }
     }
 
+    /// Runs `cmd` (the other process of a two-process example, named `other` in errors) beside
+    /// `mine` (this process's side, given that process): kills it when `mine` fails, waits for
+    /// it, removes the side-channel folder `dir`, and fails when either side failed.
+    pub fn run_pair<E: From<std::io::Error> + From<String>>(
+        dir: &std::path::Path,
+        cmd: &mut std::process::Command,
+        other: &str,
+        mine: impl FnOnce(&mut std::process::Child) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut child = cmd.spawn()?;
+        let result = mine(&mut child);
+        if result.is_err() {
+            let _ = child.kill();
+        }
+        let status = child.wait()?;
+        let _ = std::fs::remove_dir_all(dir);
+        result?;
+        if !status.success() {
+            return Err(format!("the {other} process failed ({status})").into());
+        }
+        Ok(())
+    }
+
     /// Keeps UCX on this host for the two-process examples unless the caller chose: shared
     /// memory, self and TCP on `lo`, plus `cuda_copy` on a machine with NVIDIA GPUs (NIXL
     /// refuses a UCX backend without a CUDA transport there, even for host memory) and
