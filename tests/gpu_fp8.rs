@@ -235,7 +235,7 @@ struct QCase {
     cache: PagedLayout,
 }
 
-/// A case of `t` tokens.
+/// A case of `t` tokens of 4 heads.
 #[allow(clippy::too_many_arguments)]
 fn qcase(
     t: usize,
@@ -247,7 +247,23 @@ fn qcase(
     d: usize,
     seed: u64,
 ) -> QCase {
-    let (h, nb) = (4, (2 * t).max(256).div_ceil(bs));
+    qcase_h(t, 4, src, fp8, per_head, hnd, bs, d, seed)
+}
+
+/// A case of `t` tokens of `h` heads.
+#[allow(clippy::too_many_arguments)]
+fn qcase_h(
+    t: usize,
+    h: usize,
+    src: SrcType,
+    fp8: Fp8,
+    per_head: bool,
+    hnd: bool,
+    bs: usize,
+    d: usize,
+    seed: u64,
+) -> QCase {
+    let nb = (2 * t).max(256).div_ceil(bs);
     let mut rng = Rng::new(seed);
     let input = TokenLayout::contiguous(t, h, d, src.bytes());
     let cache = if hnd {
@@ -409,6 +425,32 @@ fn qcases(full: bool) -> Vec<QCase> {
 #[test]
 fn emulated_quantized_slot_updates_match_reference() {
     emulate_slot_cases(&qcases(false));
+}
+
+proptest::proptest! {
+    // `PROPTEST_CASES` cases (default 96); failures are kept in proptest-regressions/.
+    #![proptest_config(proptest::test_runner::Config::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(96)
+    ))]
+
+    /// Random quantizing slot updates in emulation: any source type, fp8 format and scale
+    /// kind, either cache order, 1 to 6 heads of 1 to 160 elements (vector units and
+    /// element-wise spans), any page size listed, 1 to 160 tokens with skipped and
+    /// out-of-range slots, inputs with every class of value; bit-exact against the reference.
+    #[test]
+    fn quantized_slot_updates_emulated_property(
+        t in 1usize..160,
+        h in 1usize..=6,
+        d in 1usize..=160,
+        bs in proptest::sample::select(vec![1usize, 2, 3, 5, 8, 16, 32, 128]),
+        src in proptest::sample::select(vec![SrcType::Bf16, SrcType::F16, SrcType::F32]),
+        fp8 in proptest::sample::select(vec![Fp8::E4m3, Fp8::E5m2]),
+        per_head: bool,
+        hnd: bool,
+        seed: u64,
+    ) {
+        emulate_slot_cases(&[qcase_h(t, h, src, fp8, per_head, hnd, bs, d, seed)]);
+    }
 }
 
 /// The same on the GPU (sm_90: the hardware conversion), every case, with the error word.

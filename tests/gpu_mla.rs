@@ -268,24 +268,58 @@ fn host<T>(v: &[T]) -> DeviceBytes<'_> {
     unsafe { DeviceBytes::from_raw(v.as_ptr() as u64, std::mem::size_of_val(v)) }
 }
 
+/// Runs `c`'s planned launches on the CPU and compares the cache with the reference's.
+fn emulate_case(c: &Case) {
+    let mut cache = c.poison.clone();
+    let scale = [c.scale];
+    // SAFETY: host memory, ours for the call.
+    let dst = unsafe { DeviceBytesMut::from_raw(cache.as_mut_ptr() as u64, cache.len()) };
+    let op = c.op(
+        host(&c.input),
+        host(&c.k_pe_separate),
+        dst,
+        host(&c.slots),
+        host(&scale),
+    );
+    // SAFETY: every view is live host memory of its length.
+    unsafe { kvio::emulate::update_mla(&op) }.unwrap_or_else(|e| panic!("{}: {e}", c.name));
+    assert_same(&c.name, &cache, &c.expected());
+}
+
 /// The planned launches executed on the CPU, every format, page size and input form.
 #[test]
 fn emulated_mla_writes_match_reference() {
     for c in cases(false) {
-        let mut cache = c.poison.clone();
-        let scale = [c.scale];
-        // SAFETY: host memory, ours for the call.
-        let dst = unsafe { DeviceBytesMut::from_raw(cache.as_mut_ptr() as u64, cache.len()) };
-        let op = c.op(
-            host(&c.input),
-            host(&c.k_pe_separate),
-            dst,
-            host(&c.slots),
-            host(&scale),
-        );
-        // SAFETY: every view is live host memory of its length.
-        unsafe { kvio::emulate::update_mla(&op) }.unwrap_or_else(|e| panic!("{}: {e}", c.name));
-        assert_same(&c.name, &cache, &c.expected());
+        emulate_case(&c);
+    }
+}
+
+proptest::proptest! {
+    // `PROPTEST_CASES` cases (default 96); failures are kept in proptest-regressions/.
+    #![proptest_config(proptest::test_runner::Config::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(96)
+    ))]
+
+    /// Random MLA writes in emulation: bf16 rows copied, or bf16/f16/f32 rows quantized to
+    /// either fp8 format; latent parts of 1 to 600 and rope parts of 1 to 80 elements; input
+    /// rows padded by 0 to 9 elements (aligned or not), fused or separate; any page size
+    /// listed; 1 to 120 tokens with skipped and out-of-range slots; bit-exact against the
+    /// reference.
+    #[test]
+    fn mla_writes_emulated_property(
+        fp8 in proptest::sample::select(vec![None, Some(Fp8::E4m3), Some(Fp8::E5m2)]),
+        src in proptest::sample::select(vec![SrcType::Bf16, SrcType::F16, SrcType::F32]),
+        lora in 1usize..=600,
+        rope in 1usize..=80,
+        bs in proptest::sample::select(vec![1usize, 2, 3, 16, 64, 128]),
+        t in 1usize..120,
+        fused: bool,
+        pad in 0usize..=9,
+        seed: u64,
+    ) {
+        // Copies keep the bf16 element size; only quantizing writes take other sources.
+        let src = if fp8.is_some() { src } else { SrcType::Bf16 };
+        emulate_case(&shaped_case(fp8, (src, lora, rope), bs, t, fused, pad, seed));
     }
 }
 

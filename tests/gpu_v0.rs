@@ -40,8 +40,13 @@ struct Case {
     value_layout: PagedLayout,
 }
 
+/// A case of 4 heads.
 fn case(format: Format, bs: usize, d: usize, t: usize, mode: Slots, seed: u64) -> Case {
-    let h = 4;
+    case_h(format, bs, 4, d, t, mode, seed)
+}
+
+/// A case of `h` heads of `d` elements (a multiple of the key layout's `x`).
+fn case_h(format: Format, bs: usize, h: usize, d: usize, t: usize, mode: Slots, seed: u64) -> Case {
     let nb = (2 * t).max(64).div_ceil(bs) + 1;
     let mut rng = Rng::new(seed);
     let (ie, e) = match format {
@@ -102,7 +107,7 @@ fn case(format: Format, bs: usize, d: usize, t: usize, mode: Slots, seed: u64) -
     let ext = key_layout.extent("k").unwrap() as usize;
     Case {
         data: SlotData {
-            name: format!("{format:?} bs={bs} D={d} T={t} {mode:?}"),
+            name: format!("{format:?} bs={bs} H={h} D={d} T={t} {mode:?}"),
             input,
             keys,
             values,
@@ -288,6 +293,45 @@ fn v0_descriptors_match_vllm_formulas() {
 #[test]
 fn emulated_v0_updates_match_reference() {
     emulate_slot_cases(&cases(false));
+}
+
+proptest::proptest! {
+    // `PROPTEST_CASES` cases (default 96); failures are kept in proptest-regressions/.
+    #![proptest_config(proptest::test_runner::Config::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(96)
+    ))]
+
+    /// Random v0 slot updates in emulation: every format (copies of 1, 2 and 4-byte elements,
+    /// quantizing from each source type), 1 to 6 heads of 1 to 20 times `max(x, 8)` elements,
+    /// any page size listed, decode sizes (one token per thread) and, one case in five,
+    /// prefill sizes (tiles of eight tokens), scattered or page-filling slots with skipped and
+    /// out-of-range ones; bit-exact against the reference.
+    #[test]
+    fn v0_updates_emulated_property(
+        format in proptest::sample::select(vec![
+            Format::Copy(1),
+            Format::Copy(2),
+            Format::Copy(4),
+            Format::Quant(SrcType::Bf16, Fp8::E4m3, false),
+            Format::Quant(SrcType::F16, Fp8::E5m2, true),
+            Format::Quant(SrcType::F32, Fp8::E4m3, true),
+        ]),
+        bs in proptest::sample::select(vec![1usize, 2, 5, 8, 16, 32, 128]),
+        h in 1usize..=6,
+        pieces in 1usize..=20,
+        t in proptest::prop_oneof![4 => 1usize..80, 1 => 1024usize..1100],
+        pages: bool,
+        seed: u64,
+    ) {
+        let e = match format {
+            Format::Copy(e) => e,
+            Format::Quant(..) => 1,
+        };
+        let mode = if pages { Slots::Pages } else { Slots::Random };
+        // `D` a multiple of `x = 16 / e` and of 8 (the README's constraint for v0 updates).
+        let d = pieces * (16 / e).max(8);
+        emulate_slot_cases(&[case_h(format, bs, h, d, t, mode, seed)]);
+    }
 }
 
 /// The same on the GPU, every case, with the error word.
