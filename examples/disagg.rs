@@ -356,6 +356,7 @@ fn decode(dir: &Path, dram: bool, device: i32) -> Res<()> {
     let mem_word = match mem {
         Memory::Dram => "dram".to_string(),
         Memory::Vram { device } => device.to_string(),
+        other => return Err(format!("a cache in {other:?}: neither DRAM nor VRAM").into()),
     };
     let ids: Vec<String> = blocks[..blocks_for(PROMPT)]
         .iter()

@@ -357,6 +357,9 @@ unsafe impl Sync for PinnedHost {}
 /// assert_eq!(memory_kind(dev.bytes().ptr()), MemoryKind::Device);
 /// # Ok(()) }
 /// ```
+///
+/// Non-exhaustive: later kvio versions may tell more kinds apart (match with a wildcard arm).
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MemoryKind {
     /// Device memory.

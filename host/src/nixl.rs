@@ -216,6 +216,10 @@ fn nixl_err(op: &'static str) -> impl FnOnce(NixlError) -> Error {
 /// Where memory lives, as NIXL registers and addresses it: host memory (`DRAM`, pageable or
 /// pinned) or the memory of one CUDA device (`VRAM`, with the device's ordinal as NIXL's
 /// device id, the id vLLM's `NixlConnector` and Dynamo register GPU caches with).
+///
+/// Non-exhaustive: NIXL has more segment kinds (files, blocks, objects) that kvio may address
+/// later (match with a wildcard arm).
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Memory {
     /// Host memory: a [`crate::PinnedHost`] pool, or any host allocation.

@@ -44,6 +44,9 @@ pub const KERNELS: &[&str] = &[
 /// assert_eq!(Arch::for_compute_capability(8, 6), Some(Arch::Sm80)); // A10, RTX 30xx
 /// assert_eq!(Arch::for_compute_capability(7, 5), None);
 /// ```
+///
+/// Non-exhaustive: later kvio versions may add PTX builds (match with a wildcard arm).
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
     /// `sm_80`.

@@ -68,6 +68,9 @@ pub const DMA_MIN_SPAN_BATCHED: usize = 64 << 10;
 /// assert!(layer_page_16 < DMA_MIN_SPAN); // the kernel backend
 /// # let _ = Backend::Auto;
 /// ```
+///
+/// Non-exhaustive: later kvio versions may add backends (match with a wildcard arm).
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
     /// The kernel, except DMA for host transfers with contiguous spans of at least
