@@ -235,24 +235,9 @@ struct QCase {
     cache: PagedLayout,
 }
 
-/// A case of `t` tokens of 4 heads.
-#[allow(clippy::too_many_arguments)]
-fn qcase(
-    t: usize,
-    src: SrcType,
-    fp8: Fp8,
-    per_head: bool,
-    hnd: bool,
-    bs: usize,
-    d: usize,
-    seed: u64,
-) -> QCase {
-    qcase_h(t, 4, src, fp8, per_head, hnd, bs, d, seed)
-}
-
 /// A case of `t` tokens of `h` heads.
 #[allow(clippy::too_many_arguments)]
-fn qcase_h(
+fn qcase(
     t: usize,
     h: usize,
     src: SrcType,
@@ -394,7 +379,7 @@ fn qcases(full: bool) -> Vec<QCase> {
                     (true, 16, 20),
                 ] {
                     if full || (bs, d) != (128, 256) {
-                        v.push(qcase(37, src, fp8, per_head, hnd, bs, d, seed));
+                        v.push(qcase(37, 4, src, fp8, per_head, hnd, bs, d, seed));
                     }
                     seed += 1;
                 }
@@ -405,12 +390,12 @@ fn qcases(full: bool) -> Vec<QCase> {
                         (false, 16, 256),
                         (true, 128, 256),
                     ] {
-                        v.push(qcase(37, src, fp8, per_head, hnd, bs, d, seed));
+                        v.push(qcase(37, 4, src, fp8, per_head, hnd, bs, d, seed));
                         seed += 1;
                     }
                     // Prefill size: more work than the resident grid at one unit per lane
                     // (the streaming regime, several units per lane).
-                    v.push(qcase(4000, src, fp8, per_head, false, 16, 128, seed));
+                    v.push(qcase(4000, 4, src, fp8, per_head, false, 16, 128, seed));
                     seed += 1;
                 }
             }
@@ -449,7 +434,7 @@ proptest::proptest! {
         hnd: bool,
         seed: u64,
     ) {
-        emulate_slot_cases(&[qcase_h(t, h, src, fp8, per_head, hnd, bs, d, seed)]);
+        emulate_slot_cases(&[qcase(t, h, src, fp8, per_head, hnd, bs, d, seed)]);
     }
 }
 
@@ -466,7 +451,7 @@ fn gpu_quantized_slot_updates_match_reference() {
 /// Bad quantization arguments are refused before launch, typed.
 #[test]
 fn quantize_arguments_are_checked() {
-    let c = qcase(37, SrcType::Bf16, Fp8::E4m3, true, false, 16, 128, 99);
+    let c = qcase(37, 4, SrcType::Bf16, Fp8::E4m3, true, false, 16, 128, 99);
     let d = &c.data;
     let mut caches = d.poison.clone();
     // SAFETY: host memory; validation refuses every op below before touching it.
