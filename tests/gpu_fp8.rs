@@ -414,9 +414,7 @@ fn emulated_quantized_slot_updates_match_reference() {
 
 proptest::proptest! {
     // `PROPTEST_CASES` cases (default 96); failures are kept in proptest-regressions/.
-    #![proptest_config(proptest::test_runner::Config::with_cases(
-        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(96)
-    ))]
+    #![proptest_config(proptest::test_runner::Config::with_cases(kvio_suite::proptest_cases(96)))]
 
     /// Random quantizing slot updates in emulation: any source type, fp8 format and scale
     /// kind, either cache order, 1 to 6 heads of 1 to 160 elements (vector units and

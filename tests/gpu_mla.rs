@@ -296,9 +296,7 @@ fn emulated_mla_writes_match_reference() {
 
 proptest::proptest! {
     // `PROPTEST_CASES` cases (default 96); failures are kept in proptest-regressions/.
-    #![proptest_config(proptest::test_runner::Config::with_cases(
-        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(96)
-    ))]
+    #![proptest_config(proptest::test_runner::Config::with_cases(kvio_suite::proptest_cases(96)))]
 
     /// Random MLA writes in emulation: bf16 rows copied, or bf16/f16/f32 rows quantized to
     /// either fp8 format; latent parts of 1 to 600 and rope parts of 1 to 80 elements; input

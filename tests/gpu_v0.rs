@@ -211,22 +211,25 @@ impl SlotCase for Case {
     }
 }
 
+/// The formats the tests cover: copies of 2, 4 and 1-byte elements, and quantizing from each
+/// source type to both fp8 formats with either scale kind.
+const FORMATS: [Format; 7] = [
+    Format::Copy(2),
+    Format::Copy(4),
+    Format::Copy(1),
+    Format::Quant(SrcType::Bf16, Fp8::E4m3, false),
+    Format::Quant(SrcType::Bf16, Fp8::E5m2, true),
+    Format::Quant(SrcType::F16, Fp8::E4m3, true),
+    Format::Quant(SrcType::F32, Fp8::E5m2, false),
+];
+
 /// Every format × page size (1, 16, 128, and 8 and 32) × head dim (64, 128, 256), decode and
 /// prefill sizes (one token per thread below 1,024 tokens, tiles of eight from there),
 /// scattered and page-filling slots; `full` adds the larger and rarer ones.
 fn cases(full: bool) -> Vec<Case> {
-    let formats = [
-        Format::Copy(2),
-        Format::Copy(4),
-        Format::Copy(1),
-        Format::Quant(SrcType::Bf16, Fp8::E4m3, false),
-        Format::Quant(SrcType::Bf16, Fp8::E5m2, true),
-        Format::Quant(SrcType::F16, Fp8::E4m3, true),
-        Format::Quant(SrcType::F32, Fp8::E5m2, false),
-    ];
     let mut v = Vec::new();
     let mut seed = 100;
-    for format in formats {
+    for format in FORMATS {
         // Prefill size (eight tokens per thread, whole pages stored as runs) with a partial
         // last tile, also in emulation.
         v.push(case(format, 16, 64, 1030, Slots::Pages, seed));
@@ -297,9 +300,7 @@ fn emulated_v0_updates_match_reference() {
 
 proptest::proptest! {
     // `PROPTEST_CASES` cases (default 96); failures are kept in proptest-regressions/.
-    #![proptest_config(proptest::test_runner::Config::with_cases(
-        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(96)
-    ))]
+    #![proptest_config(proptest::test_runner::Config::with_cases(kvio_suite::proptest_cases(96)))]
 
     /// Random v0 slot updates in emulation: every format (copies of 1, 2 and 4-byte elements,
     /// quantizing from each source type), 1 to 6 heads of 1 to 20 times `max(x, 8)` elements,
@@ -308,14 +309,7 @@ proptest::proptest! {
     /// out-of-range ones; bit-exact against the reference.
     #[test]
     fn v0_updates_emulated_property(
-        format in proptest::sample::select(vec![
-            Format::Copy(1),
-            Format::Copy(2),
-            Format::Copy(4),
-            Format::Quant(SrcType::Bf16, Fp8::E4m3, false),
-            Format::Quant(SrcType::F16, Fp8::E5m2, true),
-            Format::Quant(SrcType::F32, Fp8::E4m3, true),
-        ]),
+        format in proptest::sample::select(&FORMATS[..]),
         bs in proptest::sample::select(vec![1usize, 2, 5, 8, 16, 32, 128]),
         h in 1usize..=6,
         pieces in 1usize..=20,

@@ -111,6 +111,14 @@ pub fn skipped(test: &str, why: &str) {
     }
 }
 
+/// Cases per property test: `PROPTEST_CASES` when set, else `default`.
+pub fn proptest_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Deterministic random bytes (xorshift), never all zero.
 pub fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -699,24 +707,13 @@ pub mod nixl {
         false
     }
 
-    /// Keeps UCX on this host unless the caller chose: shared memory, self and TCP on `lo`,
-    /// plus, with `gpu`, UCX's CUDA transports (`cuda_copy`: host <-> device and device copies
-    /// in one process; `cuda_ipc`, allowed between two agents of one process on one device).
-    /// Call before the first agent exists, on one thread.
+    /// Keeps UCX on this host for two agents of this process ([`ucx_loopback`]); with `gpu`
+    /// their pools are device memory and `cuda_ipc` is allowed between agents of one process
+    /// (`UCX_CUDA_IPC_ENABLE_SAME_PROCESS`). Call before the first agent exists, on one thread.
     pub fn loopback_only(gpu: bool) {
-        let tls = if gpu {
-            "sm,self,tcp,cuda_copy,cuda_ipc"
-        } else {
-            "sm,self,tcp"
-        };
-        let mut vars = vec![("UCX_TLS", tls), ("UCX_NET_DEVICES", "lo")];
-        if gpu {
-            vars.push(("UCX_CUDA_IPC_ENABLE_SAME_PROCESS", "y"));
-        }
-        for (k, v) in vars {
-            if std::env::var_os(k).is_none() {
-                std::env::set_var(k, v);
-            }
+        ucx_loopback(gpu);
+        if gpu && std::env::var_os("UCX_CUDA_IPC_ENABLE_SAME_PROCESS").is_none() {
+            std::env::set_var("UCX_CUDA_IPC_ENABLE_SAME_PROCESS", "y");
         }
     }
 
