@@ -49,7 +49,7 @@ use kvio::{
     PrimaryContext, Stream,
 };
 use kvio_suite::nixl::{fetch, publish, run_pair, ucx_loopback};
-use kvio_suite::random_bytes;
+use kvio_suite::{random_bytes, Mem};
 
 const LAYERS: usize = 32;
 const BS: usize = 16;
@@ -71,74 +71,22 @@ fn pool<'a, M: PoolMemory<'a>>(mem: M, blocks: usize) -> BlockPool<'a, M::Access
     BlockPool::cross_layer_nhd(mem, blocks, LAYERS, BS, HEADS, DIM, ELEM)
 }
 
-/// A process's pool memory: a device allocation on the current context, or a host vector
-/// (`--dram`).
-enum Mem {
-    Gpu { mem: DeviceAlloc, stream: Stream },
-    Host(Vec<u8>),
+/// `data` in a device allocation of the current context, or in host memory (`dram`).
+fn pool_mem(dram: bool, data: Vec<u8>) -> Mem {
+    if dram {
+        return Mem::Plain(data);
+    }
+    let mut mem = Mem::new(false, data.len());
+    mem.fill(&data);
+    mem
 }
 
-impl Mem {
-    /// `data` in device memory of the current context, or in host memory (`dram`).
-    fn new(dram: bool, data: Vec<u8>) -> Res<Mem> {
-        if dram {
-            return Ok(Mem::Host(data));
-        }
-        let stream = Stream::new()?;
-        let mut mem = DeviceAlloc::new(data.len())?;
-        mem.write(0, &data, stream.sref())?;
-        stream.synchronize()?;
-        Ok(Mem::Gpu { mem, stream })
-    }
-
-    fn bytes(&self) -> DeviceBytes<'_> {
-        match self {
-            Mem::Gpu { mem, .. } => mem.bytes(),
-            // SAFETY: the vector lives as long as the borrow of `self`.
-            Mem::Host(v) => unsafe { DeviceBytes::from_raw(v.as_ptr() as u64, v.len()) },
-        }
-    }
-
-    fn bytes_mut(&mut self) -> DeviceBytesMut<'_> {
-        match self {
-            Mem::Gpu { mem, .. } => mem.bytes_mut(),
-            // SAFETY: the vector lives as long as the borrow of `self`; NIXL writes it only
-            // while the owner does not touch it (the transfers' contracts).
-            Mem::Host(v) => unsafe { DeviceBytesMut::from_raw(v.as_mut_ptr() as u64, v.len()) },
-        }
-    }
-
-    /// The memory's contents (complete transfers only: the caller's protocol).
-    fn read(&self) -> Res<Vec<u8>> {
-        match self {
-            Mem::Gpu { mem, stream } => {
-                let mut out = vec![0; mem.len()];
-                mem.read(0, &mut out, stream.sref())?;
-                stream.synchronize()?;
-                Ok(out)
-            }
-            Mem::Host(v) => Ok(v.clone()),
-        }
-    }
-
-    /// Overwrites the memory with `data` (of its length).
-    fn fill(&mut self, data: &[u8]) -> Res<()> {
-        match self {
-            Mem::Gpu { mem, stream } => {
-                mem.write(0, data, stream.sref())?;
-                stream.synchronize()?;
-            }
-            Mem::Host(v) => v.copy_from_slice(data),
-        }
-        Ok(())
-    }
-
-    fn memory(&self, blocks: usize) -> Res<Memory> {
-        Ok(match self {
-            Mem::Gpu { .. } => nixl::pool_memory(&pool(self.bytes(), blocks))?,
-            Mem::Host(_) => Memory::Dram,
-        })
-    }
+/// How NIXL addresses `mem` (a pool of `blocks` blocks).
+fn nixl_memory(mem: &Mem, blocks: usize) -> Res<Memory> {
+    Ok(match mem {
+        Mem::Plain(_) => Memory::Dram,
+        _ => nixl::pool_memory(&pool(mem.bytes(), blocks))?,
+    })
 }
 
 /// The two maps: (name, pairs).
@@ -265,13 +213,13 @@ fn sender(dir: &Path, cfg: Cfg, child: &mut Child) -> Res<()> {
     let (devices, blocks, requests, dram) = (cfg.devices, cfg.blocks, cfg.requests, cfg.dram);
     let bytes = blocks * BLOCK;
     let ctxs = contexts(dram, devices)?;
-    let mut mem = Mem::new(dram, random_bytes(bytes, SEED))?;
+    let mem = pool_mem(dram, random_bytes(bytes, SEED));
 
     let a = agent("nixl-peer-send")?;
-    let local = mem.memory(blocks)?;
+    let local = nixl_memory(&mem, blocks)?;
     // SAFETY: the pool outlives the registration (dropped at the end of this function) and is
     // only read by the transfers.
-    let _reg = unsafe { nixl::register_pool_in(&a, &pool(mem.bytes_mut(), blocks), local)? };
+    let _reg = unsafe { nixl::register_pool_in(&a, &pool(mem.bytes(), blocks), local)? };
     publish(dir, "send.md", &a.get_local_md()?)?;
     let remote_name = a.load_remote_md(&fetch(dir, "recv.md", TIMEOUT)?)?;
     let info = String::from_utf8(fetch(dir, "recv.info", TIMEOUT)?)?;
@@ -414,11 +362,10 @@ fn receiver(dir: &Path, cfg: Cfg) -> Res<()> {
         Some(PrimaryContext::retain(device)?)
     };
     let poison = vec![POISON; bytes];
-    let mut mem = Mem::new(dram, poison.clone())?;
+    let mut mem = pool_mem(dram, poison.clone());
     let a = agent("nixl-peer-recv")?;
-    let view = mem.bytes_mut();
-    let (ptr, len) = (view.ptr(), view.len());
-    let local = mem.memory(blocks)?;
+    let (ptr, len) = (mem.bytes().ptr(), mem.bytes().len());
+    let local = nixl_memory(&mem, blocks)?;
     // SAFETY: the pool outlives the registration; it is read and re-poisoned only between a
     // map's last write (notified) and the answer that lets the sender go on.
     let _reg = unsafe { nixl::register_pool_in(&a, &pool(mem.bytes_mut(), blocks), local)? };
@@ -441,7 +388,7 @@ fn receiver(dir: &Path, cfg: Cfg) -> Res<()> {
             let tag = format!("{name}-written-{i}");
             inbox.wait(&remote, tag.as_bytes(), Some(TIMEOUT))?;
         }
-        let got = mem.read()?;
+        let got = mem.read();
         let mut want = poison.clone();
         let c = reference::copy_blocks(&image, &src, &image, &mut want, &pairs);
         if c.bad_blocks != 0 {
@@ -451,7 +398,7 @@ fn receiver(dir: &Path, cfg: Cfg) -> Res<()> {
             return Err(format!("{name}: byte {i} (block {}) differs", i / BLOCK).into());
         }
         println!("nixl_peer receiver: {name}: all {bytes} bytes of its pool ({local:?}) match");
-        mem.fill(&poison)?;
+        mem.fill(&poison);
         nixl::notify(&a, &remote, format!("{name}-checked").as_bytes())?;
     }
     inbox.wait(&remote, b"done", Some(TIMEOUT))?;

@@ -312,12 +312,15 @@ impl Drop for Graph {
     }
 }
 
-/// A test allocation on the device or in pinned host memory, with synchronous fill/read.
+/// A test allocation on the device, in pinned host memory or in plain host memory, with
+/// synchronous fill/read.
 pub enum Mem {
     /// Device memory.
     Dev(kvio::DeviceAlloc),
     /// Pinned, mapped host memory.
     Host(kvio::PinnedHost),
+    /// Pageable host memory (no CUDA needed): for the CPU emulation and NIXL's DRAM.
+    Plain(Vec<u8>),
 }
 
 impl Mem {
@@ -334,6 +337,8 @@ impl Mem {
         match self {
             Mem::Dev(d) => d.bytes(),
             Mem::Host(h) => h.bytes(),
+            // SAFETY: the vector lives while `self` is borrowed.
+            Mem::Plain(v) => unsafe { DeviceBytes::from_raw(v.as_ptr() as u64, v.len()) },
         }
     }
 
@@ -348,7 +353,7 @@ impl Mem {
     }
     /// Whether it lives on the host.
     pub fn on_host(&self) -> bool {
-        matches!(self, Mem::Host(_))
+        matches!(self, Mem::Host(_) | Mem::Plain(_))
     }
     /// Overwrites the whole allocation (call with no work in flight on it).
     pub fn fill(&mut self, data: &[u8]) {
@@ -362,6 +367,7 @@ impl Mem {
                 settle();
             }
             Mem::Host(h) => h.as_mut_slice().expect("wait").copy_from_slice(data),
+            Mem::Plain(v) => v.copy_from_slice(data),
         }
     }
     /// Reads the whole allocation (synchronise the streams that write it first).
@@ -376,6 +382,7 @@ impl Mem {
                 v
             }
             Mem::Host(h) => h.as_slice().expect("wait").to_vec(),
+            Mem::Plain(v) => v.clone(),
         }
     }
 }
