@@ -31,14 +31,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kvio::nixl::nixl_sys::{Agent, XferOp};
+use kvio::nixl::nixl_sys::XferOp;
 use kvio::nixl::{self, Memory, Notifications, PostArgs};
 use kvio::reference;
 use kvio::{
     BlockCopy, BlockMap, BlockPool, DeviceAlloc, DeviceBytes, DeviceBytesMut, Kvio, PoolMemory,
     PrimaryContext, SlotMapping, SlotUpdate, Stream, StreamRef, TokenLayout,
 };
-use kvio_suite::nixl::{fetch, publish, run_pair, ucx_loopback};
+use kvio_suite::nixl::{fetch, publish, run_pair, ucx_agent, ucx_loopback};
 use kvio_suite::{random_bytes, Rng};
 
 const LAYERS: usize = 4;
@@ -266,14 +266,6 @@ fn reference_write(cache: &mut [u8], keys: &[u8], values: &[u8], slots: &[i64]) 
     Ok(())
 }
 
-/// An agent with a UCX backend.
-fn agent(name: &str) -> Res<Agent> {
-    let a = Agent::new(name)?;
-    let (_mems, params) = a.get_plugin_params("UCX")?;
-    a.create_backend("UCX", &params)?;
-    Ok(a)
-}
-
 fn prefill(dir: &Path, dram: bool, device: i32) -> Res<()> {
     let Some(mut cache) = Cache::new(dram, device, 0, "prefill")? else {
         return Ok(());
@@ -284,7 +276,7 @@ fn prefill(dir: &Path, dram: bool, device: i32) -> Res<()> {
     cache.write_tokens(&keys, &values, &slots(&blocks, 0, PROMPT))?;
 
     // 2. NIXL: register, publish metadata, learn the decode side's.
-    let a = agent("prefill")?;
+    let a = ucx_agent("prefill")?;
     let mem = cache.memory()?;
     // SAFETY: the cache outlives the registration (dropped at the end of this function) and is
     // not touched while the transfer runs.
@@ -345,7 +337,7 @@ fn decode(dir: &Path, dram: bool, device: i32) -> Res<()> {
     };
     let total = PROMPT + DECODE;
     let blocks = pick_blocks(blocks_for(total), SEED + 1);
-    let a = agent("decode")?;
+    let a = ucx_agent("decode")?;
     let mem = cache.memory()?;
     let view = cache.bytes_mut();
     let (ptr, len) = (view.ptr(), view.len());

@@ -29,11 +29,11 @@
 //! ```
 //!
 //! `KVIO_NIXL_UCX_PARAMS=key=value,..` sets UCX backend parameters over the plugin's defaults
-//! (which it prints), e.g. `num_threads=4` as vLLM's NixlConnector passes. `--dram` runs both
-//! pools in host memory (UCX over TCP on loopback; default 16 blocks, no ceiling): the same
-//! two processes, maps, requests and byte checks with no GPU, as `.ci/run` does. Without the
-//! NIXL libraries, or without the two GPUs (and without `--dram`), it says so and exits
-//! normally.
+//! (`kvio_suite::nixl::ucx_agent`; it prints what it sets), e.g. `num_threads=4` as vLLM's
+//! NixlConnector passes. `--dram` runs both pools in host memory (UCX over TCP on loopback;
+//! default 16 blocks, no ceiling): the same two processes, maps, requests and byte checks with
+//! no GPU, as `.ci/run` does. Without the NIXL libraries, or without the two GPUs (and without
+//! `--dram`), it says so and exits normally.
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -41,14 +41,14 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use kvio::cust::sys as cu;
-use kvio::nixl::nixl_sys::{Agent, XferOp};
+use kvio::nixl::nixl_sys::XferOp;
 use kvio::nixl::{self, Memory, Notifications, PostArgs};
 use kvio::reference::{self, PoolImage};
 use kvio::{
     BlockCopy, BlockMap, BlockPool, DeviceAlloc, DeviceBytes, DeviceBytesMut, Event, PoolMemory,
     PrimaryContext, Stream,
 };
-use kvio_suite::nixl::{fetch, publish, run_pair, ucx_loopback};
+use kvio_suite::nixl::{fetch, publish, run_pair, ucx_agent, ucx_loopback};
 use kvio_suite::{random_bytes, Mem};
 
 const LAYERS: usize = 32;
@@ -110,31 +110,6 @@ fn check(what: &str, rc: cu::CUresult) -> Res<()> {
 fn median_best(v: &mut [f64]) -> (f64, f64) {
     v.sort_by(f64::total_cmp);
     (v[v.len() / 2], v[0])
-}
-
-/// An agent with a UCX backend: the plugin's default parameters, with `key=value` pairs from
-/// `KVIO_NIXL_UCX_PARAMS` (comma-separated, e.g. `num_threads=4`) set over them.
-fn agent(name: &str) -> Res<Agent> {
-    let a = Agent::new(name)?;
-    let (_m, mut p) = a.get_plugin_params("UCX")?;
-    if let Ok(extra) = std::env::var("KVIO_NIXL_UCX_PARAMS") {
-        for kv in extra.split(',').filter(|kv| !kv.is_empty()) {
-            let (k, v) = kv
-                .split_once('=')
-                .ok_or("KVIO_NIXL_UCX_PARAMS: key=value pairs")?;
-            p.set(k, v)?;
-        }
-    }
-    if name.ends_with("send") {
-        let pairs: Vec<String> = p
-            .iter()?
-            .filter_map(|kv| kv.ok())
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        println!("nixl_peer: UCX backend parameters: {}", pairs.join(" "));
-    }
-    a.create_backend("UCX", &p)?;
-    Ok(a)
 }
 
 /// The peer-copy ceiling: seconds per copy of `bytes` from GPU `src` to GPU `dst` (the
@@ -215,7 +190,11 @@ fn sender(dir: &Path, cfg: Cfg, child: &mut Child) -> Res<()> {
     let ctxs = contexts(dram, devices)?;
     let mem = pool_mem(dram, random_bytes(bytes, SEED));
 
-    let a = agent("nixl-peer-send")?;
+    println!(
+        "nixl_peer: UCX backend parameters: the plugin's defaults{}",
+        std::env::var("KVIO_NIXL_UCX_PARAMS").map_or(String::new(), |p| format!(", set: {p}"))
+    );
+    let a = ucx_agent("nixl-peer-send")?;
     let local = nixl_memory(&mem, blocks)?;
     // SAFETY: the pool outlives the registration (dropped at the end of this function) and is
     // only read by the transfers.
@@ -363,7 +342,7 @@ fn receiver(dir: &Path, cfg: Cfg) -> Res<()> {
     };
     let poison = vec![POISON; bytes];
     let mut mem = pool_mem(dram, poison.clone());
-    let a = agent("nixl-peer-recv")?;
+    let a = ucx_agent("nixl-peer-recv")?;
     let (ptr, len) = (mem.bytes().ptr(), mem.bytes().len());
     let local = nixl_memory(&mem, blocks)?;
     // SAFETY: the pool outlives the registration; it is read and re-poisoned only between a

@@ -23,7 +23,7 @@ use kvio::nixl::nixl_sys::{Agent, XferOp};
 use kvio::nixl::{self, Registration};
 use kvio::reference::{self, PoolImage};
 use kvio::{BlockCopy, BlockMap, BlockPool, DeviceBytes, DeviceBytesMut, PagedLayout, Writable};
-use kvio_suite::nixl::ucx_loopback;
+use kvio_suite::nixl::{ucx_agent, ucx_loopback};
 use kvio_suite::{random_bytes, Rng};
 
 const REPS: usize = 5;
@@ -75,13 +75,6 @@ unsafe fn views(v: &mut [u8]) -> (DeviceBytes<'static>, DeviceBytesMut<'static>)
     )
 }
 
-fn agent(name: &str) -> Res<Agent> {
-    let a = Agent::new(name)?;
-    let (_m, p) = a.get_plugin_params("UCX")?;
-    a.create_backend("UCX", &p)?;
-    Ok(a)
-}
-
 /// Best seconds of `REPS` transfers of `copy`; checks the descriptor count.
 fn time(a: &Agent, b: &str, copy: &BlockCopy<'_>, descs: usize) -> Res<f64> {
     let mut best = f64::MAX;
@@ -105,8 +98,8 @@ fn measure(g: Geo, tag: &str) -> Res<()> {
     let ((l_r, _), (s_r, s_w), (_, r_w)) =
         unsafe { (views(&mut local), views(&mut staging), views(&mut remote)) };
     let (a, b) = (
-        agent(&format!("plans-a-{tag}"))?,
-        agent(&format!("plans-b-{tag}"))?,
+        ucx_agent(&format!("plans-a-{tag}"))?,
+        ucx_agent(&format!("plans-b-{tag}"))?,
     );
     let regs: Vec<Registration> = {
         // SAFETY: as above; the registrations are dropped before the vectors.

@@ -790,12 +790,26 @@ pub mod nixl {
         pairs
     }
 
-    /// An agent with a UCX backend on its default parameters.
+    /// An agent with a UCX backend on the plugin's default parameters, with `key=value` pairs
+    /// from `KVIO_NIXL_UCX_PARAMS` (comma-separated, e.g. `num_workers=4`) set over them.
+    pub fn ucx_agent(name: &str) -> Result<Agent, Box<dyn std::error::Error>> {
+        let a = Agent::new(name)?;
+        let (_mems, mut params) = a.get_plugin_params("UCX")?;
+        if let Ok(extra) = std::env::var("KVIO_NIXL_UCX_PARAMS") {
+            for kv in extra.split(',').filter(|kv| !kv.is_empty()) {
+                let (k, v) = kv
+                    .split_once('=')
+                    .ok_or("KVIO_NIXL_UCX_PARAMS: key=value pairs")?;
+                params.set(k, v)?;
+            }
+        }
+        a.create_backend("UCX", &params)?;
+        Ok(a)
+    }
+
+    /// [`ucx_agent`], panicking on failure (tests).
     pub fn agent(name: &str) -> Agent {
-        let a = Agent::new(name).expect("Agent::new");
-        let (_mems, params) = a.get_plugin_params("UCX").expect("UCX plugin parameters");
-        a.create_backend("UCX", &params).expect("UCX backend");
-        a
+        ucx_agent(name).unwrap_or_else(|e| panic!("UCX agent {name}: {e}"))
     }
 
     /// Writes `data` to `dir/name` atomically (a reader never sees half of it): the side
