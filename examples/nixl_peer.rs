@@ -74,7 +74,7 @@ fn pool<'a, M: PoolMemory<'a>>(mem: M, blocks: usize) -> BlockPool<'a, M::Access
 /// `data` in a device allocation of the current context, or in host memory (`dram`).
 fn pool_mem(dram: bool, data: Vec<u8>) -> Mem {
     if dram {
-        return Mem::Plain(data);
+        return Mem::plain(data);
     }
     let mut mem = Mem::new(false, data.len());
     mem.fill(&data);

@@ -319,11 +319,28 @@ pub enum Mem {
     Dev(kvio::DeviceAlloc),
     /// Pinned, mapped host memory.
     Host(kvio::PinnedHost),
-    /// Pageable host memory (no CUDA needed): for the CPU emulation and NIXL's DRAM.
-    Plain(Vec<u8>),
+    /// Pageable host memory (no CUDA needed): for the CPU emulation and NIXL's DRAM. Cells, so
+    /// that the write view ([`Mem::bytes_mut`], taken through a shared borrow) may be written
+    /// through; [`Mem::plain`] makes one.
+    Plain(PlainBytes),
 }
 
+/// The bytes of a [`Mem::Plain`]: cells, written through raw views as the other kinds are.
+pub struct PlainBytes(Box<[std::cell::Cell<u8>]>);
+
+// SAFETY: as for the device and pinned kinds (shared between test threads through raw views):
+// the tests write through views only while no thread reads or fills, and synchronise before
+// [`Mem::read`] or [`Mem::fill`].
+unsafe impl Sync for PlainBytes {}
+
 impl Mem {
+    /// `data` in pageable host memory ([`Mem::Plain`]).
+    pub fn plain(data: Vec<u8>) -> Mem {
+        Mem::Plain(PlainBytes(
+            data.into_iter().map(std::cell::Cell::new).collect(),
+        ))
+    }
+
     /// Allocates `len` bytes on the host (pinned) or the device.
     pub fn new(on_host: bool, len: usize) -> Mem {
         if on_host {
@@ -337,8 +354,8 @@ impl Mem {
         match self {
             Mem::Dev(d) => d.bytes(),
             Mem::Host(h) => h.bytes(),
-            // SAFETY: the vector lives while `self` is borrowed.
-            Mem::Plain(v) => unsafe { DeviceBytes::from_raw(v.as_ptr() as u64, v.len()) },
+            // SAFETY: the cells live while `self` is borrowed (a `Cell<u8>` is a byte).
+            Mem::Plain(v) => unsafe { DeviceBytes::from_raw(v.0.as_ptr() as u64, v.0.len()) },
         }
     }
 
@@ -367,7 +384,10 @@ impl Mem {
                 settle();
             }
             Mem::Host(h) => h.as_mut_slice().expect("wait").copy_from_slice(data),
-            Mem::Plain(v) => v.copy_from_slice(data),
+            Mem::Plain(v) => {
+                assert_eq!(data.len(), v.0.len());
+                v.0.iter().zip(data).for_each(|(c, &d)| c.set(d));
+            }
         }
     }
     /// Reads the whole allocation (synchronise the streams that write it first).
@@ -382,7 +402,7 @@ impl Mem {
                 v
             }
             Mem::Host(h) => h.as_slice().expect("wait").to_vec(),
-            Mem::Plain(v) => v.clone(),
+            Mem::Plain(v) => v.0.iter().map(std::cell::Cell::get).collect(),
         }
     }
 }
