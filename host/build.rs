@@ -48,6 +48,7 @@ fn main() {
         if tag == "sm90" {
             add_tma_shared(&path);
         }
+        add_stage_shared(&path);
         add_directives(&path);
         check_ptx(&path);
     }
@@ -143,10 +144,13 @@ fn build_ptx(kernels: &Path, out: &Path) {
 ///   sm_80), two CTAs; at three, 78 (78), no spills; at four, 144 B / 368 B of spills (sm_90).
 ///   (ptxas 12.9, since wide rows share the one-round path's conversion code.)
 /// - `kvio_transfer_blocks_tma` runs one-warp CTAs (`kvio_kernels::bulk::THREADS`).
-const DIRECTIVES: [(&str, &str); 5] = [
+/// - `kvio_update_tiles_staged` runs CTAs of `kvio_kernels::stage::THREADS` (128) threads, each
+///   with 48 KiB of staging: four per multiprocessor.
+const DIRECTIVES: [(&str, &str); 6] = [
     ("kvio_transfer_blocks", ".maxntid 512, 1, 1\n"),
     ("kvio_transfer_blocks_tma", ".maxntid 32, 1, 1\n"),
     ("kvio_update_tiles", ".maxntid 256, 1, 1\n.minnctapersm 2\n"),
+    ("kvio_update_tiles_staged", ".maxntid 128, 1, 1\n"),
     (
         "kvio_update_slots_convert",
         ".maxntid 256, 1, 1\n.minnctapersm 4\n",
@@ -188,10 +192,27 @@ fn add_tma_shared(path: &Path) {
     if v < (8, 0) {
         text = text.replacen(&version, ".version 8.0", 1);
     }
+    fs::write(path, declare(&text, TMA_SHARED)).expect("write ptx");
+}
+
+/// The staged tiled update's static shared memory, in both modules: `kvio_kernels::stage`'s
+/// `BYTES` (checked by `tests/ptx_abi.rs`), cells of 16 bytes.
+const STAGE_SHARED: &str = ".shared .align 16 .b8 kvio_tile_stage[49152];\n";
+
+/// Declares [`STAGE_SHARED`] after the PTX header (`cp.async` is PTX ISA 7.0, what rustc emits
+/// for `sm_80`).
+fn add_stage_shared(path: &Path) {
+    let text = fs::read_to_string(path).expect("read ptx");
+    if !text.contains(STAGE_SHARED) {
+        fs::write(path, declare(&text, STAGE_SHARED)).expect("write ptx");
+    }
+}
+
+/// `text` with module-scope declarations `decl` after its header.
+fn declare(text: &str, decl: &str) -> String {
     let line = text.find(".address_size 64").expect("PTX header");
     let after = line + text[line..].find('\n').expect("end of header line") + 1;
-    text = format!("{}\n{TMA_SHARED}{}", &text[..after], &text[after..]);
-    fs::write(path, text).expect("write ptx");
+    format!("{}\n{decl}{}", &text[..after], &text[after..])
 }
 
 fn add_directives(path: &Path) {

@@ -290,6 +290,7 @@ fn qcase(
             slots,
             poison: random_bytes(2 * ext, seed ^ 0xF8),
             bad_slots,
+            slots_i32: false,
         },
         src,
         fp8,

@@ -116,6 +116,9 @@ fn case_h(format: Format, bs: usize, h: usize, d: usize, t: usize, mode: Slots, 
             slots,
             poison: random_bytes(2 * ext, seed ^ 0x0F),
             bad_slots,
+            // Both slot widths: the staged fp8 entry reads i32 slots in two 16-byte cells,
+            // i64 in four.
+            slots_i32: seed % 2 == 1,
         },
         format,
         key_layout,
@@ -126,6 +129,11 @@ fn case_h(format: Format, bs: usize, h: usize, d: usize, t: usize, mode: Slots, 
 impl Case {
     fn ext(&self) -> usize {
         self.key_layout.extent("k").unwrap() as usize
+    }
+
+    /// Whether the update takes tiles of eight tokens (from 1,024 tokens).
+    fn prefill(&self) -> bool {
+        self.data.input.num_tokens >= 1024
     }
 }
 
@@ -191,7 +199,11 @@ impl SlotCase for Case {
             self.data.input,
             kc,
             self.key_layout,
-            SlotMapping::I64(slots),
+            if self.data.slots_i32 {
+                SlotMapping::I32(slots)
+            } else {
+                SlotMapping::I64(slots)
+            },
         )
         .value(values, vc)
         .value_layout(self.value_layout);
@@ -328,14 +340,30 @@ proptest::proptest! {
     }
 }
 
-/// The same on the GPU, every case, with the error word.
+/// The same on the GPU, with the error word: every case below 1,024 tokens (one token per
+/// thread, `kvio_update_tiles_one`).
 #[test]
 fn gpu_v0_updates_match_reference() {
     let Some(g) = kvio_suite::gpu("v0 slot updates") else {
         return;
     };
-    let n = gpu_slot_cases(g, &cases(true));
+    let decode: Vec<Case> = cases(true).into_iter().filter(|c| !c.prefill()).collect();
+    let n = gpu_slot_cases(g, &decode);
     println!("{n} v0 slot updates bit-exact");
+}
+
+/// The prefill-size cases on the GPU (tiles of eight tokens: `kvio_update_tiles`, and
+/// `kvio_update_tiles_staged` for fp8 caches, with i32 and i64 slots), separately so that
+/// `scripts/sanitize gpu_v0_prefill` runs the tiled entries under compute-sanitizer in
+/// minutes.
+#[test]
+fn gpu_v0_prefill_updates_match_reference() {
+    let Some(g) = kvio_suite::gpu("v0 prefill slot updates") else {
+        return;
+    };
+    let prefill: Vec<Case> = cases(true).into_iter().filter(Case::prefill).collect();
+    let n = gpu_slot_cases(g, &prefill);
+    println!("{n} v0 prefill slot updates bit-exact");
 }
 
 /// Bad v0 arguments are refused before launch, typed.

@@ -160,3 +160,22 @@ fn tma_shared_memory_matches_the_kernels() {
     assert!(!kvio::PTX_SM80.contains("cp.async.bulk"));
     assert!(!kvio::PTX_SM80.contains("kvio_tma_stage"));
 }
+
+/// The staged tiled update: both modules declare the staging area `kvio_kernels::stage`
+/// addresses, at its size, and its entry copies with `cp.async` and waits for the copies.
+#[test]
+fn stage_shared_memory_matches_the_kernels() {
+    use kvio_kernels::stage::BYTES;
+    for ptx in [kvio::PTX_SM80, kvio::PTX_SM90] {
+        assert!(ptx.contains(&format!(".shared .align 16 .b8 kvio_tile_stage[{BYTES}];")));
+        let body = entry_body(ptx, "kvio_update_tiles_staged");
+        for op in [
+            "cp.async.ca.shared.global",
+            "cp.async.commit_group;",
+            "cp.async.wait_group 1;",
+            "ld.shared.v4.u32",
+        ] {
+            assert!(body.contains(op), "kvio_update_tiles_staged: no `{op}`");
+        }
+    }
+}

@@ -114,6 +114,7 @@ unsafe fn run(plan: &Plan<'_>) {
                     Kernel::Slots(a) => ops::update_slots(a, g),
                     Kernel::Tiles(a) if a.elem == 4 => ops::update_tiles_wide(a, g),
                     Kernel::Tiles(a) if a.tile == 1 => ops::update_tiles_one(a, g),
+                    Kernel::Tiles(a) if a.elem == 1 => ops::update_tiles_staged(a, g),
                     Kernel::Tiles(a) => ops::update_tiles(a, g),
                     Kernel::Slices(a) => ops::update_slices(a, g),
                     Kernel::Copy(a) => ops::copy_blocks(a, g),

@@ -21,6 +21,9 @@ pub(crate) const TRANSFER_THREADS: u32 = 512;
 /// lanes each pipeline pieces through the CTA's 40 KiB of shared stages
 /// (`kvio_kernels::bulk`).
 pub(crate) const TMA_THREADS: u32 = kvio_kernels::bulk::THREADS;
+/// Threads per CTA of the staged tiled update (`kvio_update_tiles_staged`): each thread owns
+/// two stages of the CTA's 48 KiB of shared memory (`kvio_kernels::stage`).
+pub(crate) const STAGED_THREADS: u32 = kvio_kernels::stage::THREADS;
 /// Accesses each lane of a group is given per span (enough loads in flight, few idle lanes).
 pub(crate) const PER_LANE: u64 = 4;
 /// Default CTA budget of block copies when a pool is in host memory (leaves the SMs to the
@@ -54,6 +57,8 @@ pub(crate) struct GridCap {
     pub(crate) tiles_one: u32,
     /// `kvio_update_tiles_wide` at [`BLOCK_THREADS`].
     pub(crate) tiles_wide: u32,
+    /// `kvio_update_tiles_staged` at [`STAGED_THREADS`].
+    pub(crate) tiles_staged: u32,
     /// `kvio_update_slices` at [`BLOCK_THREADS`].
     pub(crate) slices: u32,
     /// `kvio_copy_blocks` at [`BLOCK_THREADS`].
@@ -78,6 +83,7 @@ impl GridCap {
             tiles: cap,
             tiles_one: cap,
             tiles_wide: cap,
+            tiles_staged: cap,
             slices: cap,
             copy: cap,
             transfer: cap,

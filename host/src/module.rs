@@ -11,7 +11,8 @@ use crate::driver::{
 };
 use crate::error::{Error, Result};
 use crate::launch::{
-    resident_ctas, GridCap, BLOCK_THREADS, SMALL_CTA_THREADS, TMA_THREADS, TRANSFER_THREADS,
+    resident_ctas, GridCap, BLOCK_THREADS, SMALL_CTA_THREADS, STAGED_THREADS, TMA_THREADS,
+    TRANSFER_THREADS,
 };
 use crate::plan::{Kernel, Target};
 use crate::ptx::{ptx, Arch};
@@ -40,6 +41,7 @@ pub struct Kvio {
     update_tiles: cu::CUfunction,
     update_tiles_one: cu::CUfunction,
     update_tiles_wide: cu::CUfunction,
+    update_tiles_staged: cu::CUfunction,
     update_slices: cu::CUfunction,
     copy_blocks: cu::CUfunction,
     transfer_blocks: cu::CUfunction,
@@ -112,6 +114,7 @@ impl Kvio {
             update_tiles: ptr::null_mut(),
             update_tiles_one: ptr::null_mut(),
             update_tiles_wide: ptr::null_mut(),
+            update_tiles_staged: ptr::null_mut(),
             update_slices: ptr::null_mut(),
             copy_blocks: ptr::null_mut(),
             transfer_blocks: ptr::null_mut(),
@@ -138,6 +141,17 @@ impl Kvio {
         this.update_tiles = this.function("kvio_update_tiles")?;
         this.update_tiles_one = this.function("kvio_update_tiles_one")?;
         this.update_tiles_wide = this.function("kvio_update_tiles_wide")?;
+        this.update_tiles_staged = this.function("kvio_update_tiles_staged")?;
+        // Its CTAs each hold 48 KiB of staging: ask for the largest shared-memory carveout, so
+        // four fit on a multiprocessor (the driver's default split fit three on the H100).
+        // SAFETY: a loaded kernel; the attribute takes a percentage.
+        check("cuFuncSetAttribute", unsafe {
+            cu::cuFuncSetAttribute(
+                this.update_tiles_staged,
+                cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            )
+        })?;
         this.update_slices = this.function("kvio_update_slices")?;
         this.copy_blocks = this.function("kvio_copy_blocks")?;
         this.transfer_blocks = this.function("kvio_transfer_blocks")?;
@@ -154,6 +168,7 @@ impl Kvio {
             tiles: resident_ctas(this.update_tiles, BLOCK_THREADS, sms)?,
             tiles_one: resident_ctas(this.update_tiles_one, SMALL_CTA_THREADS, sms)?,
             tiles_wide: resident_ctas(this.update_tiles_wide, BLOCK_THREADS, sms)?,
+            tiles_staged: resident_ctas(this.update_tiles_staged, STAGED_THREADS, sms)?,
             slices: resident_ctas(this.update_slices, BLOCK_THREADS, sms)?,
             copy: resident_ctas(this.copy_blocks, BLOCK_THREADS, sms)?,
             transfer: resident_ctas(this.transfer_blocks, TRANSFER_THREADS, sms)?,
@@ -191,6 +206,7 @@ impl Kvio {
             Kernel::Slots(_) => self.update_slots,
             Kernel::Tiles(a) if a.elem == 4 => self.update_tiles_wide,
             Kernel::Tiles(a) if a.tile == 1 => self.update_tiles_one,
+            Kernel::Tiles(a) if a.elem == 1 => self.update_tiles_staged,
             Kernel::Tiles(_) => self.update_tiles,
             Kernel::Slices(_) => self.update_slices,
             Kernel::Copy(_) => self.copy_blocks,

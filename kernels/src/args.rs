@@ -208,8 +208,8 @@ kernel! {
     /// eight tokens per thread. K and V each have their own cache descriptor (byte strides,
     /// piece size in elements, piece stride in bytes, elements per store). One token per
     /// thread (decode sizes) runs `kvio_update_tiles_one`, caches of 4-byte elements
-    /// `kvio_update_tiles_wide`.
-    kvio_update_tiles | kvio_update_tiles_one [crate::ops::update_tiles_one] | kvio_update_tiles_wide [crate::ops::update_tiles_wide] (TileArgs) => crate::ops::update_tiles {
+    /// `kvio_update_tiles_wide`, prefill sizes into fp8 caches `kvio_update_tiles_staged`.
+    kvio_update_tiles | kvio_update_tiles_one [crate::ops::update_tiles_one] | kvio_update_tiles_wide [crate::ops::update_tiles_wide] | kvio_update_tiles_staged [crate::ops::update_tiles_staged] (TileArgs) => crate::ops::update_tiles {
         /// New keys.
         src_k: *const u8,
         /// New values (null: K only).
@@ -281,6 +281,10 @@ kernel! {
         tile: u32,
         /// Tiles of one (part, head, group) handled by consecutive threads (1, 2 or 4).
         subs: u32,
+        /// Non-zero: `kvio_update_tiles_staged` copies each thread's next tile into shared
+        /// memory (the slot array is 16-byte aligned, source elements are of at most 2 bytes,
+        /// and a part has runs).
+        staged: u32,
         /// log2 of lanes per work item (always 0: one thread per item).
         shift: u32,
         /// Error word (may be null).

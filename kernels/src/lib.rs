@@ -82,6 +82,7 @@ pub mod index;
 pub mod ops;
 pub mod pdl;
 pub mod span;
+pub mod stage;
 pub mod tile;
 
 #[cfg(target_arch = "nvptx64")]

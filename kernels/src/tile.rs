@@ -42,13 +42,72 @@ fn put<const E: usize>(row: &mut Row, j: usize, v: u32) {
     }
 }
 
-/// The transposed column `j` of eight rows: element `i` is element `j` of row `i`.
+/// `prmt.b32`: byte `k` of the result is byte `sel >> 4k & 7` of the eight bytes `b:a`
+/// (`a` bytes 0..4, `b` bytes 4..8). One instruction on the GPU (the shifts, masks and ors it
+/// replaces were most of a tile's instructions).
+#[inline(always)]
+pub fn prmt(a: u32, b: u32, sel: u32) -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let d: u32;
+        // SAFETY: a pure register operation.
+        unsafe {
+            core::arch::asm!(
+                "prmt.b32 {d}, {a}, {b}, {s};",
+                d = out(reg32) d,
+                a = in(reg32) a,
+                b = in(reg32) b,
+                s = in(reg32) sel,
+                options(pure, nomem, nostack)
+            )
+        };
+        d
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        let x = (a as u64) | ((b as u64) << 32);
+        let mut d = 0u32;
+        for k in 0..4 {
+            let n = (sel >> (4 * k)) & 7;
+            d |= (((x >> (8 * n)) & 0xff) as u32) << (8 * k);
+        }
+        d
+    }
+}
+
+/// The transposed column `j` of eight rows: element `i` is element `j` of row `i`. Built with
+/// [`prmt`]: four instructions for 2-byte elements, six for 1-byte ones, none for 4-byte ones.
 #[inline(always)]
 pub fn column<const E: usize>(rows: &[Row; TILE], j: usize) -> Row {
     let mut col = [0u32; 8];
-    unroll8!(i => {
-        put::<E>(&mut col, i, get::<E>(&rows[i], j));
-    });
+    match E {
+        1 => {
+            // Byte j % 4 of word j / 4 of four rows, two rows a step.
+            let (w, b) = (j / 4, (j % 4) as u32);
+            let sel = b | (4 + b) << 4;
+            let mut k = 0;
+            while k < 2 {
+                let lo = prmt(rows[4 * k][w], rows[4 * k + 1][w], sel);
+                let hi = prmt(rows[4 * k + 2][w], rows[4 * k + 3][w], sel);
+                col[k] = prmt(lo, hi, 0x5410);
+                k += 1;
+            }
+        }
+        2 => {
+            // Half j % 2 of word j / 2 of two rows.
+            let (w, sel) = (j / 2, if j.is_multiple_of(2) { 0x5410 } else { 0x7632 });
+            let mut k = 0;
+            while k < 4 {
+                col[k] = prmt(rows[2 * k][w], rows[2 * k + 1][w], sel);
+                k += 1;
+            }
+        }
+        _ => {
+            unroll8!(i => {
+                col[i] = rows[i][j];
+            });
+        }
+    }
     col
 }
 
@@ -73,13 +132,17 @@ pub unsafe fn load_copy<const E: usize>(src: *const u8, vec: bool, step: usize) 
                 }
                 2 => {
                     let v = read(src as *const V16).to_array();
-                    row[..4].copy_from_slice(&v);
+                    // Word by word, not copy_from_slice: LLVM lowered that slice copy of the
+                    // last of eight rows into three narrower loads.
+                    row[0] = v[0];
+                    row[1] = v[1];
+                    row[2] = v[2];
+                    row[3] = v[3];
                 }
                 _ => {
                     let v = read(src as *const V16).to_array();
                     let w = read((src as *const V16).add(1)).to_array();
-                    row[..4].copy_from_slice(&v);
-                    row[4..].copy_from_slice(&w);
+                    row = [v[0], v[1], v[2], v[3], w[0], w[1], w[2], w[3]];
                 }
             }
         } else {
@@ -130,12 +193,25 @@ pub unsafe fn load_convert(
             x
         }
     };
-    let packed = convert::pack8(&x, convert::format(code), div);
+    pack_row(&x, code, div)
+}
+
+/// Eight values quantized to fp8 with `div` as a row (`E = 1`).
+#[inline(always)]
+fn pack_row(x: &[f32; 8], code: u32, div: &Divider) -> Row {
+    let packed = convert::pack8(x, convert::format(code), div);
     let packed = u64::from_le(packed);
     let mut row = [0u32; 8];
     row[0] = packed as u32;
     row[1] = (packed >> 32) as u32;
     row
+}
+
+/// Eight source elements of conversion `code` as loaded (`raw`: one 16-byte unit of bf16/f16,
+/// or two of f32), quantized to fp8 with `div` (`E = 1`).
+#[inline(always)]
+pub fn convert_raw(raw: &[V16; 2], code: u32, div: &Divider) -> Row {
+    pack_row(&convert::widen(raw, code), code, div)
 }
 
 /// Stores elements `c..c + n` of a row (`n` = 8, 4 or 1 elements of `E` bytes; `c` a multiple

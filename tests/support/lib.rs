@@ -637,6 +637,22 @@ pub struct SlotData {
     pub poison: Vec<u8>,
     /// Slots past the cache (the error word's expected count).
     pub bad_slots: u32,
+    /// The slot mapping is passed as i32 (else i64).
+    pub slots_i32: bool,
+}
+
+impl SlotData {
+    /// The slot mapping's bytes as passed: i32 or i64 per slot, little-endian.
+    pub fn slot_bytes(&self) -> Vec<u8> {
+        if self.slots_i32 {
+            self.slots
+                .iter()
+                .flat_map(|&s| i32::try_from(s).expect("i32 slot").to_le_bytes())
+                .collect()
+        } else {
+            self.slots.iter().flat_map(|s| s.to_le_bytes()).collect()
+        }
+    }
 }
 
 /// A slot-update test case: its data, its update over given views, and the caches the
@@ -665,13 +681,14 @@ pub fn emulate_slot_cases<C: SlotCase>(cases: &[C]) {
         // SAFETY: host memory, exclusively ours for the call.
         let dst = unsafe { DeviceBytesMut::from_raw(caches.as_mut_ptr() as u64, caches.len()) };
         let scales = (host_view(&d.scales_k), host_view(&d.scales_v));
-        let op = c.op(
-            host_view(&d.keys),
-            host_view(&d.values),
-            dst,
-            host_view(&d.slots),
-            scales,
-        );
+        // Typed vectors, so the slot array is aligned for its element type.
+        let s32: Vec<i32> = d.slots.iter().map(|&s| s as i32).collect();
+        let slots = if d.slots_i32 {
+            host_view(&s32)
+        } else {
+            host_view(&d.slots)
+        };
+        let op = c.op(host_view(&d.keys), host_view(&d.values), dst, slots, scales);
         // SAFETY: every view is live host memory of its length.
         unsafe { kvio::emulate::update_slots(&op) }.unwrap_or_else(|e| panic!("{}: {e}", d.name));
         assert_same(&d.name, &caches, &c.expected());
@@ -687,7 +704,7 @@ pub fn gpu_slot_cases<C: SlotCase>(g: &Gpu, cases: &[C]) -> usize {
     let scales = |s: &[f32]| upload(if s.is_empty() { &[1f32][..] } else { s });
     for c in cases {
         let d = c.data();
-        let (k, v, s) = (upload(&d.keys), upload(&d.values), upload(&d.slots));
+        let (k, v, s) = (upload(&d.keys), upload(&d.values), upload(&d.slot_bytes()));
         let (sk, sv) = (scales(&d.scales_k), scales(&d.scales_v));
         let mut caches = upload(&d.poison);
         errors.reset(StreamRef::from(&stream)).unwrap();

@@ -8,7 +8,9 @@ use kvio_kernels::convert;
 use super::{Fp8, MlaUpdate, Quantize, Scale, SliceUpdate, SlotMapping, SlotUpdate, SrcType};
 use crate::error::{invalid, Error, Result};
 use crate::error_word::DeviceErrors;
-use crate::launch::{cta_threads, grid_for, BLOCK_THREADS, PER_LANE, SMALL_CTA_THREADS};
+use crate::launch::{
+    cta_threads, grid_for, BLOCK_THREADS, PER_LANE, SMALL_CTA_THREADS, STAGED_THREADS,
+};
 use crate::layout::{chunks_disjoint, PagedLayout, TokenLayout};
 use crate::plan::{Kernel, Launch, Plan, Target};
 
@@ -343,6 +345,11 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         _ => 1,
     };
     let (runs_k, runs_v) = (runs_k && src_vec, runs_v && src_vec);
+    // Prefill sizes into fp8 caches run `kvio_update_tiles_staged`, which copies each
+    // thread's next tile into shared memory while it quantizes and stores the current one
+    // (`staged`) when the tiles may be runs and their loads fit a 16-byte cell: 1- or 2-byte
+    // source elements, and a 16-byte aligned slot array.
+    let staged = tile == 8 && e == 1 && ie <= 2 && (runs_k || runs_v) && slots.is_multiple_of(16);
     let parts = 1 + op.value.is_some() as u64;
     let groups = kl.head_dim as u64 / 8;
     let items = (n as u64)
@@ -386,6 +393,7 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         scale_per_head: quant.is_some_and(|(_, per_head)| per_head) as u32,
         tile: tile as u32,
         subs: subs as u32,
+        staged: staged as u32,
         shift: 0,
         errors: err_ptr(op.errors) as *mut u32,
     };
@@ -393,6 +401,8 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     // per element) spread over many multiprocessors' load/store units.
     let (cap, threads) = if e == 4 {
         (target.caps.tiles_wide, BLOCK_THREADS)
+    } else if tile == 8 && e == 1 {
+        (target.caps.tiles_staged, STAGED_THREADS)
     } else if tile == 1 {
         (target.caps.tiles_one, SMALL_CTA_THREADS)
     } else {
