@@ -745,14 +745,7 @@ unsafe fn tiles_body<const E: usize, const RUNS: bool>(a: &TileArgs, g: Group) {
         let src = unsafe {
             src.add((t0 * a.src_token_stride + head * a.src_head_stride + e0 * se) as usize)
         };
-        let scale = if a.convert != convert::NONE {
-            let scales = if part == 0 { a.k_scale } else { a.v_scale };
-            let at = if a.scale_per_head != 0 { head } else { 0 };
-            // SAFETY: the host checked one scale (or one per head) for each part written.
-            Divider::new(unsafe { *scales.add(at as usize) })
-        } else {
-            Divider::UNUSED
-        };
+        let scale = tile_scale(a, part, head);
         let counting = part == 0 && head == 0 && grp == 0;
         // A full tile whose eight tokens fill eight aligned consecutive slots of one block is
         // one run: rows at consecutive slots (K), or transposed columns (one element per
@@ -810,32 +803,86 @@ unsafe fn tiles_body<const E: usize, const RUNS: bool>(a: &TileArgs, g: Group) {
                 continue;
             }
         }
-        let mut i = 0;
-        while i < n {
-            // SAFETY: t0 + i < num_tokens: its group lies in the source; the row is loaded
-            // before the slot is read, so both latencies overlap.
-            let row = unsafe {
-                let s = src.add((i * a.src_token_stride) as usize);
-                tile_row::<E>(a, s, a.src_vec != 0 && !strided, step, &scale)
-            };
-            // SAFETY: as above.
-            let slot = unsafe { tile_slot(a, t0 + i) };
-            match index::slot_target(slot, a.block_size, a.num_blocks) {
-                SlotTarget::Skip => {}
-                SlotTarget::OutOfRange => {
-                    if counting {
-                        // SAFETY: see count_error.
-                        unsafe { count_error(a.errors, err::BAD_SLOT) };
-                    }
-                }
-                SlotTarget::At { block, offset } => {
-                    let at = block * p.block + offset * p.token + head * p.head;
-                    // SAFETY: a valid target's head.
-                    unsafe { tile_store_row::<E>(&p, p.dst.add(at as usize), &row, e0, step) };
+        let tokens = Tokens {
+            t0,
+            n,
+            head,
+            e0,
+            step,
+            vec: a.src_vec != 0 && !strided,
+            counting,
+        };
+        // SAFETY: forwarded: the item's tokens, inside the source and the slot array.
+        unsafe { tile_tokens::<E>(a, &p, src, &tokens, &scale) };
+    }
+}
+
+/// The token-by-token path's view of an item: tokens `t0 .. t0 + n` of head `head`,
+/// elements `e0, e0 + step, ..` of each.
+struct Tokens {
+    t0: u64,
+    n: u64,
+    head: u64,
+    e0: u64,
+    step: u64,
+    /// Vector loads of each token's group (see [`tile::load_copy`]).
+    vec: bool,
+    /// This item counts its tokens' out-of-range slots (one item per token does).
+    counting: bool,
+}
+
+/// An item token by token: each token's group loaded from `src` (the first token's), its
+/// slot read, then skipped (negative), counted (past the cache) or stored in the part's
+/// pieces.
+///
+/// # Safety
+/// As [`update_tiles`]: the tokens lie in the source and the slot array.
+#[inline(always)]
+unsafe fn tile_tokens<const E: usize>(
+    a: &TileArgs,
+    p: &TilePart,
+    src: *const u8,
+    k: &Tokens,
+    scale: &Divider,
+) {
+    let mut i = 0;
+    while i < k.n {
+        // SAFETY: t0 + i < num_tokens: its group lies in the source; the row is loaded
+        // before the slot is read, so both latencies overlap.
+        let row = unsafe {
+            let s = src.add((i * a.src_token_stride) as usize);
+            tile_row::<E>(a, s, k.vec, k.step, scale)
+        };
+        // SAFETY: as above.
+        let slot = unsafe { tile_slot(a, k.t0 + i) };
+        match index::slot_target(slot, a.block_size, a.num_blocks) {
+            SlotTarget::Skip => {}
+            SlotTarget::OutOfRange => {
+                if k.counting {
+                    // SAFETY: see count_error.
+                    unsafe { count_error(a.errors, err::BAD_SLOT) };
                 }
             }
-            i += 1;
+            SlotTarget::At { block, offset } => {
+                let at = block * p.block + offset * p.token + k.head * p.head;
+                // SAFETY: a valid target's head.
+                unsafe { tile_store_row::<E>(p, p.dst.add(at as usize), &row, k.e0, k.step) };
+            }
         }
+        i += 1;
+    }
+}
+
+/// The divider of part `part`'s scale for head `head` (unused without a conversion).
+#[inline(always)]
+fn tile_scale(a: &TileArgs, part: u64, head: u64) -> Divider {
+    if a.convert != convert::NONE {
+        let scales = if part == 0 { a.k_scale } else { a.v_scale };
+        let at = if a.scale_per_head != 0 { head } else { 0 };
+        // SAFETY: the host checked one scale (or one per head) for each part written.
+        Divider::new(unsafe { *scales.add(at as usize) })
+    } else {
+        Divider::UNUSED
     }
 }
 
@@ -898,14 +945,7 @@ unsafe fn staged_body<const E: usize>(a: &TileArgs, g: Group) {
         let src = unsafe {
             src.add((t0 * a.src_token_stride + head * a.src_head_stride + e0 * se) as usize)
         };
-        let scale = if a.convert != convert::NONE {
-            let scales = if part == 0 { a.k_scale } else { a.v_scale };
-            let at = if a.scale_per_head != 0 { head } else { 0 };
-            // SAFETY: the host checked one scale (or one per head) for each part written.
-            Divider::new(unsafe { *scales.add(at as usize) })
-        } else {
-            Divider::UNUSED
-        };
+        let scale = tile_scale(a, part, head);
         let counting = part == 0 && head == 0 && grp == 0;
         if p.runs && n == TILE as u64 {
             let mut rows: [Row; TILE] = [[0; 8]; TILE];
@@ -936,32 +976,17 @@ unsafe fn staged_body<const E: usize>(a: &TileArgs, g: Group) {
                 continue;
             }
         }
-        let mut i = 0;
-        while i < n {
-            // SAFETY: t0 + i < num_tokens: its group lies in the source; the row is loaded
-            // before the slot is read, so both latencies overlap.
-            let row = unsafe {
-                let r = src.add((i * a.src_token_stride) as usize);
-                tile_row::<E>(a, r, a.src_vec != 0, 1, &scale)
-            };
-            // SAFETY: as above.
-            let slot = unsafe { tile_slot(a, t0 + i) };
-            match index::slot_target(slot, a.block_size, a.num_blocks) {
-                SlotTarget::Skip => {}
-                SlotTarget::OutOfRange => {
-                    if counting {
-                        // SAFETY: see count_error.
-                        unsafe { count_error(a.errors, err::BAD_SLOT) };
-                    }
-                }
-                SlotTarget::At { block, offset } => {
-                    let at = block * p.block + offset * p.token + head * p.head;
-                    // SAFETY: a valid target's head.
-                    unsafe { tile_store_row::<E>(&p, p.dst.add(at as usize), &row, e0, 1) };
-                }
-            }
-            i += 1;
-        }
+        let tokens = Tokens {
+            t0,
+            n,
+            head,
+            e0,
+            step: 1,
+            vec: a.src_vec != 0,
+            counting,
+        };
+        // SAFETY: forwarded: the item's tokens, inside the source and the slot array.
+        unsafe { tile_tokens::<E>(a, &p, src, &tokens, &scale) };
     }
 }
 
