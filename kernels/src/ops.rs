@@ -545,8 +545,8 @@ pub unsafe fn update_tiles(a: &TileArgs, g: Group) {
 /// the current one (see [`crate::stage`]), so a tile's loads are in flight during the previous
 /// tile's conversion; without, it loads each tile when it comes to it, as [`update_tiles`].
 /// (2-byte caches stay on [`update_tiles`]: on the H100, in one run, staging wrote bf16 at 59%
-/// of the copy ceiling against its 60.5%, while quantizing to e4m3 went from 40% to 47% at
-/// 16,384 tokens and from 44% to 55% at 65,536.)
+/// of the copy ceiling against its 60.5%. Quantizing to e4m3 went from 39.9% to 45.9% at
+/// 16,384 tokens and from 43.7% to 53.2% at 65,536; BENCHMARKS.md, session 10.)
 ///
 /// # Safety
 /// As [`update_tiles`], and: `a.elem == 1`, `a.tile == 8`; with `a.staged`, the slot array is
@@ -893,9 +893,11 @@ fn tile_scale(a: &TileArgs, part: u64, head: u64) -> Divider {
 /// instructions beside the conversions: on the H100, e4m3 at 16,384 tokens reached 46% of the
 /// copy ceiling with it and 42% with [`tiles_body`]'s test).
 ///
-/// It is a separate body, not [`tiles_body`] with a switch: compiled into one body (the switch
-/// off for 2-byte caches), LLVM split one of the eight row loads of the 2-byte body into three,
-/// and bf16 v0 prefill fell from 60.6% to 59.7% of the copy ceiling (H100, two runs).
+/// It is a separate body, not [`tiles_body`] with a switch, so that the 2-byte kernels' code
+/// stays as measured: a build with one switched body wrote bf16 v0 prefill at 59.7% of the
+/// copy ceiling against 60.6% (H100, two runs). Its PTX had one of the eight 16-byte row loads
+/// split into three (since fixed in [`tile::load_copy`]); whether that was all of the loss was
+/// not measured apart.
 ///
 /// # Safety
 /// As [`update_tiles_staged`].
