@@ -1205,3 +1205,105 @@ fn rows_convert_matches_the_general_converting_entry() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The staged v0 body's run test and slot split; the tiles' transposed columns
+// ---------------------------------------------------------------------------------------------
+
+/// `consecutive8` (tested on 32-bit halves), `split_slot` (a shift for power-of-two block
+/// sizes) and `piece_offset_pow2` against their plain definitions, around the places where
+/// 32-bit halves could go wrong: negative slots, a high word, the top of the low word.
+#[test]
+fn run_test_and_slot_split_match_their_definitions() {
+    use kvio_kernels::index::{
+        consecutive8, piece_offset, piece_offset_pow2, pow2_shift, split_slot,
+    };
+    let starts: [i64; 10] = [
+        0,
+        8,
+        16,
+        1 << 20,
+        (1 << 32) - 8,
+        1 << 32,
+        (1 << 33) + 24,
+        -8,
+        -1,
+        i64::MAX - 7,
+    ];
+    let mut runs = 0;
+    for &s0 in &starts {
+        for bump in [None, Some(1usize), Some(7)] {
+            for shift0 in [0i64, 1, 3] {
+                let mut s = [0i64; 8];
+                for (i, v) in s.iter_mut().enumerate() {
+                    *v = s0.wrapping_add(shift0).wrapping_add(i as i64);
+                }
+                if let Some(k) = bump {
+                    s[k] = s[k].wrapping_add(1 << 32);
+                }
+                let want = s[0] % 8 == 0 && (0..8).all(|i| s[i] == s[0].wrapping_add(i as i64));
+                assert_eq!(consecutive8(&s), want, "{s:?}");
+                runs += want as u32;
+            }
+        }
+    }
+    // Runs: the nine starts that are multiples of 8 (shift 0, no bump), and -1 shifted by 1.
+    assert_eq!(runs, 10);
+    for bs in [8u64, 16, 24, 32, 128, 1000] {
+        let sh = pow2_shift(bs);
+        assert_eq!(sh < 64, bs.is_power_of_two());
+        for slot in [
+            0u64,
+            7,
+            8,
+            15,
+            16,
+            1023,
+            1 << 31,
+            (1 << 32) + 5,
+            u64::MAX / 3,
+        ] {
+            assert_eq!(
+                split_slot(slot, bs, sh),
+                (slot / bs, slot % bs),
+                "{slot} {bs}"
+            );
+        }
+    }
+    for piece in [1u64, 4, 8, 16, 12] {
+        for e in [0u64, 3, 4, 7, 8, 15, 16, 127] {
+            assert_eq!(
+                piece_offset_pow2(e, piece, 256, 2),
+                piece_offset(e, piece, 256, 2),
+                "{e} {piece}"
+            );
+        }
+    }
+}
+
+/// The transposed columns (`prmt` on the GPU; its byte-select semantics on the CPU) hold
+/// element `j` of each of the eight rows, for 1-, 2- and 4-byte elements.
+#[test]
+fn tile_columns_transpose_rows() {
+    use kvio_kernels::tile::{column, get, Row};
+    let mut rng = SmallRng::seed_from_u64(0x7117);
+    fn check<const E: usize>(rows: &[Row; 8]) {
+        for j in 0..8 {
+            let col = column::<E>(rows, j);
+            for (i, row) in rows.iter().enumerate() {
+                assert_eq!(get::<E>(&col, i), get::<E>(row, j), "E {E} ({i}, {j})");
+            }
+        }
+    }
+    for _ in 0..64 {
+        let mut rows = [[0u32; 8]; 8];
+        for r in rows.iter_mut() {
+            for x in r.iter_mut() {
+                *x = rng.gen();
+            }
+        }
+        check::<1>(&rows);
+        check::<2>(&rows);
+        check::<4>(&rows);
+    }
+}

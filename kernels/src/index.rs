@@ -52,6 +52,53 @@ pub fn slot_target(slot: i64, block_size: u64, num_blocks: u64) -> SlotTarget {
     }
 }
 
+/// Whether eight slots are `s0, s0 + 1, .., s0 + 7` with `s0` a multiple of 8, tested on
+/// 32-bit halves (with the low three bits of `s0` clear, adding `i < 8` never carries).
+#[inline(always)]
+pub fn consecutive8(s: &[i64; 8]) -> bool {
+    let (lo0, hi0) = (s[0] as u32, (s[0] as u64 >> 32) as u32);
+    let mut acc = lo0 & 7;
+    unroll8!(i => {
+        let (lo, hi) = (s[i] as u32, (s[i] as u64 >> 32) as u32);
+        acc |= (hi ^ hi0) | (lo ^ (lo0 | i as u32));
+    });
+    acc == 0
+}
+
+/// `log2(n)` when `n` is a power of two, else 64 (split by dividing).
+#[inline(always)]
+pub fn pow2_shift(n: u64) -> u32 {
+    if n.is_power_of_two() {
+        n.trailing_zeros()
+    } else {
+        64
+    }
+}
+
+/// `(slot / block_size, slot % block_size)`: a shift and a mask where `shift` (from
+/// [`pow2_shift`]) is below 64.
+#[inline(always)]
+pub fn split_slot(slot: u64, block_size: u64, shift: u32) -> (u64, u64) {
+    if shift < 64 {
+        (slot >> shift, slot & (block_size - 1))
+    } else {
+        let b = div_u64(slot, block_size);
+        (b, slot - b * block_size)
+    }
+}
+
+/// [`piece_offset`] with a shift and a mask for power-of-two pieces (the v0 key
+/// cache's).
+#[inline(always)]
+pub fn piece_offset_pow2(e: u64, piece: u64, piece_stride: u64, elem: u64) -> u64 {
+    if piece.is_power_of_two() {
+        let sh = piece.trailing_zeros();
+        (e >> sh) * piece_stride + (e & (piece - 1)) * elem
+    } else {
+        piece_offset(e, piece, piece_stride, elem)
+    }
+}
+
 /// Byte offset of element `e` of a head vector stored in pieces of `piece` elements (of
 /// `elem` bytes), `piece_stride` bytes apart: `(e / piece) * piece_stride + (e % piece) *
 /// elem`. A contiguous head is one piece. vLLM's v0 key cache has pieces of `16 / elem`

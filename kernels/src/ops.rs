@@ -912,7 +912,7 @@ unsafe fn staged_body<const E: usize>(a: &TileArgs, g: Group) {
     } else {
         E as u64
     };
-    let bs_shift = pow2_shift(a.block_size);
+    let bs_shift = index::pow2_shift(a.block_size);
     let staged = a.staged != 0;
     let mut st = Stage::new();
     // The stage the current item's copies went to (the next item's go to the other one).
@@ -967,10 +967,10 @@ unsafe fn staged_body<const E: usize>(a: &TileArgs, g: Group) {
                 });
             }
             let s0 = slots[0];
-            let (block, offset) = split_slot(s0 as u64, a.block_size, bs_shift);
+            let (block, offset) = index::split_slot(s0 as u64, a.block_size, bs_shift);
             // Consecutive slots of one block: slot i = slot 0 + i, and slot 0 starts an
             // aligned group of eight (block sizes are multiples of 8), so all stay inside.
-            if s0 >= 0 && consecutive8(&slots) && block < a.num_blocks {
+            if s0 >= 0 && index::consecutive8(&slots) && block < a.num_blocks {
                 let at0 = block * p.block + offset * p.token + head * p.head;
                 // SAFETY: the eight targets are valid consecutive slots of one block; the host
                 // checked the alignment of runs.
@@ -1012,8 +1012,8 @@ unsafe fn store_run<const E: usize>(p: &TilePart, at0: u64, e0: u64, rows: &[Row
             // Pieces of 8k elements (one store per row) or of 4 (two): the host gives runs no
             // narrower stores.
             let e = E as u64;
-            let off = piece_offset_pow2(e0, p.piece, p.piece_stride, e);
-            let off4 = piece_offset_pow2(e0 + 4, p.piece, p.piece_stride, e);
+            let off = index::piece_offset_pow2(e0, p.piece, p.piece_stride, e);
+            let off4 = index::piece_offset_pow2(e0 + 4, p.piece, p.piece_stride, e);
             let d = p.dst.add(at0 as usize);
             unroll8!(i => {
                 let di = d.add(i * p.token as usize);
@@ -1025,53 +1025,6 @@ unsafe fn store_run<const E: usize>(p: &TilePart, at0: u64, e0: u64, rows: &[Row
                 }
             });
         }
-    }
-}
-
-/// Whether eight slots are `s0, s0 + 1, .., s0 + 7` with `s0` a multiple of 8, tested on
-/// 32-bit halves (with the low three bits of `s0` clear, adding `i < 8` never carries).
-#[inline(always)]
-fn consecutive8(s: &[i64; TILE]) -> bool {
-    let (lo0, hi0) = (s[0] as u32, (s[0] as u64 >> 32) as u32);
-    let mut acc = lo0 & 7;
-    unroll8!(i => {
-        let (lo, hi) = (s[i] as u32, (s[i] as u64 >> 32) as u32);
-        acc |= (hi ^ hi0) | (lo ^ (lo0 | i as u32));
-    });
-    acc == 0
-}
-
-/// `log2(n)` when `n` is a power of two, else 64 (split by dividing).
-#[inline(always)]
-fn pow2_shift(n: u64) -> u32 {
-    if n.is_power_of_two() {
-        n.trailing_zeros()
-    } else {
-        64
-    }
-}
-
-/// `(slot / block_size, slot % block_size)`: a shift and a mask where `shift` (from
-/// [`pow2_shift`]) is below 64.
-#[inline(always)]
-fn split_slot(slot: u64, block_size: u64, shift: u32) -> (u64, u64) {
-    if shift < 64 {
-        (slot >> shift, slot & (block_size - 1))
-    } else {
-        let b = index::div_u64(slot, block_size);
-        (b, slot - b * block_size)
-    }
-}
-
-/// [`index::piece_offset`] with a shift and a mask for power-of-two pieces (the v0 key
-/// cache's).
-#[inline(always)]
-fn piece_offset_pow2(e: u64, piece: u64, piece_stride: u64, elem: u64) -> u64 {
-    if piece.is_power_of_two() {
-        let sh = piece.trailing_zeros();
-        (e >> sh) * piece_stride + (e & (piece - 1)) * elem
-    } else {
-        index::piece_offset(e, piece, piece_stride, elem)
     }
 }
 
