@@ -12,6 +12,7 @@ use kvio_suite::{
     assert_same, emulate_slot_cases, gpu_slot_cases, quantize_source, random_bytes, Rng, SlotCase,
     SlotData,
 };
+use proptest::prelude::{any, Strategy};
 
 /// How a case's values are stored and written.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -310,33 +311,59 @@ fn emulated_v0_updates_match_reference() {
     emulate_slot_cases(&cases(false));
 }
 
+/// The random v0 updates of the property tests, as `(format, bs, h, d, t, slots, seed)`:
+/// every format (copies of 1, 2 and 4-byte elements, quantizing from each source type), 1 to
+/// 6 heads of 1 to 20 times `max(x, 8)` elements (`D` a multiple of `x = 16 / e` and of 8,
+/// the README's constraint for v0 updates), any page size listed, decode sizes (one token per
+/// thread) and, one case in five, prefill sizes (tiles of eight tokens), scattered or
+/// page-filling slots (the cases add skipped and out-of-range ones).
+fn v0_params() -> impl Strategy<Value = (Format, usize, usize, usize, usize, Slots, u64)> {
+    (
+        proptest::sample::select(&FORMATS[..]),
+        proptest::sample::select(vec![1usize, 2, 5, 8, 16, 32, 128]),
+        1usize..=6,
+        1usize..=20,
+        proptest::prop_oneof![4 => 1usize..80, 1 => 1024usize..1100],
+        any::<bool>(),
+        any::<u64>(),
+    )
+        .prop_map(|(format, bs, h, pieces, t, pages, seed)| {
+            let e = match format {
+                Format::Copy(e) => e,
+                Format::Quant(..) => 1,
+            };
+            let mode = if pages { Slots::Pages } else { Slots::Random };
+            (format, bs, h, pieces * (16 / e).max(8), t, mode, seed)
+        })
+}
+
 proptest::proptest! {
     // `PROPTEST_CASES` cases (default 96); failures are kept in proptest-regressions/.
     #![proptest_config(proptest::test_runner::Config::with_cases(kvio_suite::proptest_cases(96)))]
 
-    /// Random v0 slot updates in emulation: every format (copies of 1, 2 and 4-byte elements,
-    /// quantizing from each source type), 1 to 6 heads of 1 to 20 times `max(x, 8)` elements,
-    /// any page size listed, decode sizes (one token per thread) and, one case in five,
-    /// prefill sizes (tiles of eight tokens), scattered or page-filling slots with skipped and
-    /// out-of-range ones; bit-exact against the reference.
+    /// Random v0 slot updates ([`v0_params`]) in emulation, bit-exact against the reference.
     #[test]
-    fn v0_updates_emulated_property(
-        format in proptest::sample::select(&FORMATS[..]),
-        bs in proptest::sample::select(vec![1usize, 2, 5, 8, 16, 32, 128]),
-        h in 1usize..=6,
-        pieces in 1usize..=20,
-        t in proptest::prop_oneof![4 => 1usize..80, 1 => 1024usize..1100],
-        pages: bool,
-        seed: u64,
-    ) {
-        let e = match format {
-            Format::Copy(e) => e,
-            Format::Quant(..) => 1,
-        };
-        let mode = if pages { Slots::Pages } else { Slots::Random };
-        // `D` a multiple of `x = 16 / e` and of 8 (the README's constraint for v0 updates).
-        let d = pieces * (16 / e).max(8);
+    fn v0_updates_emulated_property((format, bs, h, d, t, mode, seed) in v0_params()) {
         emulate_slot_cases(&[case_h(format, bs, h, d, t, mode, seed)]);
+    }
+}
+
+/// The same random v0 slot updates on the GPU (`PROPTEST_CASES` of them, default 96), with
+/// the error word: the tiled entries, the staged one included, on shapes the fixed cases do
+/// not reach (odd head counts and widths, partial tiles, pages of 2 and 5 tokens).
+#[test]
+fn v0_updates_gpu_property() {
+    let Some(g) = kvio_suite::gpu("v0 random slot updates") else {
+        return;
+    };
+    let config = proptest::test_runner::Config::with_cases(kvio_suite::proptest_cases(96));
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    let result = runner.run(&v0_params(), |(format, bs, h, d, t, mode, seed)| {
+        gpu_slot_cases(g, &[case_h(format, bs, h, d, t, mode, seed)]);
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
     }
 }
 
