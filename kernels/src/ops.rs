@@ -555,7 +555,7 @@ pub unsafe fn update_tiles(a: &TileArgs, g: Group) {
 #[inline(always)]
 pub unsafe fn update_tiles_staged(a: &TileArgs, g: Group) {
     // SAFETY: forwarded.
-    unsafe { staged_body::<1>(a, g) }
+    unsafe { staged_body(a, g) }
 }
 
 /// [`update_tiles`] for one token per thread (`a.tile == 1`, decode sizes), 1- and 2-byte
@@ -886,7 +886,7 @@ fn tile_scale(a: &TileArgs, part: u64, head: u64) -> Divider {
     }
 }
 
-/// [`update_tiles_staged`] for caches of `E`-byte elements: [`tiles_body`]'s work (eight
+/// [`update_tiles_staged`]'s body (1-byte cache elements): [`tiles_body`]'s work (eight
 /// tokens per item; runs stored as rows or transposed columns; anything else token by token),
 /// with each thread's next tile copied into its stage before the current one is worked on
 /// (`a.staged`), and the run test on 32-bit halves with slot 0 split by a shift (fewer
@@ -903,7 +903,8 @@ fn tile_scale(a: &TileArgs, part: u64, head: u64) -> Divider {
 /// # Safety
 /// As [`update_tiles_staged`].
 #[inline(always)]
-unsafe fn staged_body<const E: usize>(a: &TileArgs, g: Group) {
+unsafe fn staged_body(a: &TileArgs, g: Group) {
+    const E: usize = 1;
     let parts = if a.src_v.is_null() { 1 } else { 2 };
     let subs = a.subs as u64;
     let outer = a.num_tokens.div_ceil(TILE as u64 * subs);
@@ -955,7 +956,7 @@ unsafe fn staged_body<const E: usize>(a: &TileArgs, g: Group) {
             let mut slots = [0i64; TILE];
             if staged {
                 // stage_item copied this full tile's rows and slots into stage s.
-                staged_tile::<E>(a, &st, s, &scale, &mut rows, &mut slots);
+                staged_tile(a, &st, s, &scale, &mut rows, &mut slots);
             } else {
                 unroll8!(i => {
                     // SAFETY: the tile is full: token t0 + i's group lies in the source (runs
@@ -1071,10 +1072,10 @@ unsafe fn stage_item(a: &TileArgs, st: &mut Stage, s: usize, item: u64, items: u
     st.commit();
 }
 
-/// A staged full tile (see [`stage_item`]): its eight groups as cache elements (copied, or
-/// quantized to fp8 with `div`) and its eight slots.
+/// A staged full tile (see [`stage_item`]): its eight groups as fp8 cache elements (copied, or
+/// quantized with `div`) and its eight slots.
 #[inline(always)]
-fn staged_tile<const E: usize>(
+fn staged_tile(
     a: &TileArgs,
     st: &Stage,
     s: usize,
@@ -1084,16 +1085,12 @@ fn staged_tile<const E: usize>(
 ) {
     unroll8!(i => {
         let cell = st.get(s, i);
-        if E == 1 && a.convert != convert::NONE {
-            rows[i] = tile::convert_raw(&[V16::from_array(cell), V16::splat(0)], a.convert, div);
+        rows[i] = if a.convert != convert::NONE {
+            tile::convert_raw(&[V16::from_array(cell), V16::splat(0)], a.convert, div)
         } else {
-            // Copied elements: 8E bytes of the cell (E is 1 here; 2 would take all four).
-            rows[i] = [cell[0], cell[1], 0, 0, 0, 0, 0, 0];
-            if E == 2 {
-                rows[i][2] = cell[2];
-                rows[i][3] = cell[3];
-            }
-        }
+            // Copied fp8: the cell's first 8 bytes.
+            [cell[0], cell[1], 0, 0, 0, 0, 0, 0]
+        };
     });
     if a.slot_is_i64 != 0 {
         unroll8!(i => {
