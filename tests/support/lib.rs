@@ -642,12 +642,20 @@ pub struct SlotData {
 }
 
 impl SlotData {
+    /// The slots as i32 (each must fit).
+    pub fn slots32(&self) -> Vec<i32> {
+        self.slots
+            .iter()
+            .map(|&s| i32::try_from(s).expect("i32 slot"))
+            .collect()
+    }
+
     /// The slot mapping's bytes as passed: i32 or i64 per slot, little-endian.
     pub fn slot_bytes(&self) -> Vec<u8> {
         if self.slots_i32 {
-            self.slots
+            self.slots32()
                 .iter()
-                .flat_map(|&s| i32::try_from(s).expect("i32 slot").to_le_bytes())
+                .flat_map(|s| s.to_le_bytes())
                 .collect()
         } else {
             self.slots.iter().flat_map(|s| s.to_le_bytes()).collect()
@@ -682,7 +690,7 @@ pub fn emulate_slot_cases<C: SlotCase>(cases: &[C]) {
         let dst = unsafe { DeviceBytesMut::from_raw(caches.as_mut_ptr() as u64, caches.len()) };
         let scales = (host_view(&d.scales_k), host_view(&d.scales_v));
         // Typed vectors, so the slot array is aligned for its element type.
-        let s32: Vec<i32> = d.slots.iter().map(|&s| s as i32).collect();
+        let s32 = if d.slots_i32 { d.slots32() } else { Vec::new() };
         let slots = if d.slots_i32 {
             host_view(&s32)
         } else {
