@@ -179,3 +179,26 @@ fn stage_shared_memory_matches_the_kernels() {
         }
     }
 }
+
+/// The CTA-phase entries: both modules declare the tile `kvio_kernels::cta` addresses, at its
+/// size, and each entry separates its phases with the voting barrier and the plain one and
+/// moves the tile through shared memory.
+#[test]
+fn page_tile_matches_the_kernels() {
+    use kvio_kernels::cta::BYTES;
+    for ptx in [kvio::PTX_SM80, kvio::PTX_SM90] {
+        assert!(ptx.contains(&format!(".shared .align 16 .b8 kvio_page_tile[{BYTES}];")));
+        for entry in ["kvio_update_pages", "kvio_update_pages_fp8"] {
+            let body = entry_body(ptx, entry);
+            for op in [
+                "bar.red.and.pred",
+                "bar.sync 0;",
+                "st.shared.u32",
+                "ld.shared.v4.u32",
+                "kvio_page_tile",
+            ] {
+                assert!(body.contains(op), "{entry}: no `{op}`");
+            }
+        }
+    }
+}

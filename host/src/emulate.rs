@@ -104,6 +104,13 @@ unsafe fn run(plan: &Plan<'_>) {
                 // or the scratch vector above).
                 unsafe { std::ptr::copy_nonoverlapping(u.src.as_ptr(), to, u.src.len()) };
             }
+            if let Kernel::Tiles(a) = &kernel {
+                if a.pages() {
+                    // SAFETY: as below; a whole CTA per item, phase by phase.
+                    unsafe { ops::emulate_pages(a, launch.grid) };
+                    return;
+                }
+            }
             // SAFETY: arguments validated like a launch; the memory is host memory (caller).
             ops::emulate(launch.grid, launch.threads, kernel.shift(), |g| unsafe {
                 match &kernel {

@@ -208,8 +208,11 @@ kernel! {
     /// eight tokens per thread. K and V each have their own cache descriptor (byte strides,
     /// piece size in elements, piece stride in bytes, elements per store). One token per
     /// thread (decode sizes) runs `kvio_update_tiles_one`, caches of 4-byte elements
-    /// `kvio_update_tiles_wide`, prefill sizes into fp8 caches `kvio_update_tiles_staged`.
-    kvio_update_tiles | kvio_update_tiles_one [crate::ops::update_tiles_one] | kvio_update_tiles_wide [crate::ops::update_tiles_wide] | kvio_update_tiles_staged [crate::ops::update_tiles_staged] (TileArgs) => crate::ops::update_tiles {
+    /// `kvio_update_tiles_wide`, prefill sizes into fp8 caches `kvio_update_tiles_staged`, and
+    /// prefill sizes that fill v0 pages `kvio_update_pages` (2-byte elements) and
+    /// `kvio_update_pages_fp8` (1-byte ones): a whole CTA per sixteen tokens of a head
+    /// ([`crate::ops::update_pages`]).
+    kvio_update_tiles | kvio_update_tiles_one [crate::ops::update_tiles_one] | kvio_update_tiles_wide [crate::ops::update_tiles_wide] | kvio_update_tiles_staged [crate::ops::update_tiles_staged] | kvio_update_pages [crate::ops::update_pages] | kvio_update_pages_fp8 [crate::ops::update_pages_fp8] (TileArgs) => crate::ops::update_tiles {
         /// New keys.
         src_k: *const u8,
         /// New values (null: K only).
@@ -276,8 +279,9 @@ kernel! {
         v_scale: *const f32,
         /// Non-zero: one scale per head.
         scale_per_head: u32,
-        /// Tokens per tile: 8 (prefill: full tiles of consecutive slots are stored as runs) or
-        /// 1 (decode: one token per thread, nothing serialised).
+        /// Tokens per tile: 8 (prefill: full tiles of consecutive slots are stored as runs), 1
+        /// (decode: one token per thread, nothing serialised) or 16 (`kvio_update_pages`:
+        /// sixteen tokens of a head per CTA, whole pages stored through shared memory).
         tile: u32,
         /// Tiles of one (part, head, group) handled by consecutive threads (1, 2 or 4).
         subs: u32,
@@ -289,6 +293,13 @@ kernel! {
         shift: u32,
         /// Error word (may be null).
         errors: *mut u32,
+    }
+}
+
+impl TileArgs {
+    /// Whether this update runs `kvio_update_pages` (sixteen tokens of a head per CTA).
+    pub fn pages(&self) -> bool {
+        self.tile == crate::ops::PAGE_TOKENS as u32
     }
 }
 

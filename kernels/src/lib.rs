@@ -77,6 +77,7 @@ macro_rules! unroll4 {
 pub mod args;
 pub mod bulk;
 pub mod convert;
+pub mod cta;
 pub mod fp8;
 pub mod index;
 pub mod ops;

@@ -8,6 +8,7 @@ use core::sync::atomic::{AtomicU32, Ordering};
 use crate::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs, SpinArgs, TileArgs};
 use crate::bulk;
 use crate::convert::{self, Span};
+use crate::cta;
 use crate::fp8::Divider;
 use crate::index::{self, chunk_at, err, PairCheck, PoolSide, SliceCheck, SlotTarget, TablePtr};
 use crate::span::{
@@ -584,6 +585,265 @@ pub unsafe fn update_tiles_one(a: &TileArgs, g: Group) {
 pub unsafe fn update_tiles_wide(a: &TileArgs, g: Group) {
     // SAFETY: forwarded.
     unsafe { tiles_body::<4, true>(a, g) }
+}
+
+/// Tokens of one [`update_pages`] work item: a whole page of 16 slots, or 16 aligned slots of
+/// a larger page.
+pub const PAGE_TOKENS: u64 = 16;
+
+/// [`update_tiles`] at prefill sizes into v0 caches of 1- or 2-byte elements whose pages the
+/// tokens fill (`a.tile == 16`): one work item is [`PAGE_TOKENS`] tokens of one (part, head),
+/// done by a whole CTA of [`cta::THREADS`] threads in two phases ([`crate::cta`]). Phase one
+/// loads the sixteen tokens' head vectors (coalesced, quantized if the update converts) and
+/// writes them into the CTA's tile in the cache's order: V transposed (one line of sixteen
+/// tokens per element), K as sixteen 16-byte pieces per piece index. Phase two stores the tile
+/// as 16-byte chunks, consecutive threads at consecutive addresses, so a warp's stores fill
+/// whole 128-byte lines (a page's head in the v0 layout is one contiguous span when the page
+/// holds sixteen slots). The tokens of an item whose slots are not sixteen consecutive slots
+/// starting at a multiple of sixteen inside one block (padding, out-of-range slots, a partial
+/// last item) go token by token in phase two, with [`update_slots`]' semantics.
+///
+/// # Safety
+/// As [`update_tiles`], and: `a.elem` is 1 or 2; both parts' layouts are pieced with pieces of
+/// one element at consecutive slots (V) or of 16 bytes at consecutive 16-byte slots (K);
+/// blocks hold a multiple of [`PAGE_TOKENS`] slots; block, head and piece strides and the
+/// caches are 16-byte aligned; `src_vec`; `PAGE_TOKENS * 8 * groups * elem <= cta::BYTES`;
+/// launched with [`cta::THREADS`] threads per CTA.
+///
+/// This entry point serves caches of 2-byte elements, [`update_pages_fp8`] those of 1-byte
+/// ones (each alone needs 72 and 80 registers on sm_90; one entry for both took 96 and
+/// spilled).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub unsafe fn update_pages(a: &TileArgs, _g: Group) {
+    // SAFETY: forwarded.
+    unsafe { cta::run(&Pages::<2>(a)) }
+}
+
+/// [`update_pages`] for caches of 1-byte elements (fp8: copied or quantized).
+///
+/// # Safety
+/// As [`update_pages`], with `a.elem == 1`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub unsafe fn update_pages_fp8(a: &TileArgs, _g: Group) {
+    // SAFETY: forwarded.
+    unsafe { cta::run(&Pages::<1>(a)) }
+}
+
+/// [`update_pages`] on the CPU, for a grid of `grid` CTAs ([`cta::emulate`]).
+///
+/// # Safety
+/// As [`update_pages`], on host memory.
+#[cfg(not(target_arch = "nvptx64"))]
+pub unsafe fn emulate_pages(a: &TileArgs, grid: u32) {
+    // SAFETY: forwarded.
+    unsafe {
+        if a.elem == 1 {
+            cta::emulate(&Pages::<1>(a), grid)
+        } else {
+            cta::emulate(&Pages::<2>(a), grid)
+        }
+    }
+}
+
+/// [`update_pages`]' phases for caches of `E`-byte elements.
+struct Pages<'a, const E: usize>(&'a TileArgs);
+
+impl<const E: usize> Pages<'_, E> {
+    /// Tokens a word of a transposed line holds.
+    const WORD_TOKENS: u64 = 4 / E as u64;
+    /// Bytes of a transposed line (sixteen tokens' element).
+    const LINE: u64 = PAGE_TOKENS * E as u64;
+    /// A transposed line `d` sits at line `d ^ ((d >> 3) & SWIZZLE)` of the tile, so the eight
+    /// lines a thread writes (`8g .. 8g + 8`) and those of the threads beside it fall in
+    /// different banks (`128 / LINE - 1`).
+    const SWIZZLE: u64 = 128 / Self::LINE - 1;
+
+    /// Item `item` as (first token, part, head): heads vary fastest, so the CTAs at work at
+    /// once read neighbouring source bytes.
+    #[inline(always)]
+    fn split(&self, item: u64) -> (u64, u64, u64) {
+        let a = self.0;
+        let parts = if a.src_v.is_null() { 1 } else { 2 };
+        let mut ix = [0u64; 2];
+        let o = index::split_n(item, [parts, a.heads], &mut ix);
+        (o * PAGE_TOKENS, ix[0], ix[1])
+    }
+
+    /// Bytes of a source element.
+    #[inline(always)]
+    fn src_elem(&self) -> u64 {
+        if self.0.convert != convert::NONE {
+            convert::src_bytes(self.0.convert)
+        } else {
+            E as u64
+        }
+    }
+
+    /// The source group `g` of token `t` of `head` in part `part`.
+    ///
+    /// # Safety
+    /// `t < num_tokens`, `head < heads`, `g < groups`.
+    #[inline(always)]
+    unsafe fn src(&self, part: u64, t: u64, head: u64, g: u64) -> *const u8 {
+        let a = self.0;
+        let src = if part == 0 { a.src_k } else { a.src_v };
+        let off = t * a.src_token_stride + head * a.src_head_stride + g * 8 * self.src_elem();
+        // SAFETY: inside the validated source (caller).
+        unsafe { src.add(off as usize) }
+    }
+}
+
+impl<const E: usize> cta::Phases for Pages<'_, E> {
+    #[inline(always)]
+    fn items(&self) -> u64 {
+        let a = self.0;
+        let parts = if a.src_v.is_null() { 1 } else { 2 };
+        a.num_tokens.div_ceil(PAGE_TOKENS) * parts * a.heads
+    }
+
+    /// Votes whether the item is a run (threads `0..16` check one token's slot each against
+    /// the first), and loads the item's sixteen tokens into the tile in the cache's order;
+    /// thread `tid` takes units `tid, tid + THREADS, ..` of `4 / E` tokens × 8 elements.
+    #[inline(always)]
+    unsafe fn first(&self, item: u64, tid: u32, tile: &cta::Tile) -> bool {
+        let a = self.0;
+        let (t0, part, head) = self.split(item);
+        if t0 + PAGE_TOKENS > a.num_tokens {
+            return false;
+        }
+        let tid = tid as u64;
+        let mut vote = true;
+        if tid < PAGE_TOKENS {
+            // SAFETY: t0 + PAGE_TOKENS <= num_tokens.
+            let (s0, s) = unsafe { (tile_slot(a, t0), tile_slot(a, t0 + tid)) };
+            let start = match index::slot_target(s0, a.block_size, a.num_blocks) {
+                SlotTarget::At { offset, .. } => offset % PAGE_TOKENS == 0,
+                _ => false,
+            };
+            vote = start && s == s0 + tid as i64;
+        }
+        let p = TilePart::of(a, part);
+        let scale = tile_scale(a, part, head);
+        let k = Self::WORD_TOKENS;
+        let cols = PAGE_TOKENS / k;
+        let units = cols * a.groups;
+        let mut u = tid;
+        while u < units {
+            let (q, g) = (u % cols, u / cols);
+            let mut rows: [Row; 4] = [[0; 8]; 4];
+            unroll4!(i => {
+                if i < k as usize {
+                    // SAFETY: token t0 + q k + i < t0 + 16 <= num_tokens, g < groups; sources
+                    // are vector-aligned (`src_vec`).
+                    rows[i] = unsafe {
+                        let s = self.src(part, t0 + q * k + i as u64, head, g);
+                        tile_row::<E>(a, s, true, 1, &scale)
+                    };
+                }
+            });
+            if p.piece == 1 {
+                // V: element 8g + j of the k tokens is one word of line 8g + j.
+                unroll8!(j => {
+                    let d = g * 8 + j as u64;
+                    let line = d ^ (g & Self::SWIZZLE);
+                    let off = line * Self::LINE + q * 4;
+                    // SAFETY: line < 8 groups, so off + 4 <= 16 * 8 * groups * E <= BYTES.
+                    unsafe { tile.put32(off as u32, tile::word_column::<E>(&rows, j)) };
+                });
+            } else {
+                // K: pieces of 16 bytes; group g is all of piece g (E = 2) or half of piece
+                // g / 2 (E = 1). Token t of piece c sits at slot t ^ (c & 3) of the piece's
+                // line (banks again).
+                let (c, half) = if E == 1 { (g / 2, (g % 2) * 8) } else { (g, 0) };
+                unroll4!(i => {
+                    if i < k as usize {
+                        let t = (q * k + i as u64) ^ (c & 3);
+                        let off = ((c * PAGE_TOKENS + t) * 16 + half) as u32;
+                        let r = &rows[i];
+                        // SAFETY: c < 8 groups * E / 16 pieces: inside the tile, aligned.
+                        unsafe {
+                            if E == 1 {
+                                tile.put64(off, [r[0], r[1]]);
+                            } else {
+                                tile.put128(off, [r[0], r[1], r[2], r[3]]);
+                            }
+                        }
+                    }
+                });
+            }
+            u += cta::THREADS as u64;
+        }
+        vote
+    }
+
+    /// A run: the tile stored as 16-byte chunks, thread `tid` taking chunks `tid, tid +
+    /// THREADS, ..` in cache order. Otherwise the item's tokens one (token, group) per thread
+    /// at a time ([`tile_tokens`]).
+    #[inline(always)]
+    unsafe fn second(&self, item: u64, tid: u32, tile: &cta::Tile, all: bool) {
+        let a = self.0;
+        let (t0, part, head) = self.split(item);
+        let p = TilePart::of(a, part);
+        let tid = tid as u64;
+        if all {
+            // SAFETY: t0 < num_tokens (the run is full).
+            let s0 = unsafe { tile_slot(a, t0) };
+            let SlotTarget::At { block, offset } =
+                index::slot_target(s0, a.block_size, a.num_blocks)
+            else {
+                return; // not reached: every thread voted the slot valid
+            };
+            let at0 = block * p.block + offset * p.token + head * p.head;
+            let chunks = PAGE_TOKENS * a.groups * E as u64 / 2;
+            let mut c = tid;
+            while c < chunks {
+                let (from, to) = if p.piece == 1 {
+                    let per = Self::LINE / 16;
+                    let (d, w) = (c / per, c % per);
+                    let line = d ^ ((d >> 3) & Self::SWIZZLE);
+                    (line * Self::LINE + w * 16, d * p.piece_stride + w * 16)
+                } else {
+                    let (pc, t) = (c / PAGE_TOKENS, c % PAGE_TOKENS);
+                    (
+                        (pc * PAGE_TOKENS + (t ^ (pc & 3))) * 16,
+                        pc * p.piece_stride + t * 16,
+                    )
+                };
+                // SAFETY: the sixteen slots are valid consecutive slots of one block from a
+                // multiple of 16: every chunk is inside the target's head in the part, 16-byte
+                // aligned (host); `from` is inside the tile.
+                unsafe {
+                    let v = tile.get128(from as u32);
+                    (p.dst.add((at0 + to) as usize) as *mut V16).write(V16::from_array(v));
+                }
+                c += cta::THREADS as u64;
+            }
+        } else {
+            let n = (a.num_tokens - t0).min(PAGE_TOKENS);
+            let scale = tile_scale(a, part, head);
+            let mut u = tid;
+            while u < n * a.groups {
+                let (i, g) = (u / a.groups, u % a.groups);
+                let tokens = Tokens {
+                    t0: t0 + i,
+                    n: 1,
+                    head,
+                    e0: g * 8,
+                    step: 1,
+                    vec: a.src_vec != 0,
+                    counting: part == 0 && head == 0 && g == 0,
+                };
+                // SAFETY: token t0 + i < num_tokens, g < groups.
+                unsafe {
+                    let src = self.src(part, t0 + i, head, g);
+                    tile_tokens::<E>(a, &p, src, &tokens, &scale);
+                }
+                u += cta::THREADS as u64;
+            }
+        }
+    }
 }
 
 /// One cache part of a tiled update, as the stores see it.

@@ -2,6 +2,7 @@
 
 use kvio_kernels::args::{SliceArgs, SlotArgs, TileArgs};
 use kvio_kernels::index::{access_width, group_shift};
+use kvio_kernels::ops::PAGE_TOKENS;
 
 use kvio_kernels::convert;
 
@@ -9,7 +10,7 @@ use super::{Fp8, MlaUpdate, Quantize, Scale, SliceUpdate, SlotMapping, SlotUpdat
 use crate::error::{invalid, Error, Result};
 use crate::error_word::DeviceErrors;
 use crate::launch::{
-    cta_threads, grid_for, BLOCK_THREADS, PER_LANE, SMALL_CTA_THREADS, STAGED_THREADS,
+    cta_threads, grid_for, BLOCK_THREADS, PAGE_THREADS, PER_LANE, SMALL_CTA_THREADS, STAGED_THREADS,
 };
 use crate::layout::{chunks_disjoint, PagedLayout, TokenLayout};
 use crate::plan::{Kernel, Launch, Plan, Target};
@@ -257,6 +258,27 @@ fn tile_stores(name: &'static str, l: &PagedLayout, base: u64) -> Result<(u32, b
     Ok((unit, runs))
 }
 
+/// Whether `kvio_update_pages` can store part `l` (cache at `base`) from its tile: one
+/// element per piece at consecutive slots (v0 V) or 16-byte pieces at consecutive 16-byte
+/// slots (v0 K), pages of a multiple of 16 slots, and 16-byte aligned cache, block, head and
+/// piece strides (every 16-byte chunk of a line it stores is then aligned).
+fn pageable(l: &PagedLayout, base: u64) -> bool {
+    let e = l.elem_bytes;
+    let lines = (l.piece_elems == 1 && l.token_stride == 1)
+        || (l.piece_elems * e == 16 && l.token_stride == l.piece_elems);
+    let piece_stride = if l.is_pieced() { l.piece_stride * e } else { 0 };
+    lines
+        && l.block_size.is_multiple_of(PAGE_TOKENS as usize)
+        && [
+            base as usize,
+            l.block_stride * e,
+            l.head_stride * e,
+            piece_stride,
+        ]
+        .iter()
+        .all(|v| v.is_multiple_of(16))
+}
+
 /// Token count from which a tiled update takes eight tokens per thread.
 const TILE_FROM: usize = 1024;
 
@@ -350,13 +372,33 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     // (`staged`) when the tiles may be runs and their loads fit a 16-byte cell: 1- or 2-byte
     // source elements, and a 16-byte aligned slot array.
     let staged = tile == 8 && e == 1 && ie <= 2 && (runs_k || runs_v) && slots.is_multiple_of(16);
+    // Prefill sizes into caches whose pages a CTA can fill from its tile (v0 K and V of 1- or
+    // 2-byte elements, pages of a multiple of 16 slots) run `kvio_update_pages`: sixteen
+    // tokens of a head per CTA, stored through shared memory as whole lines.
+    let pages = tile == 8
+        && e <= 2
+        && src_vec
+        && PAGE_TOKENS * kl.head_dim as u64 * e <= kvio_kernels::cta::BYTES as u64
+        && pageable(kl, kv_dst)
+        && (op.value.is_none() || pageable(&vl, vv_dst));
+    let (tile, subs) = if pages {
+        (PAGE_TOKENS, 1)
+    } else {
+        (tile, subs)
+    };
     let parts = 1 + op.value.is_some() as u64;
     let groups = kl.head_dim as u64 / 8;
     let items = (n as u64)
         .div_ceil(tile * subs)
         .checked_mul(parts * subs)
         .and_then(|v| v.checked_mul(kl.num_heads as u64))
-        .and_then(|v| v.checked_mul(groups))
+        .and_then(|v| {
+            if pages {
+                Some(v)
+            } else {
+                v.checked_mul(groups)
+            }
+        })
         .ok_or(Error::Overflow { name: "slots" })?;
     let args = TileArgs {
         src_k: src_k as *const u8,
@@ -393,7 +435,7 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         scale_per_head: quant.is_some_and(|(_, per_head)| per_head) as u32,
         tile: tile as u32,
         subs: subs as u32,
-        staged: staged as u32,
+        staged: (staged && !pages) as u32,
         shift: 0,
         errors: err_ptr(op.errors) as *mut u32,
     };
@@ -401,6 +443,10 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     // per element) spread over many multiprocessors' load/store units.
     let (cap, threads) = if e == 4 {
         (target.caps.tiles_wide, BLOCK_THREADS)
+    } else if pages && e == 1 {
+        (target.caps.pages_fp8, PAGE_THREADS)
+    } else if pages {
+        (target.caps.pages, PAGE_THREADS)
     } else if tile == 8 && e == 1 {
         (target.caps.tiles_staged, STAGED_THREADS)
     } else if tile == 1 {
