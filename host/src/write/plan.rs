@@ -458,7 +458,8 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         upload: None,
         launch: Launch {
             kernel: Kernel::Tiles(args),
-            grid: grid_for(items, threads, 0, cap),
+            // A whole CTA per item for the pages entries.
+            grid: grid_for(items, if pages { 1 } else { threads }, 0, cap),
             threads,
         },
     })
@@ -883,22 +884,44 @@ mod tests {
         assert_eq!((p.heads, p.chunk_bytes), (8, 256));
     }
 
-    /// v0 caches (bf16, fp8) at prefill size: tiles of eight tokens, K stored as whole
-    /// 16-byte (8-byte) pieces, V as transposed columns; decode size: one token per thread.
+    /// The tiled plan of `op` and its grid.
+    fn plan_tiles(op: &SlotUpdate<'_>, cap: u32) -> (TileArgs, u32, u32) {
+        let Plan::Kernel { launch, .. } = slots(op, &target(cap)).unwrap() else {
+            panic!("no launch")
+        };
+        let Kernel::Tiles(a) = launch.kernel else {
+            panic!("not a tiled update")
+        };
+        (a, launch.grid, launch.threads)
+    }
+
+    /// v0 caches (bf16, fp8) at prefill size: on 16-token pages, a CTA per sixteen tokens of a
+    /// head (`kvio_update_pages`: one item per CTA, so the grid is the item count up to the
+    /// cap); on 8-token pages (or heads too wide for the tile) tiles of eight tokens, K stored
+    /// as whole 16-byte (8-byte) pieces, V as transposed columns; decode size: one token per
+    /// thread.
     #[test]
     fn v0_plans_store_runs() {
         for e in [2usize, 1] {
-            let (nb, bs, h, d) = (200, 16, 8, 128);
-            let cache = PagedLayout::v0_key(nb, bs, h, d, e);
-            let mut op = slot_op(cache, 3000);
-            op.input = TokenLayout::contiguous(3000, h, d, e);
-            op.value_layout = Some(PagedLayout::v0_value(nb, bs, h, d, e));
-            let Plan::Kernel { launch, .. } = slots(&op, &target(132)).unwrap() else {
-                panic!("no launch")
+            let (h, d) = (8, 128);
+            let v0 = |bs: usize, d: usize| {
+                let mut op = slot_op(PagedLayout::v0_key(3000 / bs + 8, bs, h, d, e), 3000);
+                op.input = TokenLayout::contiguous(3000, h, d, e);
+                op.value_layout = Some(PagedLayout::v0_value(3000 / bs + 8, bs, h, d, e));
+                op
             };
-            let Kernel::Tiles(a) = launch.kernel else {
-                panic!("not a tiled update")
-            };
+            let op = v0(16, d);
+            let (a, grid, threads) = plan_tiles(&op, 132);
+            assert_eq!((a.tile, a.subs, grid, threads), (16, 1, 132, 128), "e={e}");
+            assert!(a.pages());
+            // 188 sixteen-token items × K and V × 8 heads.
+            assert_eq!(plan_tiles(&op, 100_000).1, 188 * 2 * 8);
+            // 128-token pages too; a head whose sixteen tokens exceed the 8 KiB tile does not.
+            assert_eq!(plan_tiles(&v0(128, d), 132).0.tile, 16);
+            assert_eq!(plan_tiles(&v0(16, 512 / e), 132).0.tile, 16, "e={e}");
+            assert_eq!(plan_tiles(&v0(16, 1024 / e), 132).0.tile, 8, "e={e}");
+            let mut op = v0(8, d);
+            let (a, _, _) = plan_tiles(&op, 132);
             assert_eq!(
                 (a.tile, a.runs, a.unit_k, a.unit_v, a.src_vec),
                 (8, 3, 8, 1, 1),
