@@ -50,6 +50,21 @@ macro_rules! unroll8 {
     }};
 }
 
+/// Runs `$body` twice with `$i` bound to `0` and `1` (see [`unroll8`]): the pages update's
+/// units per thread, whose rows must stay in registers.
+macro_rules! unroll2 {
+    ($i:ident => $body:block) => {{
+        {
+            let $i: usize = 0;
+            $body
+        }
+        {
+            let $i: usize = 1;
+            $body
+        }
+    }};
+}
+
 /// Runs `$body` four times with `$i` bound to the constants `0..4` (see [`unroll8`]): the
 /// transfer's batch of items, whose addresses must stay in registers.
 macro_rules! unroll4 {

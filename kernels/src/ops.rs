@@ -592,9 +592,10 @@ pub unsafe fn update_tiles_wide(a: &TileArgs, g: Group) {
 pub const PAGE_TOKENS: u64 = 16;
 
 /// [`update_tiles`] at prefill sizes into v0 caches of 1- or 2-byte elements whose pages the
-/// tokens fill (`a.tile == 16`): one work item is [`PAGE_TOKENS`] tokens of one (part, head),
-/// done by a whole CTA of [`cta::THREADS`] threads in two phases ([`crate::cta`]). Phase one
-/// loads the sixteen tokens' head vectors (coalesced, quantized if the update converts) and
+/// tokens fill (`a.tile == 16`): one work item is [`PAGE_TOKENS`] tokens of one part and
+/// `a.subs` heads (so that an item has about [`PAGE_UNITS`] units per thread), done by a whole
+/// CTA of [`cta::THREADS`] threads in two phases ([`crate::cta`]). Phase one loads the
+/// sixteen tokens' head vectors (coalesced, quantized if the update converts) and
 /// writes them into the CTA's tile in the cache's order: V transposed (one line of sixteen
 /// tokens per element), K as sixteen 16-byte pieces per piece index. Phase two stores the tile
 /// as 16-byte chunks, consecutive threads at consecutive addresses, so a warp's stores fill
@@ -607,8 +608,9 @@ pub const PAGE_TOKENS: u64 = 16;
 /// As [`update_tiles`], and: `a.elem` is 1 or 2; both parts' layouts are pieced with pieces of
 /// one element at consecutive slots (V) or of 16 bytes at consecutive 16-byte slots (K);
 /// blocks hold a multiple of [`PAGE_TOKENS`] slots; block, head and piece strides and the
-/// caches are 16-byte aligned; `src_vec`; `PAGE_TOKENS * 8 * groups * elem <= cta::BYTES`;
-/// launched with [`cta::THREADS`] threads per CTA.
+/// caches are 16-byte aligned; `src_vec`; `a.subs >= 1` heads per item hold at most
+/// `PAGE_UNITS * cta::THREADS` units (`4 * elem * groups` each), so their tile, 32 bytes a
+/// unit, fits [`cta::BYTES`]; launched with [`cta::THREADS`] threads per CTA.
 ///
 /// This entry point serves caches of 2-byte elements, [`update_pages_fp8`] those of 1-byte
 /// ones (each alone needs 72 and 80 registers on sm_90; one entry for both took 96 and
@@ -650,25 +652,55 @@ pub unsafe fn emulate_pages(a: &TileArgs, grid: u32) {
 /// [`update_pages`]' phases for caches of `E`-byte elements.
 struct Pages<'a, const E: usize>(&'a TileArgs);
 
+/// Units (`4 / E` tokens × 8 elements of one head) a thread loads per item of
+/// [`update_pages`], all issued before any is used: the host sizes items (heads per item) so
+/// that they have at most `PAGE_UNITS * cta::THREADS` units.
+pub const PAGE_UNITS: u64 = 2;
+const _: () = assert!(PAGE_UNITS == 2, "Pages::first unrolls two units");
+
+/// Where a thread's unit sits in an item: head (of the item's), word column, group.
+#[derive(Clone, Copy)]
+struct PageUnit {
+    hh: u64,
+    q: u64,
+    g: u64,
+}
+
 impl<const E: usize> Pages<'_, E> {
     /// Tokens a word of a transposed line holds.
     const WORD_TOKENS: u64 = 4 / E as u64;
+    /// Word columns of a line (units per group of a head).
+    const COLS: u64 = PAGE_TOKENS / Self::WORD_TOKENS;
     /// Bytes of a transposed line (sixteen tokens' element).
     const LINE: u64 = PAGE_TOKENS * E as u64;
-    /// A transposed line `d` sits at line `d ^ ((d >> 3) & SWIZZLE)` of the tile, so the eight
-    /// lines a thread writes (`8g .. 8g + 8`) and those of the threads beside it fall in
-    /// different banks (`128 / LINE - 1`).
+    /// A transposed line `d` sits at line `d ^ ((d >> 3) & SWIZZLE)` of its head's part of the
+    /// tile, so the eight lines a thread writes (`8g .. 8g + 8`) and those of the threads
+    /// beside it fall in different banks (`128 / LINE - 1`).
     const SWIZZLE: u64 = 128 / Self::LINE - 1;
 
-    /// Item `item` as (first token, part, head): heads vary fastest, so the CTAs at work at
-    /// once read neighbouring source bytes.
+    /// Heads per item (`a.subs` in this entry).
     #[inline(always)]
-    fn split(&self, item: u64) -> (u64, u64, u64) {
+    fn heads_per_item(&self) -> u64 {
+        self.0.subs as u64
+    }
+
+    /// Item `item` as (first token, part, first head, heads): head groups vary fastest, so
+    /// the CTAs at work at once read neighbouring source bytes.
+    #[inline(always)]
+    fn split(&self, item: u64) -> (u64, u64, u64, u64) {
         let a = self.0;
         let parts = if a.src_v.is_null() { 1 } else { 2 };
+        let hp = self.heads_per_item();
         let mut ix = [0u64; 2];
-        let o = index::split_n(item, [parts, a.heads], &mut ix);
-        (o * PAGE_TOKENS, ix[0], ix[1])
+        let o = index::split_n(item, [parts, a.heads.div_ceil(hp)], &mut ix);
+        let h0 = ix[1] * hp;
+        (o * PAGE_TOKENS, ix[0], h0, hp.min(a.heads - h0))
+    }
+
+    /// Bytes of one head's sixteen tokens in the tile.
+    #[inline(always)]
+    fn head_bytes(&self) -> u64 {
+        PAGE_TOKENS * 8 * self.0.groups * E as u64
     }
 
     /// Bytes of a source element.
@@ -700,16 +732,17 @@ impl<const E: usize> cta::Phases for Pages<'_, E> {
     fn items(&self) -> u64 {
         let a = self.0;
         let parts = if a.src_v.is_null() { 1 } else { 2 };
-        a.num_tokens.div_ceil(PAGE_TOKENS) * parts * a.heads
+        a.num_tokens.div_ceil(PAGE_TOKENS) * parts * a.heads.div_ceil(self.heads_per_item())
     }
 
     /// Votes whether the item is a run (threads `0..16` check one token's slot each against
-    /// the first), and loads the item's sixteen tokens into the tile in the cache's order;
-    /// thread `tid` takes units `tid, tid + THREADS, ..` of `4 / E` tokens × 8 elements.
+    /// the first), and loads the item's sixteen tokens into the tile in the cache's order:
+    /// thread `tid` takes units `tid` and `tid + THREADS` of `4 / E` tokens × 8 elements,
+    /// loading (and converting) both before it writes either.
     #[inline(always)]
     unsafe fn first(&self, item: u64, tid: u32, tile: &cta::Tile) -> bool {
         let a = self.0;
-        let (t0, part, head) = self.split(item);
+        let (t0, part, h0, hn) = self.split(item);
         if t0 + PAGE_TOKENS > a.num_tokens {
             return false;
         }
@@ -725,66 +758,81 @@ impl<const E: usize> cta::Phases for Pages<'_, E> {
             vote = start && s == s0 + tid as i64;
         }
         let p = TilePart::of(a, part);
-        let scale = tile_scale(a, part, head);
         let k = Self::WORD_TOKENS;
-        let cols = PAGE_TOKENS / k;
-        let units = cols * a.groups;
-        let mut u = tid;
-        while u < units {
-            let (q, g) = (u % cols, u / cols);
-            let mut rows: [Row; 4] = [[0; 8]; 4];
-            unroll4!(i => {
-                if i < k as usize {
-                    // SAFETY: token t0 + q k + i < t0 + 16 <= num_tokens, g < groups; sources
-                    // are vector-aligned (`src_vec`).
-                    rows[i] = unsafe {
-                        let s = self.src(part, t0 + q * k + i as u64, head, g);
-                        tile_row::<E>(a, s, true, 1, &scale)
-                    };
-                }
-            });
-            if p.piece == 1 {
-                // V: element 8g + j of the k tokens is one word of line 8g + j.
-                unroll8!(j => {
-                    let d = g * 8 + j as u64;
-                    let line = d ^ (g & Self::SWIZZLE);
-                    let off = line * Self::LINE + q * 4;
-                    // SAFETY: line < 8 groups, so off + 4 <= 16 * 8 * groups * E <= BYTES.
-                    unsafe { tile.put32(off as u32, tile::word_column::<E>(&rows, j)) };
-                });
-            } else {
-                // K: pieces of 16 bytes; group g is all of piece g (E = 2) or half of piece
-                // g / 2 (E = 1). Token t of piece c sits at slot t ^ (c & 3) of the piece's
-                // line (banks again).
-                let (c, half) = if E == 1 { (g / 2, (g % 2) * 8) } else { (g, 0) };
+        let per_head = Self::COLS * a.groups;
+        let mut units = [PageUnit { hh: 0, q: 0, g: 0 }; PAGE_UNITS as usize];
+        let mut rows: [[Row; 4]; PAGE_UNITS as usize] = [[[0; 8]; 4]; PAGE_UNITS as usize];
+        // Two units (`PAGE_UNITS`), unrolled so that their rows stay in registers.
+        unroll2!(v => {
+            let u = tid + v as u64 * cta::THREADS as u64;
+            let (hh, r) = (u / per_head, u % per_head);
+            let unit = PageUnit {
+                hh,
+                q: r % Self::COLS,
+                g: r / Self::COLS,
+            };
+            units[v] = unit;
+            if hh < hn {
+                let head = h0 + hh;
+                let scale = tile_scale(a, part, head);
                 unroll4!(i => {
                     if i < k as usize {
-                        let t = (q * k + i as u64) ^ (c & 3);
-                        let off = ((c * PAGE_TOKENS + t) * 16 + half) as u32;
-                        let r = &rows[i];
-                        // SAFETY: c < 8 groups * E / 16 pieces: inside the tile, aligned.
-                        unsafe {
-                            if E == 1 {
-                                tile.put64(off, [r[0], r[1]]);
-                            } else {
-                                tile.put128(off, [r[0], r[1], r[2], r[3]]);
-                            }
-                        }
+                        // SAFETY: token t0 + q k + i < t0 + 16 <= num_tokens, head < heads,
+                        // g < groups; sources are vector-aligned (`src_vec`).
+                        rows[v][i] = unsafe {
+                            let t = t0 + unit.q * k + i as u64;
+                            tile_row::<E>(a, self.src(part, t, head, unit.g), true, 1, &scale)
+                        };
                     }
                 });
             }
-            u += cta::THREADS as u64;
-        }
+        });
+        unroll2!(v => {
+            let PageUnit { hh, q, g } = units[v];
+            if hh < hn {
+                let base = hh * self.head_bytes();
+                if p.piece == 1 {
+                    // V: element 8g + j of the k tokens is one word of line 8g + j.
+                    unroll8!(j => {
+                        let d = g * 8 + j as u64;
+                        let line = d ^ (g & Self::SWIZZLE);
+                        let off = base + line * Self::LINE + q * 4;
+                        // SAFETY: off + 4 <= hn * head_bytes <= BYTES (host).
+                        unsafe { tile.put32(off as u32, tile::word_column::<E>(&rows[v], j)) };
+                    });
+                } else {
+                    // K: pieces of 16 bytes; group g is all of piece g (E = 2) or half of
+                    // piece g / 2 (E = 1). Token t of piece c sits at slot t ^ (c & 3) of the
+                    // piece's line (banks again).
+                    let (c, half) = if E == 1 { (g / 2, (g % 2) * 8) } else { (g, 0) };
+                    unroll4!(i => {
+                        if i < k as usize {
+                            let t = (q * k + i as u64) ^ (c & 3);
+                            let off = (base + (c * PAGE_TOKENS + t) * 16 + half) as u32;
+                            let r = &rows[v][i];
+                            // SAFETY: inside the head's part of the tile, aligned.
+                            unsafe {
+                                if E == 1 {
+                                    tile.put64(off, [r[0], r[1]]);
+                                } else {
+                                    tile.put128(off, [r[0], r[1], r[2], r[3]]);
+                                }
+                            }
+                        }
+                    });
+                }
+            }
+        });
         vote
     }
 
-    /// A run: the tile stored as 16-byte chunks, thread `tid` taking chunks `tid, tid +
-    /// THREADS, ..` in cache order. Otherwise the item's tokens one (token, group) per thread
-    /// at a time ([`tile_tokens`]).
+    /// A run: each head's part of the tile stored as 16-byte chunks, thread `tid` taking
+    /// chunks `tid, tid + THREADS, ..` in cache order. Otherwise the item's tokens one (head,
+    /// token, group) per thread at a time ([`tile_tokens`]).
     #[inline(always)]
     unsafe fn second(&self, item: u64, tid: u32, tile: &cta::Tile, all: bool) {
         let a = self.0;
-        let (t0, part, head) = self.split(item);
+        let (t0, part, h0, hn) = self.split(item);
         let p = TilePart::of(a, part);
         let tid = tid as u64;
         if all {
@@ -795,37 +843,45 @@ impl<const E: usize> cta::Phases for Pages<'_, E> {
             else {
                 return; // not reached: every thread voted the slot valid
             };
-            let at0 = block * p.block + offset * p.token + head * p.head;
-            let chunks = PAGE_TOKENS * a.groups * E as u64 / 2;
-            let mut c = tid;
-            while c < chunks {
-                let (from, to) = if p.piece == 1 {
-                    let per = Self::LINE / 16;
-                    let (d, w) = (c / per, c % per);
-                    let line = d ^ ((d >> 3) & Self::SWIZZLE);
-                    (line * Self::LINE + w * 16, d * p.piece_stride + w * 16)
-                } else {
-                    let (pc, t) = (c / PAGE_TOKENS, c % PAGE_TOKENS);
-                    (
-                        (pc * PAGE_TOKENS + (t ^ (pc & 3))) * 16,
-                        pc * p.piece_stride + t * 16,
-                    )
-                };
-                // SAFETY: the sixteen slots are valid consecutive slots of one block from a
-                // multiple of 16: every chunk is inside the target's head in the part, 16-byte
-                // aligned (host); `from` is inside the tile.
-                unsafe {
-                    let v = tile.get128(from as u32);
-                    (p.dst.add((at0 + to) as usize) as *mut V16).write(V16::from_array(v));
+            let at0 = block * p.block + offset * p.token;
+            let chunks = self.head_bytes() / 16;
+            let mut hh = 0;
+            while hh < hn {
+                let (from0, to0) = (hh * self.head_bytes(), at0 + (h0 + hh) * p.head);
+                let mut c = tid;
+                while c < chunks {
+                    let (from, to) = if p.piece == 1 {
+                        let per = Self::LINE / 16;
+                        let (d, w) = (c / per, c % per);
+                        let line = d ^ ((d >> 3) & Self::SWIZZLE);
+                        (line * Self::LINE + w * 16, d * p.piece_stride + w * 16)
+                    } else {
+                        let (pc, t) = (c / PAGE_TOKENS, c % PAGE_TOKENS);
+                        (
+                            (pc * PAGE_TOKENS + (t ^ (pc & 3))) * 16,
+                            pc * p.piece_stride + t * 16,
+                        )
+                    };
+                    // SAFETY: the sixteen slots are valid consecutive slots of one block from
+                    // a multiple of 16: every chunk is inside the target's head in the part,
+                    // 16-byte aligned (host); `from` is inside the tile.
+                    unsafe {
+                        let v = tile.get128((from0 + from) as u32);
+                        let d = p.dst.add((to0 + to) as usize) as *mut V16;
+                        d.write(V16::from_array(v));
+                    }
+                    c += cta::THREADS as u64;
                 }
-                c += cta::THREADS as u64;
+                hh += 1;
             }
         } else {
             let n = (a.num_tokens - t0).min(PAGE_TOKENS);
-            let scale = tile_scale(a, part, head);
+            let per_head = n * a.groups;
             let mut u = tid;
-            while u < n * a.groups {
-                let (i, g) = (u / a.groups, u % a.groups);
+            while u < hn * per_head {
+                let (hh, r) = (u / per_head, u % per_head);
+                let (i, g) = (r / a.groups, r % a.groups);
+                let head = h0 + hh;
                 let tokens = Tokens {
                     t0: t0 + i,
                     n: 1,
@@ -835,10 +891,10 @@ impl<const E: usize> cta::Phases for Pages<'_, E> {
                     vec: a.src_vec != 0,
                     counting: part == 0 && head == 0 && g == 0,
                 };
-                // SAFETY: token t0 + i < num_tokens, g < groups.
+                // SAFETY: token t0 + i < num_tokens, head < heads, g < groups.
                 unsafe {
                     let src = self.src(part, t0 + i, head, g);
-                    tile_tokens::<E>(a, &p, src, &tokens, &scale);
+                    tile_tokens::<E>(a, &p, src, &tokens, &tile_scale(a, part, head));
                 }
                 u += cta::THREADS as u64;
             }

@@ -2,7 +2,7 @@
 
 use kvio_kernels::args::{SliceArgs, SlotArgs, TileArgs};
 use kvio_kernels::index::{access_width, group_shift};
-use kvio_kernels::ops::PAGE_TOKENS;
+use kvio_kernels::ops::{PAGE_TOKENS, PAGE_UNITS};
 
 use kvio_kernels::convert;
 
@@ -373,33 +373,36 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     // source elements, and a 16-byte aligned slot array.
     let staged = tile == 8 && e == 1 && ie <= 2 && (runs_k || runs_v) && slots.is_multiple_of(16);
     // Prefill sizes into caches whose pages a CTA can fill from its tile (v0 K and V of 1- or
-    // 2-byte elements, pages of a multiple of 16 slots) run `kvio_update_pages`: sixteen
-    // tokens of a head per CTA, stored through shared memory as whole lines.
+    // 2-byte elements, pages of a multiple of 16 slots) run `kvio_update_pages` (`_fp8`):
+    // sixteen tokens of one or more heads per CTA, stored through shared memory as whole lines.
+    // An item is sixteen tokens of as many heads as make at most `PAGE_UNITS` units (4 / e
+    // tokens × 8 elements: 32 bytes of the tile) per thread.
+    let max_units = PAGE_UNITS * PAGE_THREADS as u64;
+    let head_units = 4 * e * kl.head_dim as u64 / 8;
     let pages = tile == 8
         && e <= 2
         && src_vec
-        && PAGE_TOKENS * kl.head_dim as u64 * e <= kvio_kernels::cta::BYTES as u64
+        && head_units <= max_units
         && pageable(kl, kv_dst)
         && (op.value.is_none() || pageable(&vl, vv_dst));
     let (tile, subs) = if pages {
-        (PAGE_TOKENS, 1)
+        let heads = (max_units / head_units).min(kl.num_heads as u64).max(1);
+        (PAGE_TOKENS, heads)
     } else {
         (tile, subs)
     };
     let parts = 1 + op.value.is_some() as u64;
     let groups = kl.head_dim as u64 / 8;
-    let items = (n as u64)
-        .div_ceil(tile * subs)
-        .checked_mul(parts * subs)
-        .and_then(|v| v.checked_mul(kl.num_heads as u64))
-        .and_then(|v| {
-            if pages {
-                Some(v)
-            } else {
-                v.checked_mul(groups)
-            }
-        })
-        .ok_or(Error::Overflow { name: "slots" })?;
+    let items = if pages {
+        (n as u64).div_ceil(tile) * parts * (kl.num_heads as u64).div_ceil(subs)
+    } else {
+        (n as u64)
+            .div_ceil(tile * subs)
+            .checked_mul(parts * subs)
+            .and_then(|v| v.checked_mul(kl.num_heads as u64))
+            .and_then(|v| v.checked_mul(groups))
+            .ok_or(Error::Overflow { name: "slots" })?
+    };
     let args = TileArgs {
         src_k: src_k as *const u8,
         src_v: src_v as *const u8,
@@ -912,10 +915,12 @@ mod tests {
             };
             let op = v0(16, d);
             let (a, grid, threads) = plan_tiles(&op, 132);
-            assert_eq!((a.tile, a.subs, grid, threads), (16, 1, 132, 128), "e={e}");
+            // Items of two heads (bf16: 128 units each) or four (fp8: 64).
+            let hp = 2 / e as u32 * 2;
+            assert_eq!((a.tile, a.subs, grid, threads), (16, hp, 132, 128), "e={e}");
             assert!(a.pages());
-            // 188 sixteen-token items × K and V × 8 heads.
-            assert_eq!(plan_tiles(&op, 100_000).1, 188 * 2 * 8);
+            // 188 sixteen-token items × K and V × 8 / hp head groups.
+            assert_eq!(plan_tiles(&op, 100_000).1, 188 * 2 * 8 / hp);
             // 128-token pages too; a head whose sixteen tokens exceed the 8 KiB tile does not.
             assert_eq!(plan_tiles(&v0(128, d), 132).0.tile, 16);
             assert_eq!(plan_tiles(&v0(16, 512 / e), 132).0.tile, 16, "e={e}");
