@@ -146,15 +146,13 @@ fn build_ptx(kernels: &Path, out: &Path) {
 /// - `kvio_transfer_blocks_tma` runs one-warp CTAs (`kvio_kernels::bulk::THREADS`).
 /// - `kvio_update_tiles_staged` runs CTAs of `kvio_kernels::stage::THREADS` (128) threads, each
 ///   with 48 KiB of staging: four per multiprocessor.
-/// - `kvio_update_pages` and `kvio_update_pages_fp8` run CTAs of `kvio_kernels::cta::THREADS`
-///   (128) threads.
-const DIRECTIVES: [(&str, &str); 8] = [
+/// - `kvio_update_pages` runs CTAs of `kvio_kernels::cta::THREADS` (128) threads.
+const DIRECTIVES: [(&str, &str); 7] = [
     ("kvio_transfer_blocks", ".maxntid 512, 1, 1\n"),
     ("kvio_transfer_blocks_tma", ".maxntid 32, 1, 1\n"),
     ("kvio_update_tiles", ".maxntid 256, 1, 1\n.minnctapersm 2\n"),
     ("kvio_update_tiles_staged", ".maxntid 128, 1, 1\n"),
     ("kvio_update_pages", ".maxntid 128, 1, 1\n"),
-    ("kvio_update_pages_fp8", ".maxntid 128, 1, 1\n"),
     (
         "kvio_update_slots_convert",
         ".maxntid 256, 1, 1\n.minnctapersm 4\n",
@@ -201,7 +199,7 @@ fn add_tma_shared(path: &Path) {
 
 /// The staged tiled update's static shared memory, in both modules: `kvio_kernels::stage`'s
 /// `BYTES` (checked by `tests/ptx_abi.rs`), cells of 16 bytes; and the tile of the CTA-phase
-/// entries (`kvio_update_pages`, `_fp8`): `kvio_kernels::cta::BYTES`. A kernel is given only the
+/// entries (`kvio_update_pages`): `kvio_kernels::cta::BYTES`. A kernel is given only the
 /// shared variables it references.
 const STAGE_SHARED: &str = ".shared .align 16 .b8 kvio_tile_stage[49152];\n\
                             .shared .align 16 .b8 kvio_page_tile[8192];\n";

@@ -249,6 +249,9 @@ fn cases(full: bool) -> Vec<Case> {
         // Prefill size on 8- and 128-token pages too.
         v.push(case(format, 8, 128, 1030, Slots::Pages, seed + 1000));
         v.push(case(format, 128, 64, 1030, Slots::Pages, seed + 2000));
+        // Prefill size with 5 heads of 128: the 2-byte pages update takes two heads an item,
+        // so the last item of a part has one.
+        v.push(case_h(format, 16, 5, 128, 1030, Slots::Pages, seed + 3000));
         seed += 1;
         for bs in [1, 16, 128, 8, 32] {
             for d in [64, 128, 256] {

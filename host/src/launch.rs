@@ -63,8 +63,6 @@ pub(crate) struct GridCap {
     pub(crate) tiles_staged: u32,
     /// `kvio_update_pages` at [`PAGE_THREADS`].
     pub(crate) pages: u32,
-    /// `kvio_update_pages_fp8` at [`PAGE_THREADS`].
-    pub(crate) pages_fp8: u32,
     /// `kvio_update_slices` at [`BLOCK_THREADS`].
     pub(crate) slices: u32,
     /// `kvio_copy_blocks` at [`BLOCK_THREADS`].
@@ -91,7 +89,6 @@ impl GridCap {
             tiles_wide: cap,
             tiles_staged: cap,
             pages: cap,
-            pages_fp8: cap,
             slices: cap,
             copy: cap,
             transfer: cap,

@@ -43,7 +43,6 @@ pub struct Kvio {
     update_tiles_wide: cu::CUfunction,
     update_tiles_staged: cu::CUfunction,
     update_pages: cu::CUfunction,
-    update_pages_fp8: cu::CUfunction,
     update_slices: cu::CUfunction,
     copy_blocks: cu::CUfunction,
     transfer_blocks: cu::CUfunction,
@@ -118,7 +117,6 @@ impl Kvio {
             update_tiles_wide: ptr::null_mut(),
             update_tiles_staged: ptr::null_mut(),
             update_pages: ptr::null_mut(),
-            update_pages_fp8: ptr::null_mut(),
             update_slices: ptr::null_mut(),
             copy_blocks: ptr::null_mut(),
             transfer_blocks: ptr::null_mut(),
@@ -157,7 +155,6 @@ impl Kvio {
             )
         })?;
         this.update_pages = this.function("kvio_update_pages")?;
-        this.update_pages_fp8 = this.function("kvio_update_pages_fp8")?;
         this.update_slices = this.function("kvio_update_slices")?;
         this.copy_blocks = this.function("kvio_copy_blocks")?;
         this.transfer_blocks = this.function("kvio_transfer_blocks")?;
@@ -176,7 +173,6 @@ impl Kvio {
             tiles_wide: resident_ctas(this.update_tiles_wide, BLOCK_THREADS, sms)?,
             tiles_staged: resident_ctas(this.update_tiles_staged, STAGED_THREADS, sms)?,
             pages: resident_ctas(this.update_pages, PAGE_THREADS, sms)?,
-            pages_fp8: resident_ctas(this.update_pages_fp8, PAGE_THREADS, sms)?,
             slices: resident_ctas(this.update_slices, BLOCK_THREADS, sms)?,
             copy: resident_ctas(this.copy_blocks, BLOCK_THREADS, sms)?,
             transfer: resident_ctas(this.transfer_blocks, TRANSFER_THREADS, sms)?,
@@ -214,7 +210,6 @@ impl Kvio {
             Kernel::Slots(_) => self.update_slots,
             Kernel::Tiles(a) if a.elem == 4 => self.update_tiles_wide,
             Kernel::Tiles(a) if a.tile == 1 => self.update_tiles_one,
-            Kernel::Tiles(a) if a.pages() && a.elem == 1 => self.update_pages_fp8,
             Kernel::Tiles(a) if a.pages() => self.update_pages,
             Kernel::Tiles(a) if a.elem == 1 => self.update_tiles_staged,
             Kernel::Tiles(_) => self.update_tiles,

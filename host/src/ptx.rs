@@ -27,7 +27,6 @@ pub const KERNELS: &[&str] = &[
     "kvio_update_tiles_wide",
     "kvio_update_tiles_staged",
     "kvio_update_pages",
-    "kvio_update_pages_fp8",
     "kvio_update_slices",
     "kvio_copy_blocks",
     "kvio_transfer_blocks",

@@ -209,10 +209,9 @@ kernel! {
     /// piece size in elements, piece stride in bytes, elements per store). One token per
     /// thread (decode sizes) runs `kvio_update_tiles_one`, caches of 4-byte elements
     /// `kvio_update_tiles_wide`, prefill sizes into fp8 caches `kvio_update_tiles_staged`, and
-    /// prefill sizes that fill v0 pages `kvio_update_pages` (2-byte elements) and
-    /// `kvio_update_pages_fp8` (1-byte ones): a whole CTA per sixteen tokens of a head
-    /// ([`crate::ops::update_pages`]).
-    kvio_update_tiles | kvio_update_tiles_one [crate::ops::update_tiles_one] | kvio_update_tiles_wide [crate::ops::update_tiles_wide] | kvio_update_tiles_staged [crate::ops::update_tiles_staged] | kvio_update_pages [crate::ops::update_pages] | kvio_update_pages_fp8 [crate::ops::update_pages_fp8] (TileArgs) => crate::ops::update_tiles {
+    /// prefill sizes that fill v0 pages of 2-byte elements `kvio_update_pages` (a whole CTA
+    /// per sixteen tokens of one or more heads: [`crate::ops::update_pages`]).
+    kvio_update_tiles | kvio_update_tiles_one [crate::ops::update_tiles_one] | kvio_update_tiles_wide [crate::ops::update_tiles_wide] | kvio_update_tiles_staged [crate::ops::update_tiles_staged] | kvio_update_pages [crate::ops::update_pages] (TileArgs) => crate::ops::update_tiles {
         /// New keys.
         src_k: *const u8,
         /// New values (null: K only).

@@ -169,24 +169,6 @@ impl Tile {
         };
     }
 
-    /// Stores two words at `off`.
-    ///
-    /// # Safety
-    /// `off + 8 <= BYTES`, a multiple of 8.
-    #[inline(always)]
-    pub unsafe fn put64(&self, off: u32, v: [u32; 2]) {
-        // SAFETY: inside the tile (caller).
-        unsafe {
-            core::arch::asm!(
-                "st.shared.v2.u32 [{a}], {{{x}, {y}}};",
-                a = in(reg32) self.base + off,
-                x = in(reg32) v[0],
-                y = in(reg32) v[1],
-                options(nostack)
-            )
-        };
-    }
-
     /// Stores four words at `off`.
     ///
     /// # Safety
@@ -240,19 +222,6 @@ impl Tile {
         debug_assert!(off.is_multiple_of(4) && off + 4 <= BYTES);
         // SAFETY: inside the emulated tile (caller), aligned: it is an array of words.
         unsafe { self.base.add(off as usize).cast::<u32>().write(v) };
-    }
-
-    /// Stores two words at `off`.
-    ///
-    /// # Safety
-    /// `off + 8 <= BYTES`, a multiple of 8.
-    pub unsafe fn put64(&self, off: u32, v: [u32; 2]) {
-        debug_assert!(off.is_multiple_of(8) && off + 8 <= BYTES);
-        // SAFETY: as `put32`, twice.
-        unsafe {
-            self.put32(off, v[0]);
-            self.put32(off + 4, v[1]);
-        }
     }
 
     /// Stores four words at `off`.

@@ -591,46 +591,37 @@ pub unsafe fn update_tiles_wide(a: &TileArgs, g: Group) {
 /// a larger page.
 pub const PAGE_TOKENS: u64 = 16;
 
-/// [`update_tiles`] at prefill sizes into v0 caches of 1- or 2-byte elements whose pages the
-/// tokens fill (`a.tile == 16`): one work item is [`PAGE_TOKENS`] tokens of one part and
-/// `a.subs` heads (so that an item has about [`PAGE_UNITS`] units per thread), done by a whole
-/// CTA of [`cta::THREADS`] threads in two phases ([`crate::cta`]). Phase one loads the
-/// sixteen tokens' head vectors (coalesced, quantized if the update converts) and
-/// writes them into the CTA's tile in the cache's order: V transposed (one line of sixteen
-/// tokens per element), K as sixteen 16-byte pieces per piece index. Phase two stores the tile
-/// as 16-byte chunks, consecutive threads at consecutive addresses, so a warp's stores fill
-/// whole 128-byte lines (a page's head in the v0 layout is one contiguous span when the page
-/// holds sixteen slots). The tokens of an item whose slots are not sixteen consecutive slots
-/// starting at a multiple of sixteen inside one block (padding, out-of-range slots, a partial
-/// last item) go token by token in phase two, with [`update_slots`]' semantics.
+/// [`update_tiles`] at prefill sizes into v0 caches of 2-byte elements (bf16, f16, copied)
+/// whose pages the tokens fill (`a.tile == 16`): one work item is [`PAGE_TOKENS`] tokens of
+/// one part and `a.subs` heads (so that an item has [`PAGE_UNITS`] units per thread), done by
+/// a whole CTA of [`cta::THREADS`] threads in two phases ([`crate::cta`]). Phase one loads the
+/// sixteen tokens' head vectors (coalesced; a thread issues both its units' loads before it
+/// uses either) and writes them into the CTA's tile in the cache's order: V transposed (one
+/// line of sixteen tokens per element), K as sixteen 16-byte pieces per piece index. Phase two
+/// stores the tile as 16-byte chunks, consecutive threads at consecutive addresses, so a
+/// warp's stores fill whole 128-byte lines (a page's head in the v0 layout is one contiguous
+/// span when the page holds sixteen slots). The tokens of an item whose slots are not sixteen
+/// consecutive slots starting at a multiple of sixteen inside one block (padding, out-of-range
+/// slots, a partial last item) go token by token in phase two, with [`update_slots`]'
+/// semantics.
+///
+/// On the H100 (BENCHMARKS.md, session 11) it wrote bf16 v0 prefill at 77% of the copy ceiling
+/// at 16,384 tokens against the tiles' 61%. The same body for fp8 caches (quantizing four heads
+/// per item) measured 47% / 50% / 42% (16,384 and 65,536 tokens on 16-token pages, 16,384 on
+/// 128-token pages) against [`update_tiles_staged`]'s 46% / 53% / 49%, so fp8 stays there.
 ///
 /// # Safety
-/// As [`update_tiles`], and: `a.elem` is 1 or 2; both parts' layouts are pieced with pieces of
-/// one element at consecutive slots (V) or of 16 bytes at consecutive 16-byte slots (K);
-/// blocks hold a multiple of [`PAGE_TOKENS`] slots; block, head and piece strides and the
-/// caches are 16-byte aligned; `src_vec`; `a.subs >= 1` heads per item hold at most
-/// `PAGE_UNITS * cta::THREADS` units (`4 * elem * groups` each), so their tile, 32 bytes a
-/// unit, fits [`cta::BYTES`]; launched with [`cta::THREADS`] threads per CTA.
-///
-/// This entry point serves caches of 2-byte elements, [`update_pages_fp8`] those of 1-byte
-/// ones (each alone needs 72 and 80 registers on sm_90; one entry for both took 96 and
-/// spilled).
+/// As [`update_tiles`], and: `a.elem == 2` with no conversion; both parts' layouts are pieced
+/// with pieces of one element at consecutive slots (V) or of 8 elements at consecutive 16-byte
+/// slots (K); blocks hold a multiple of [`PAGE_TOKENS`] slots; block, head and piece strides
+/// and the caches are 16-byte aligned; `src_vec`; `a.subs >= 1` heads per item hold at most
+/// `PAGE_UNITS * cta::THREADS` units (`8 * groups` each), so their tile, 32 bytes a unit, fits
+/// [`cta::BYTES`]; launched with [`cta::THREADS`] threads per CTA.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn update_pages(a: &TileArgs, _g: Group) {
     // SAFETY: forwarded.
-    unsafe { cta::run(&Pages::<2>(a)) }
-}
-
-/// [`update_pages`] for caches of 1-byte elements (fp8: copied or quantized).
-///
-/// # Safety
-/// As [`update_pages`], with `a.elem == 1`.
-#[cfg(target_arch = "nvptx64")]
-#[inline(always)]
-pub unsafe fn update_pages_fp8(a: &TileArgs, _g: Group) {
-    // SAFETY: forwarded.
-    unsafe { cta::run(&Pages::<1>(a)) }
+    unsafe { cta::run(&Pages(a)) }
 }
 
 /// [`update_pages`] on the CPU, for a grid of `grid` CTAs ([`cta::emulate`]).
@@ -640,19 +631,16 @@ pub unsafe fn update_pages_fp8(a: &TileArgs, _g: Group) {
 #[cfg(not(target_arch = "nvptx64"))]
 pub unsafe fn emulate_pages(a: &TileArgs, grid: u32) {
     // SAFETY: forwarded.
-    unsafe {
-        if a.elem == 1 {
-            cta::emulate(&Pages::<1>(a), grid)
-        } else {
-            cta::emulate(&Pages::<2>(a), grid)
-        }
-    }
+    unsafe { cta::emulate(&Pages(a), grid) }
 }
 
-/// [`update_pages`]' phases for caches of `E`-byte elements.
-struct Pages<'a, const E: usize>(&'a TileArgs);
+/// [`update_pages`]' phases.
+struct Pages<'a>(&'a TileArgs);
 
-/// Units (`4 / E` tokens × 8 elements of one head) a thread loads per item of
+/// Bytes of a cache element of [`update_pages`].
+const PAGE_ELEM: u64 = 2;
+
+/// Units (two tokens × 8 elements of one head) a thread loads per item of
 /// [`update_pages`], all issued before any is used: the host sizes items (heads per item) so
 /// that they have at most `PAGE_UNITS * cta::THREADS` units.
 pub const PAGE_UNITS: u64 = 2;
@@ -666,16 +654,16 @@ struct PageUnit {
     g: u64,
 }
 
-impl<const E: usize> Pages<'_, E> {
+impl Pages<'_> {
     /// Tokens a word of a transposed line holds.
-    const WORD_TOKENS: u64 = 4 / E as u64;
+    const WORD_TOKENS: u64 = 4 / PAGE_ELEM;
     /// Word columns of a line (units per group of a head).
     const COLS: u64 = PAGE_TOKENS / Self::WORD_TOKENS;
     /// Bytes of a transposed line (sixteen tokens' element).
-    const LINE: u64 = PAGE_TOKENS * E as u64;
+    const LINE: u64 = PAGE_TOKENS * PAGE_ELEM;
     /// A transposed line `d` sits at line `d ^ ((d >> 3) & SWIZZLE)` of its head's part of the
     /// tile, so the eight lines a thread writes (`8g .. 8g + 8`) and those of the threads
-    /// beside it fall in different banks (`128 / LINE - 1`).
+    /// beside it fall in different banks (`128 / LINE - 1`: four lines span the banks).
     const SWIZZLE: u64 = 128 / Self::LINE - 1;
 
     /// Heads per item (`a.subs` in this entry).
@@ -700,17 +688,7 @@ impl<const E: usize> Pages<'_, E> {
     /// Bytes of one head's sixteen tokens in the tile.
     #[inline(always)]
     fn head_bytes(&self) -> u64 {
-        PAGE_TOKENS * 8 * self.0.groups * E as u64
-    }
-
-    /// Bytes of a source element.
-    #[inline(always)]
-    fn src_elem(&self) -> u64 {
-        if self.0.convert != convert::NONE {
-            convert::src_bytes(self.0.convert)
-        } else {
-            E as u64
-        }
+        PAGE_TOKENS * 8 * self.0.groups * PAGE_ELEM
     }
 
     /// The source group `g` of token `t` of `head` in part `part`.
@@ -721,13 +699,13 @@ impl<const E: usize> Pages<'_, E> {
     unsafe fn src(&self, part: u64, t: u64, head: u64, g: u64) -> *const u8 {
         let a = self.0;
         let src = if part == 0 { a.src_k } else { a.src_v };
-        let off = t * a.src_token_stride + head * a.src_head_stride + g * 8 * self.src_elem();
+        let off = t * a.src_token_stride + head * a.src_head_stride + g * 8 * PAGE_ELEM;
         // SAFETY: inside the validated source (caller).
         unsafe { src.add(off as usize) }
     }
 }
 
-impl<const E: usize> cta::Phases for Pages<'_, E> {
+impl cta::Phases for Pages<'_> {
     #[inline(always)]
     fn items(&self) -> u64 {
         let a = self.0;
@@ -737,8 +715,8 @@ impl<const E: usize> cta::Phases for Pages<'_, E> {
 
     /// Votes whether the item is a run (threads `0..16` check one token's slot each against
     /// the first), and loads the item's sixteen tokens into the tile in the cache's order:
-    /// thread `tid` takes units `tid` and `tid + THREADS` of `4 / E` tokens × 8 elements,
-    /// loading (and converting) both before it writes either.
+    /// thread `tid` takes units `tid` and `tid + THREADS` of two tokens × 8 elements, loading
+    /// both before it writes either.
     #[inline(always)]
     unsafe fn first(&self, item: u64, tid: u32, tile: &cta::Tile) -> bool {
         let a = self.0;
@@ -761,7 +739,7 @@ impl<const E: usize> cta::Phases for Pages<'_, E> {
         let k = Self::WORD_TOKENS;
         let per_head = Self::COLS * a.groups;
         let mut units = [PageUnit { hh: 0, q: 0, g: 0 }; PAGE_UNITS as usize];
-        let mut rows: [[Row; 4]; PAGE_UNITS as usize] = [[[0; 8]; 4]; PAGE_UNITS as usize];
+        let mut rows: [[Row; 2]; PAGE_UNITS as usize] = [[[0; 8]; 2]; PAGE_UNITS as usize];
         // Two units (`PAGE_UNITS`), unrolled so that their rows stay in registers.
         unroll2!(v => {
             let u = tid + v as u64 * cta::THREADS as u64;
@@ -774,16 +752,13 @@ impl<const E: usize> cta::Phases for Pages<'_, E> {
             units[v] = unit;
             if hh < hn {
                 let head = h0 + hh;
-                let scale = tile_scale(a, part, head);
-                unroll4!(i => {
-                    if i < k as usize {
-                        // SAFETY: token t0 + q k + i < t0 + 16 <= num_tokens, head < heads,
-                        // g < groups; sources are vector-aligned (`src_vec`).
-                        rows[v][i] = unsafe {
-                            let t = t0 + unit.q * k + i as u64;
-                            tile_row::<E>(a, self.src(part, t, head, unit.g), true, 1, &scale)
-                        };
-                    }
+                unroll2!(i => {
+                    // SAFETY: token t0 + q k + i < t0 + 16 <= num_tokens, head < heads,
+                    // g < groups; sources are vector-aligned (`src_vec`).
+                    rows[v][i] = unsafe {
+                        let t = t0 + unit.q * k + i as u64;
+                        tile::load_copy::<2>(self.src(part, t, head, unit.g), true, 1)
+                    };
                 });
             }
         });
@@ -798,27 +773,17 @@ impl<const E: usize> cta::Phases for Pages<'_, E> {
                         let line = d ^ (g & Self::SWIZZLE);
                         let off = base + line * Self::LINE + q * 4;
                         // SAFETY: off + 4 <= hn * head_bytes <= BYTES (host).
-                        unsafe { tile.put32(off as u32, tile::word_column::<E>(&rows[v], j)) };
+                        unsafe { tile.put32(off as u32, tile::pair_column(&rows[v], j)) };
                     });
                 } else {
-                    // K: pieces of 16 bytes; group g is all of piece g (E = 2) or half of
-                    // piece g / 2 (E = 1). Token t of piece c sits at slot t ^ (c & 3) of the
-                    // piece's line (banks again).
-                    let (c, half) = if E == 1 { (g / 2, (g % 2) * 8) } else { (g, 0) };
-                    unroll4!(i => {
-                        if i < k as usize {
-                            let t = (q * k + i as u64) ^ (c & 3);
-                            let off = (base + (c * PAGE_TOKENS + t) * 16 + half) as u32;
-                            let r = &rows[v][i];
-                            // SAFETY: inside the head's part of the tile, aligned.
-                            unsafe {
-                                if E == 1 {
-                                    tile.put64(off, [r[0], r[1]]);
-                                } else {
-                                    tile.put128(off, [r[0], r[1], r[2], r[3]]);
-                                }
-                            }
-                        }
+                    // K: group g is piece g (16 bytes). Token t of piece g sits at slot
+                    // t ^ (g & 3) of the piece's line (banks again).
+                    unroll2!(i => {
+                        let t = (q * k + i as u64) ^ (g & 3);
+                        let off = (base + (g * PAGE_TOKENS + t) * 16) as u32;
+                        let r = &rows[v][i];
+                        // SAFETY: inside the head's part of the tile, aligned.
+                        unsafe { tile.put128(off, [r[0], r[1], r[2], r[3]]) };
                     });
                 }
             }
@@ -894,7 +859,7 @@ impl<const E: usize> cta::Phases for Pages<'_, E> {
                 // SAFETY: token t0 + i < num_tokens, head < heads, g < groups.
                 unsafe {
                     let src = self.src(part, t0 + i, head, g);
-                    tile_tokens::<E>(a, &p, src, &tokens, &tile_scale(a, part, head));
+                    tile_tokens::<2>(a, &p, src, &tokens, &Divider::UNUSED);
                 }
                 u += cta::THREADS as u64;
             }

@@ -111,21 +111,12 @@ pub fn column<const E: usize>(rows: &[Row; TILE], j: usize) -> Row {
     col
 }
 
-/// Element `j` of the first `4 / E` rows packed into one word (row 0 in the low bytes): the
-/// `4 / E` consecutive tokens' element `j` as a transposed line stores them. Built with
-/// [`prmt`]: one instruction for 2-byte elements, three for 1-byte ones (`E` is 1 or 2).
+/// Element `j` of two rows of 2-byte elements packed into one word (row 0 in the low half):
+/// two consecutive tokens' element `j` as a transposed line stores them. One [`prmt`].
 #[inline(always)]
-pub fn word_column<const E: usize>(rows: &[Row; 4], j: usize) -> u32 {
-    if E == 1 {
-        let (w, b) = (j / 4, (j % 4) as u32);
-        let sel = b | (4 + b) << 4;
-        let lo = prmt(rows[0][w], rows[1][w], sel);
-        let hi = prmt(rows[2][w], rows[3][w], sel);
-        prmt(lo, hi, 0x5410)
-    } else {
-        let sel = if j.is_multiple_of(2) { 0x5410 } else { 0x7632 };
-        prmt(rows[0][j / 2], rows[1][j / 2], sel)
-    }
+pub fn pair_column(rows: &[Row; 2], j: usize) -> u32 {
+    let sel = if j.is_multiple_of(2) { 0x5410 } else { 0x7632 };
+    prmt(rows[0][j / 2], rows[1][j / 2], sel)
 }
 
 /// Loads eight elements of `E` bytes (copied as they are), `step` elements apart: vector

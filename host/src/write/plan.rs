@@ -372,15 +372,16 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     // (`staged`) when the tiles may be runs and their loads fit a 16-byte cell: 1- or 2-byte
     // source elements, and a 16-byte aligned slot array.
     let staged = tile == 8 && e == 1 && ie <= 2 && (runs_k || runs_v) && slots.is_multiple_of(16);
-    // Prefill sizes into caches whose pages a CTA can fill from its tile (v0 K and V of 1- or
-    // 2-byte elements, pages of a multiple of 16 slots) run `kvio_update_pages` (`_fp8`):
-    // sixteen tokens of one or more heads per CTA, stored through shared memory as whole lines.
-    // An item is sixteen tokens of as many heads as make at most `PAGE_UNITS` units (4 / e
-    // tokens × 8 elements: 32 bytes of the tile) per thread.
+    // Prefill sizes into caches of 2-byte elements whose pages a CTA can fill from its tile
+    // (v0 K and V, pages of a multiple of 16 slots) run `kvio_update_pages`: sixteen tokens of
+    // as many heads as make `PAGE_UNITS` units (two tokens × 8 elements: 32 bytes of the
+    // tile) per thread, stored through shared memory as whole lines: a head has 8 units per
+    // 8-element group. (fp8 caches stay on the staged tiles: BENCHMARKS.md, session 11.)
     let max_units = PAGE_UNITS * PAGE_THREADS as u64;
-    let head_units = 4 * e * kl.head_dim as u64 / 8;
+    let head_units = kl.head_dim as u64;
     let pages = tile == 8
-        && e <= 2
+        && e == 2
+        && quant.is_none()
         && src_vec
         && head_units <= max_units
         && pageable(kl, kv_dst)
@@ -446,8 +447,6 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     // per element) spread over many multiprocessors' load/store units.
     let (cap, threads) = if e == 4 {
         (target.caps.tiles_wide, BLOCK_THREADS)
-    } else if pages && e == 1 {
-        (target.caps.pages_fp8, PAGE_THREADS)
     } else if pages {
         (target.caps.pages, PAGE_THREADS)
     } else if tile == 8 && e == 1 {
@@ -915,16 +914,21 @@ mod tests {
             };
             let op = v0(16, d);
             let (a, grid, threads) = plan_tiles(&op, 132);
-            // Items of two heads (bf16: 128 units each) or four (fp8: 64).
-            let hp = 2 / e as u32 * 2;
-            assert_eq!((a.tile, a.subs, grid, threads), (16, hp, 132, 128), "e={e}");
-            assert!(a.pages());
-            // 188 sixteen-token items × K and V × 8 / hp head groups.
-            assert_eq!(plan_tiles(&op, 100_000).1, 188 * 2 * 8 / hp);
-            // 128-token pages too; a head whose sixteen tokens exceed the 8 KiB tile does not.
-            assert_eq!(plan_tiles(&v0(128, d), 132).0.tile, 16);
-            assert_eq!(plan_tiles(&v0(16, 512 / e), 132).0.tile, 16, "e={e}");
-            assert_eq!(plan_tiles(&v0(16, 1024 / e), 132).0.tile, 8, "e={e}");
+            if e == 1 {
+                // fp8 caches: the staged tiles.
+                assert_eq!((a.tile, a.staged, threads), (8, 1, 128));
+            } else {
+                // Items of two heads (128 units each).
+                assert_eq!((a.tile, a.subs, grid, threads), (16, 2, 132, 128));
+                assert!(a.pages());
+                // 188 sixteen-token items × K and V × 4 head pairs.
+                assert_eq!(plan_tiles(&op, 100_000).1, 188 * 2 * 4);
+                // 128-token pages too; heads of 256 (one head an item); a head whose sixteen
+                // tokens exceed the 8 KiB tile does not.
+                assert_eq!(plan_tiles(&v0(128, d), 132).0.tile, 16);
+                assert_eq!(plan_tiles(&v0(16, 256), 132).0.subs, 1);
+                assert_eq!(plan_tiles(&v0(16, 512), 132).0.tile, 8);
+            }
             let mut op = v0(8, d);
             let (a, _, _) = plan_tiles(&op, 132);
             assert_eq!(
