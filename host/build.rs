@@ -202,7 +202,7 @@ fn add_tma_shared(path: &Path) {
 /// entries (`kvio_update_pages`): `kvio_kernels::cta::BYTES`. A kernel is given only the
 /// shared variables it references.
 const STAGE_SHARED: &str = ".shared .align 16 .b8 kvio_tile_stage[49152];\n\
-                            .shared .align 16 .b8 kvio_page_tile[8192];\n";
+                            .shared .align 16 .b8 kvio_page_tile[16384];\n";
 
 /// Declares [`STAGE_SHARED`] after the PTX header (`cp.async` is PTX ISA 7.0, what rustc emits
 /// for `sm_80`).

@@ -20,7 +20,10 @@
 /// Threads per CTA of every CTA-phase entry (the build gives them `.maxntid 128`).
 pub const THREADS: u32 = 128;
 /// Bytes of the tile (`kvio_page_tile`).
-pub const BYTES: u32 = 8192;
+pub const BYTES: u32 = 16384;
+
+// Static shared memory of one CTA stays within the 48 KiB a launch gets without opting in.
+const _: () = assert!(BYTES <= 48 * 1024);
 
 /// A CTA-phase body.
 pub trait Phases {

@@ -595,8 +595,8 @@ pub const PAGE_TOKENS: u64 = 16;
 /// whose pages the tokens fill (`a.tile == 16`): one work item is [`PAGE_TOKENS`] tokens of
 /// one part and `a.subs` heads (so that an item has [`PAGE_UNITS`] units per thread), done by
 /// a whole CTA of [`cta::THREADS`] threads in two phases ([`crate::cta`]). Phase one loads the
-/// sixteen tokens' head vectors (coalesced; a thread issues both its units' loads before it
-/// uses either) and writes them into the CTA's tile in the cache's order: V transposed (one
+/// sixteen tokens' head vectors (coalesced; a thread issues all its units' loads before it
+/// uses any) and writes them into the CTA's tile in the cache's order: V transposed (one
 /// line of sixteen tokens per element), K as sixteen 16-byte pieces per piece index. Phase two
 /// stores the tile as 16-byte chunks, consecutive threads at consecutive addresses, so a
 /// warp's stores fill whole 128-byte lines (a page's head in the v0 layout is one contiguous
@@ -605,10 +605,12 @@ pub const PAGE_TOKENS: u64 = 16;
 /// slots, a partial last item) go token by token in phase two, with [`update_slots`]'
 /// semantics.
 ///
-/// On the H100 (BENCHMARKS.md, session 11) it wrote bf16 v0 prefill at 77% of the copy ceiling
-/// at 16,384 tokens against the tiles' 61%. The same body for fp8 caches (quantizing four heads
-/// per item) measured 47% / 50% / 42% (16,384 and 65,536 tokens on 16-token pages, 16,384 on
-/// 128-token pages) against [`update_tiles_staged`]'s 46% / 53% / 49%, so fp8 stays there.
+/// On the H100 (BENCHMARKS.md, session 11) it wrote bf16 v0 prefill at 79% of the copy ceiling
+/// at 16,384 tokens (88% at 65,536) against the tiles' 61% (63%); with two units per thread
+/// and an 8 KiB tile, 77% (84%). The same body for fp8 caches (two units a thread, four heads
+/// an item, quantized in phase one) measured 47% / 50% / 42% (16,384 and 65,536 tokens on
+/// 16-token pages, 16,384 on 128-token pages) against [`update_tiles_staged`]'s 46% / 53% /
+/// 49%, so fp8 stays there.
 ///
 /// # Safety
 /// As [`update_tiles`], and: `a.elem == 2` with no conversion; both parts' layouts are pieced
@@ -643,8 +645,8 @@ const PAGE_ELEM: u64 = 2;
 /// Units (two tokens × 8 elements of one head) a thread loads per item of
 /// [`update_pages`], all issued before any is used: the host sizes items (heads per item) so
 /// that they have at most `PAGE_UNITS * cta::THREADS` units.
-pub const PAGE_UNITS: u64 = 2;
-const _: () = assert!(PAGE_UNITS == 2, "Pages::first unrolls two units");
+pub const PAGE_UNITS: u64 = 4;
+const _: () = assert!(PAGE_UNITS == 4, "Pages::first unrolls four units");
 
 /// Where a thread's unit sits in an item: head (of the item's), word column, group.
 #[derive(Clone, Copy)]
@@ -715,8 +717,8 @@ impl cta::Phases for Pages<'_> {
 
     /// Votes whether the item is a run (threads `0..16` check one token's slot each against
     /// the first), and loads the item's sixteen tokens into the tile in the cache's order:
-    /// thread `tid` takes units `tid` and `tid + THREADS` of two tokens × 8 elements, loading
-    /// both before it writes either.
+    /// thread `tid` takes units `tid, tid + THREADS, ..` (`PAGE_UNITS` of them) of two tokens
+    /// × 8 elements, loading all before it writes any.
     #[inline(always)]
     unsafe fn first(&self, item: u64, tid: u32, tile: &cta::Tile) -> bool {
         let a = self.0;
@@ -740,8 +742,8 @@ impl cta::Phases for Pages<'_> {
         let per_head = Self::COLS * a.groups;
         let mut units = [PageUnit { hh: 0, q: 0, g: 0 }; PAGE_UNITS as usize];
         let mut rows: [[Row; 2]; PAGE_UNITS as usize] = [[[0; 8]; 2]; PAGE_UNITS as usize];
-        // Two units (`PAGE_UNITS`), unrolled so that their rows stay in registers.
-        unroll2!(v => {
+        // Four units (`PAGE_UNITS`), unrolled so that their rows stay in registers.
+        unroll4!(v => {
             let u = tid + v as u64 * cta::THREADS as u64;
             let (hh, r) = (u / per_head, u % per_head);
             let unit = PageUnit {
@@ -762,7 +764,7 @@ impl cta::Phases for Pages<'_> {
                 });
             }
         });
-        unroll2!(v => {
+        unroll4!(v => {
             let PageUnit { hh, q, g } = units[v];
             if hh < hn {
                 let base = hh * self.head_bytes();

@@ -918,16 +918,17 @@ mod tests {
                 // fp8 caches: the staged tiles.
                 assert_eq!((a.tile, a.staged, threads), (8, 1, 128));
             } else {
-                // Items of two heads (128 units each).
-                assert_eq!((a.tile, a.subs, grid, threads), (16, 2, 132, 128));
+                // Items of four heads (128 units each).
+                assert_eq!((a.tile, a.subs, grid, threads), (16, 4, 132, 128));
                 assert!(a.pages());
-                // 188 sixteen-token items × K and V × 4 head pairs.
-                assert_eq!(plan_tiles(&op, 100_000).1, 188 * 2 * 4);
-                // 128-token pages too; heads of 256 (one head an item); a head whose sixteen
-                // tokens exceed the 8 KiB tile does not.
+                // 188 sixteen-token items × K and V × 2 groups of four heads.
+                assert_eq!(plan_tiles(&op, 100_000).1, 188 * 2 * 2);
+                // 128-token pages too; heads of 256 (two an item) and 512 (one); a head whose
+                // sixteen tokens exceed the 16 KiB tile does not.
                 assert_eq!(plan_tiles(&v0(128, d), 132).0.tile, 16);
-                assert_eq!(plan_tiles(&v0(16, 256), 132).0.subs, 1);
-                assert_eq!(plan_tiles(&v0(16, 512), 132).0.tile, 8);
+                assert_eq!(plan_tiles(&v0(16, 256), 132).0.subs, 2);
+                assert_eq!(plan_tiles(&v0(16, 512), 132).0.subs, 1);
+                assert_eq!(plan_tiles(&v0(16, 1024), 132).0.tile, 8);
             }
             let mut op = v0(8, d);
             let (a, _, _) = plan_tiles(&op, 132);
