@@ -70,7 +70,8 @@ impl Group {
 }
 
 /// Runs `body` for every thread of a `grid × block` launch, one thread after another (the
-/// kernels have no inter-thread synchronisation, so any order is a valid schedule).
+/// bodies it runs have no inter-thread synchronisation, so any order is a valid schedule; the
+/// CTA-phase bodies have their own runner, [`crate::cta::emulate`]).
 pub fn emulate(grid: u32, block: u32, shift: u32, mut body: impl FnMut(Group)) {
     let threads = grid as u64 * block as u64;
     for t in 0..threads {
