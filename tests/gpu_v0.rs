@@ -340,6 +340,23 @@ fn v0_params() -> impl Strategy<Value = (Format, usize, usize, usize, usize, Slo
         })
 }
 
+/// Random prefill-size v0 updates of 2-byte caches on pages of 16, 32 and 128 tokens, the
+/// shapes the pages update (`kvio_update_pages`) takes when the slots fill pages: 1 to 6 heads
+/// (items of several heads, the last one short), head dims of 8 to 256, 1,024 to 1,199
+/// tokens (a short last item), page-filling or scattered slots (the cases add skipped and
+/// out-of-range ones, which send an item token by token).
+fn pages_params() -> impl Strategy<Value = (Format, usize, usize, usize, usize, Slots, u64)> {
+    (
+        proptest::sample::select(vec![16usize, 32, 128]),
+        1usize..=6,
+        1usize..=32,
+        1024usize..1200,
+        proptest::prop_oneof![4 => proptest::strategy::Just(Slots::Pages), 1 => proptest::strategy::Just(Slots::Random)],
+        any::<u64>(),
+    )
+        .prop_map(|(bs, h, groups, t, mode, seed)| (Format::Copy(2), bs, h, 8 * groups, t, mode, seed))
+}
+
 proptest::proptest! {
     // `PROPTEST_CASES` cases (default 96); failures are kept in proptest-regressions/.
     #![proptest_config(proptest::test_runner::Config::with_cases(kvio_suite::proptest_cases(96)))]
@@ -348,6 +365,35 @@ proptest::proptest! {
     #[test]
     fn v0_updates_emulated_property((format, bs, h, d, t, mode, seed) in v0_params()) {
         emulate_slot_cases(&[case_h(format, bs, h, d, t, mode, seed)]);
+    }
+}
+
+proptest::proptest! {
+    // `PROPTEST_CASES` cases (default 48: prefill sizes are slow to emulate).
+    #![proptest_config(proptest::test_runner::Config::with_cases(kvio_suite::proptest_cases(48)))]
+
+    /// Random page-filling v0 prefills ([`pages_params`]) in emulation, bit-exact.
+    #[test]
+    fn v0_pages_emulated_property((format, bs, h, d, t, mode, seed) in pages_params()) {
+        emulate_slot_cases(&[case_h(format, bs, h, d, t, mode, seed)]);
+    }
+}
+
+/// The random page-filling v0 prefills of [`pages_params`] on the GPU (`PROPTEST_CASES` of
+/// them, default 96), with the error word.
+#[test]
+fn v0_pages_gpu_property() {
+    let Some(g) = kvio_suite::gpu("v0 random page-filling prefills") else {
+        return;
+    };
+    let config = proptest::test_runner::Config::with_cases(kvio_suite::proptest_cases(96));
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    let result = runner.run(&pages_params(), |(format, bs, h, d, t, mode, seed)| {
+        gpu_slot_cases(g, &[case_h(format, bs, h, d, t, mode, seed)]);
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
     }
 }
 
