@@ -280,9 +280,10 @@ kernel! {
         scale_per_head: u32,
         /// Tokens per tile: 8 (prefill: full tiles of consecutive slots are stored as runs), 1
         /// (decode: one token per thread, nothing serialised) or 16 (`kvio_update_pages`:
-        /// sixteen tokens of a head per CTA, whole pages stored through shared memory).
+        /// sixteen tokens of `subs` heads per CTA, whole pages stored through shared memory).
         tile: u32,
-        /// Tiles of one (part, head, group) handled by consecutive threads (1, 2 or 4).
+        /// Tiles of one (part, head, group) handled by consecutive threads (1, 2 or 4); for
+        /// `kvio_update_pages` (`tile == 16`), the heads of one work item.
         subs: u32,
         /// Non-zero: `kvio_update_tiles_staged` copies each thread's next tile into shared
         /// memory (the slot array is 16-byte aligned, source elements are of at most 2 bytes,
@@ -296,7 +297,7 @@ kernel! {
 }
 
 impl TileArgs {
-    /// Whether this update runs `kvio_update_pages` (sixteen tokens of a head per CTA).
+    /// Whether this update runs `kvio_update_pages` (sixteen tokens of `subs` heads per CTA).
     pub fn pages(&self) -> bool {
         self.tile == crate::ops::PAGE_TOKENS as u32
     }

@@ -50,8 +50,8 @@ macro_rules! unroll8 {
     }};
 }
 
-/// Runs `$body` twice with `$i` bound to `0` and `1` (see [`unroll8`]): the pages update's
-/// units per thread, whose rows must stay in registers.
+/// Runs `$body` twice with `$i` bound to `0` and `1` (see [`unroll8`]): the two rows of a pages
+/// update's unit, which must stay in registers.
 macro_rules! unroll2 {
     ($i:ident => $body:block) => {{
         {

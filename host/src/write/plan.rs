@@ -395,7 +395,10 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     let parts = 1 + op.value.is_some() as u64;
     let groups = kl.head_dim as u64 / 8;
     let items = if pages {
-        (n as u64).div_ceil(tile) * parts * (kl.num_heads as u64).div_ceil(subs)
+        (n as u64)
+            .div_ceil(tile)
+            .checked_mul(parts * (kl.num_heads as u64).div_ceil(subs))
+            .ok_or(Error::Overflow { name: "slots" })?
     } else {
         (n as u64)
             .div_ceil(tile * subs)
