@@ -39,6 +39,8 @@ struct Case {
     format: Format,
     key_layout: PagedLayout,
     value_layout: PagedLayout,
+    /// Keys only: no values, the value cache keeps its poison.
+    k_only: bool,
 }
 
 /// A case of 4 heads.
@@ -124,6 +126,15 @@ fn case_h(format: Format, bs: usize, h: usize, d: usize, t: usize, mode: Slots, 
         format,
         key_layout,
         value_layout,
+        k_only: false,
+    }
+}
+
+/// [`case_h`] writing keys only.
+fn k_only(format: Format, bs: usize, h: usize, d: usize, t: usize, seed: u64) -> Case {
+    Case {
+        k_only: true,
+        ..case_h(format, bs, h, d, t, Slots::Pages, seed)
     }
 }
 
@@ -172,6 +183,9 @@ impl SlotCase for Case {
             &d.slots,
         );
         let ext = self.ext();
+        if self.k_only {
+            return want;
+        }
         reference::update_slots(
             &v,
             None,
@@ -195,19 +209,28 @@ impl SlotCase for Case {
         (sk, sv): (DeviceBytes<'a>, DeviceBytes<'a>),
     ) -> SlotUpdate<'a> {
         let (kc, vc) = caches.split_at(self.ext()).unwrap();
-        let op = SlotUpdate::new(
-            keys,
-            self.data.input,
-            kc,
-            self.key_layout,
-            if self.data.slots_i32 {
-                SlotMapping::I32(slots)
-            } else {
-                SlotMapping::I64(slots)
-            },
-        )
-        .value(values, vc)
-        .value_layout(self.value_layout);
+        let slots = if self.data.slots_i32 {
+            SlotMapping::I32(slots)
+        } else {
+            SlotMapping::I64(slots)
+        };
+        if self.k_only {
+            let op = SlotUpdate::new(keys, self.data.input, kc, self.key_layout, slots);
+            return match self.format {
+                Format::Copy(_) => op,
+                Format::Quant(src, fp8, per_head) => {
+                    let scale = if per_head {
+                        Scale::PerHead(sk)
+                    } else {
+                        Scale::PerTensor(sk)
+                    };
+                    op.quantize(Quantize::new(src, fp8, scale))
+                }
+            };
+        }
+        let op = SlotUpdate::new(keys, self.data.input, kc, self.key_layout, slots)
+            .value(values, vc)
+            .value_layout(self.value_layout);
         match self.format {
             Format::Copy(_) => op,
             Format::Quant(src, fp8, per_head) => {
@@ -249,9 +272,11 @@ fn cases(full: bool) -> Vec<Case> {
         // Prefill size on 8- and 128-token pages too.
         v.push(case(format, 8, 128, 1030, Slots::Pages, seed + 1000));
         v.push(case(format, 128, 64, 1030, Slots::Pages, seed + 2000));
-        // Prefill size with 5 heads of 128: the 2-byte pages update takes two heads an item,
+        // Prefill size with 5 heads of 128: the 2-byte pages update takes four heads an item,
         // so the last item of a part has one.
         v.push(case_h(format, 16, 5, 128, 1030, Slots::Pages, seed + 3000));
+        // Keys only (one part) at prefill size.
+        v.push(k_only(format, 16, 3, 128, 1030, seed + 4000));
         seed += 1;
         for bs in [1, 16, 128, 8, 32] {
             for d in [64, 128, 256] {
