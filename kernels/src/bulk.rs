@@ -58,23 +58,13 @@ pub(crate) mod hw {
     /// `.shared` window address of this CTA's stage area.
     #[inline(always)]
     pub fn stage_base() -> u32 {
-        let p: u32;
-        // SAFETY: takes the address of a module-scope shared variable (declared by the build).
-        unsafe {
-            asm!("mov.u32 {p}, kvio_tma_stage;", p = out(reg32) p, options(pure, nomem, nostack))
-        };
-        p
+        shared_base!("kvio_tma_stage")
     }
 
     /// `.shared` window address of this CTA's barrier array.
     #[inline(always)]
     pub fn bar_base() -> u32 {
-        let p: u32;
-        // SAFETY: as stage_base.
-        unsafe {
-            asm!("mov.u32 {p}, kvio_tma_bar;", p = out(reg32) p, options(pure, nomem, nostack))
-        };
-        p
+        shared_base!("kvio_tma_bar")
     }
 
     /// Initialises the barrier at `bar` for one arrival and makes that visible to the async

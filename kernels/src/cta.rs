@@ -143,16 +143,9 @@ impl Tile {
     /// The CTA's tile.
     #[inline(always)]
     fn cta() -> Tile {
-        let base: u32;
-        // SAFETY: takes the address of a module-scope shared variable (declared by the build).
-        unsafe {
-            core::arch::asm!(
-                "mov.u32 {p}, kvio_page_tile;",
-                p = out(reg32) base,
-                options(pure, nomem, nostack)
-            )
-        };
-        Tile { base }
+        Tile {
+            base: shared_base!("kvio_page_tile"),
+        }
     }
 
     /// Stores a word at `off`.

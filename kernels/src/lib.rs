@@ -50,6 +50,25 @@ macro_rules! unroll8 {
     }};
 }
 
+/// The `.shared` window address (a `u32`) of the module-scope shared variable named `$sym`,
+/// which the host's build script declares in the PTX (rustc cannot declare `.shared`
+/// variables).
+#[cfg(target_arch = "nvptx64")]
+macro_rules! shared_base {
+    ($sym:literal) => {{
+        let p: u32;
+        // SAFETY: takes the address of a module-scope shared variable (declared by the build).
+        unsafe {
+            core::arch::asm!(
+                concat!("mov.u32 {p}, ", $sym, ";"),
+                p = out(reg32) p,
+                options(pure, nomem, nostack)
+            )
+        };
+        p
+    }};
+}
+
 /// Runs `$body` twice with `$i` bound to `0` and `1` (see [`unroll8`]): the two rows of a pages
 /// update's unit, which must stay in registers.
 macro_rules! unroll2 {

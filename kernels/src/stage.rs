@@ -46,15 +46,7 @@ impl Stage {
     /// The calling thread's cells (a CTA of [`THREADS`] threads).
     #[inline(always)]
     pub fn new() -> Stage {
-        let sym: u32;
-        // SAFETY: takes the address of a module-scope shared variable (declared by the build).
-        unsafe {
-            core::arch::asm!(
-                "mov.u32 {p}, kvio_tile_stage;",
-                p = out(reg32) sym,
-                options(pure, nomem, nostack)
-            )
-        };
+        let sym = shared_base!("kvio_tile_stage");
         // SAFETY: reading a special register has no preconditions.
         let tid = unsafe { core::arch::nvptx::_thread_idx_x() } as u32;
         Stage {
