@@ -258,25 +258,16 @@ fn tile_stores(name: &'static str, l: &PagedLayout, base: u64) -> Result<(u32, b
     Ok((unit, runs))
 }
 
-/// Whether `kvio_update_pages` can store part `l` (cache at `base`) from its tile: one
-/// element per piece at consecutive slots (v0 V) or 16-byte pieces at consecutive 16-byte
-/// slots (v0 K), pages of a multiple of 16 slots, and 16-byte aligned cache, block, head and
-/// piece strides (every 16-byte chunk of a line it stores is then aligned).
-fn pageable(l: &PagedLayout, base: u64) -> bool {
-    let e = l.elem_bytes;
-    let lines = (l.piece_elems == 1 && l.token_stride == 1)
-        || (l.piece_elems * e == 16 && l.token_stride == l.piece_elems);
-    let piece_stride = if l.is_pieced() { l.piece_stride * e } else { 0 };
-    lines
-        && l.block_size.is_multiple_of(PAGE_TOKENS as usize)
-        && [
-            base as usize,
-            l.block_stride * e,
-            l.head_stride * e,
-            piece_stride,
-        ]
-        .iter()
-        .all(|v| v.is_multiple_of(16))
+/// Whether `kvio_update_pages` can store part `l` from its tile, given what [`tile_stores`]
+/// decided for it (`unit`, `runs`): one element per piece (v0 V: runs mean consecutive slots
+/// and 16-byte aligned cache, block, head and piece strides for 2-byte elements) or 16-byte
+/// pieces at consecutive 16-byte slots stored whole (v0 K: `unit == 8` means those strides
+/// are 16-byte aligned), on pages of a multiple of 16 slots. Every 16-byte chunk of a line it
+/// stores is then aligned.
+fn pageable(l: &PagedLayout, unit: u32, runs: bool) -> bool {
+    let lines = l.piece_elems == 1
+        || (l.piece_elems * l.elem_bytes == 16 && l.token_stride == l.piece_elems && unit == 8);
+    runs && lines && l.block_size.is_multiple_of(PAGE_TOKENS as usize)
 }
 
 /// Token count from which a tiled update takes eight tokens per thread.
@@ -384,8 +375,8 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         && quant.is_none()
         && src_vec
         && head_units <= max_units
-        && pageable(kl, kv_dst)
-        && (op.value.is_none() || pageable(&vl, vv_dst));
+        && pageable(kl, unit_k, runs_k)
+        && (op.value.is_none() || pageable(&vl, unit_v, runs_v));
     let (tile, subs) = if pages {
         let heads = (max_units / head_units).min(kl.num_heads as u64).max(1);
         (PAGE_TOKENS, heads)
@@ -932,6 +923,18 @@ mod tests {
                 assert_eq!(plan_tiles(&v0(16, 256), 132).0.subs, 2);
                 assert_eq!(plan_tiles(&v0(16, 512), 132).0.subs, 1);
                 assert_eq!(plan_tiles(&v0(16, 1024), 132).0.tile, 8);
+                // Caches only 8-byte aligned: K stored in 8-byte halves, V without runs, so
+                // neither part's 16-byte chunks would be aligned: the tiles.
+                for part in [0, 1] {
+                    let mut odd = v0(16, d);
+                    let dst = if part == 0 {
+                        &mut odd.key.dst
+                    } else {
+                        &mut odd.value.as_mut().unwrap().dst
+                    };
+                    *dst = bytes_mut(dst.ptr() + 8, dst.len());
+                    assert_eq!(plan_tiles(&odd, 132).0.tile, 8, "part {part}");
+                }
             }
             let mut op = v0(8, d);
             let (a, _, _) = plan_tiles(&op, 132);
