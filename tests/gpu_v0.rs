@@ -408,12 +408,21 @@ proptest::proptest! {
 /// them, default 96), with the error word.
 #[test]
 fn v0_pages_gpu_property() {
-    let Some(g) = kvio_suite::gpu("v0 random page-filling prefills") else {
+    gpu_property("v0 random page-filling prefills", pages_params());
+}
+
+/// Runs `PROPTEST_CASES` (default 96) cases of `params` on the GPU, each bit-exact against the
+/// reference with the error word (skipped without a GPU, as `what`).
+fn gpu_property(
+    what: &str,
+    params: impl Strategy<Value = (Format, usize, usize, usize, usize, Slots, u64)>,
+) {
+    let Some(g) = kvio_suite::gpu(what) else {
         return;
     };
     let config = proptest::test_runner::Config::with_cases(kvio_suite::proptest_cases(96));
     let mut runner = proptest::test_runner::TestRunner::new(config);
-    let result = runner.run(&pages_params(), |(format, bs, h, d, t, mode, seed)| {
+    let result = runner.run(&params, |(format, bs, h, d, t, mode, seed)| {
         gpu_slot_cases(g, &[case_h(format, bs, h, d, t, mode, seed)]);
         Ok(())
     });
@@ -427,18 +436,7 @@ fn v0_pages_gpu_property() {
 /// not reach (odd head counts and widths, partial tiles, pages of 2 and 5 tokens).
 #[test]
 fn v0_updates_gpu_property() {
-    let Some(g) = kvio_suite::gpu("v0 random slot updates") else {
-        return;
-    };
-    let config = proptest::test_runner::Config::with_cases(kvio_suite::proptest_cases(96));
-    let mut runner = proptest::test_runner::TestRunner::new(config);
-    let result = runner.run(&v0_params(), |(format, bs, h, d, t, mode, seed)| {
-        gpu_slot_cases(g, &[case_h(format, bs, h, d, t, mode, seed)]);
-        Ok(())
-    });
-    if let Err(e) = result {
-        panic!("{e}");
-    }
+    gpu_property("v0 random slot updates", v0_params());
 }
 
 /// The same on the GPU, with the error word: every case below 1,024 tokens (one token per
