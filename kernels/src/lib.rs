@@ -116,6 +116,7 @@ pub mod fp8;
 pub mod index;
 pub mod ops;
 pub mod pdl;
+pub mod shared;
 pub mod span;
 pub mod stage;
 pub mod tile;

@@ -104,20 +104,8 @@ impl Stage {
     /// A cell's 16 bytes (after [`Stage::wait_older`] for its group).
     #[inline(always)]
     pub fn get(&self, stage: usize, cell: usize) -> [u32; 4] {
-        let (a, b, c, d): (u32, u32, u32, u32);
-        // SAFETY: reads this thread's cell in the stage area.
-        unsafe {
-            core::arch::asm!(
-                "ld.shared.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
-                a = out(reg32) a,
-                b = out(reg32) b,
-                c = out(reg32) c,
-                d = out(reg32) d,
-                p = in(reg32) self.addr(stage, cell),
-                options(readonly, nostack)
-            )
-        };
-        [a, b, c, d]
+        // SAFETY: this thread's cell in the stage area, 16-byte aligned, landed (caller).
+        unsafe { crate::shared::load128(self.addr(stage, cell)) }
     }
 }
 
