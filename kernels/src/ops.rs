@@ -700,11 +700,8 @@ impl Pages<'_> {
     /// `t < num_tokens`, `head < heads`, `g < groups`.
     #[inline(always)]
     unsafe fn src(&self, part: u64, t: u64, head: u64, g: u64) -> *const u8 {
-        let a = self.0;
-        let src = if part == 0 { a.src_k } else { a.src_v };
-        let off = t * a.src_token_stride + head * a.src_head_stride + g * 8 * PAGE_ELEM;
-        // SAFETY: inside the validated source (caller).
-        unsafe { src.add(off as usize) }
+        // SAFETY: forwarded.
+        unsafe { tile_src(self.0, part, t, head, g * 8, PAGE_ELEM) }
     }
 }
 
@@ -912,6 +909,18 @@ impl TilePart {
     }
 }
 
+/// Part `part`'s source (K, else V) at element `e0` of head `head` of token `t`, source
+/// elements of `se` bytes.
+///
+/// # Safety
+/// `t < num_tokens`, `head < heads`, `e0 < 8 * groups`: inside the validated source.
+#[inline(always)]
+unsafe fn tile_src(a: &TileArgs, part: u64, t: u64, head: u64, e0: u64, se: u64) -> *const u8 {
+    let src = if part == 0 { a.src_k } else { a.src_v };
+    // SAFETY: forwarded.
+    unsafe { src.add((t * a.src_token_stride + head * a.src_head_stride + e0 * se) as usize) }
+}
+
 /// The slot of token `t`.
 ///
 /// # Safety
@@ -1024,11 +1033,8 @@ unsafe fn tiles_body<const E: usize, const RUNS: bool>(a: &TileArgs, g: Group) {
         } else {
             (grp * TILE as u64, 1)
         };
-        let src = if part == 0 { a.src_k } else { a.src_v };
         // SAFETY: t0 < num_tokens, head < heads, grp < groups: inside the validated source.
-        let src = unsafe {
-            src.add((t0 * a.src_token_stride + head * a.src_head_stride + e0 * se) as usize)
-        };
+        let src = unsafe { tile_src(a, part, t0, head, e0, se) };
         let scale = tile_scale(a, part, head);
         let counting = part == 0 && head == 0 && grp == 0;
         // A full tile whose eight tokens fill eight aligned consecutive slots of one block is
@@ -1228,11 +1234,8 @@ unsafe fn staged_body(a: &TileArgs, g: Group) {
         let n = (a.num_tokens - t0).min(TILE as u64);
         let p = TilePart::of(a, part);
         let e0 = grp * TILE as u64;
-        let src = if part == 0 { a.src_k } else { a.src_v };
         // SAFETY: t0 < num_tokens, head < heads, grp < groups: inside the validated source.
-        let src = unsafe {
-            src.add((t0 * a.src_token_stride + head * a.src_head_stride + e0 * se) as usize)
-        };
+        let src = unsafe { tile_src(a, part, t0, head, e0, se) };
         let scale = tile_scale(a, part, head);
         let counting = part == 0 && head == 0 && grp == 0;
         if p.runs && n == TILE as u64 {
@@ -1331,14 +1334,12 @@ unsafe fn stage_item(a: &TileArgs, st: &mut Stage, s: usize, item: u64, items: u
         let t0 = (o * subs + sub) * TILE as u64;
         let runs = a.runs & (1 << part) != 0;
         if runs && t0 + TILE as u64 <= a.num_tokens {
-            let src = if part == 0 { a.src_k } else { a.src_v };
-            let off = t0 * a.src_token_stride + head * a.src_head_stride + grp * TILE as u64 * se;
             let w = if a.slot_is_i64 != 0 { 8 } else { 4 };
             // SAFETY: a full tile: its eight groups (8 * se bytes each, aligned to that with
             // runs) lie in the source; its eight slots lie in the 16-byte aligned slot array
             // (t0 is a multiple of 8, so they start 16-byte aligned).
             unsafe {
-                let src = src.add(off as usize);
+                let src = tile_src(a, part, t0, head, grp * TILE as u64, se);
                 unroll8!(i => {
                     let r = src.add((i as u64 * a.src_token_stride) as usize);
                     st.fetch(s, i, r, 8 * se as u32);
