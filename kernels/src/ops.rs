@@ -1242,8 +1242,9 @@ unsafe fn staged_body(a: &TileArgs, g: Group) {
             let mut rows: [Row; TILE] = [[0; 8]; TILE];
             let mut slots = [0i64; TILE];
             if staged {
-                // stage_item copied this full tile's rows and slots into stage s.
-                staged_tile(a, &st, s, &scale, &mut rows, &mut slots);
+                // SAFETY: stage_item copied this full tile's rows and slots into stage s (< 2),
+                // and wait_older let them land.
+                unsafe { staged_tile(a, &st, s, &scale, &mut rows, &mut slots) };
             } else {
                 unroll8!(i => {
                     // SAFETY: the tile is full: token t0 + i's group lies in the source (runs
@@ -1359,8 +1360,11 @@ unsafe fn stage_item(a: &TileArgs, st: &mut Stage, s: usize, item: u64, items: u
 
 /// A staged full tile (see [`stage_item`]): its eight groups as fp8 cache elements (copied, or
 /// quantized with `div`) and its eight slots.
+///
+/// # Safety
+/// `s < STAGES`, and stage `s` holds a full tile's copies, landed.
 #[inline(always)]
-fn staged_tile(
+unsafe fn staged_tile(
     a: &TileArgs,
     st: &Stage,
     s: usize,
@@ -1369,7 +1373,8 @@ fn staged_tile(
     slots: &mut [i64; TILE],
 ) {
     unroll8!(i => {
-        let cell = st.get(s, i);
+        // SAFETY: cells 0..8 of stage s, landed (caller).
+        let cell = unsafe { st.get(s, i) };
         rows[i] = if a.convert != convert::NONE {
             tile::convert_raw(&[V16::from_array(cell), V16::splat(0)], a.convert, div)
         } else {
@@ -1379,13 +1384,15 @@ fn staged_tile(
     });
     if a.slot_is_i64 != 0 {
         unroll8!(i => {
-            let c = st.get(s, 8 + i / 2);
+            // SAFETY: cells 8..12 of stage s, landed (caller).
+            let c = unsafe { st.get(s, 8 + i / 2) };
             let k = 2 * (i % 2);
             slots[i] = (c[k] as u64 | (c[k + 1] as u64) << 32) as i64;
         });
     } else {
         unroll8!(i => {
-            slots[i] = st.get(s, 8 + i / 4)[i % 4] as i32 as i64;
+            // SAFETY: cells 8..10 of stage s, landed (caller).
+            slots[i] = unsafe { st.get(s, 8 + i / 4) }[i % 4] as i32 as i64;
         });
     }
 }

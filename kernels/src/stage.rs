@@ -102,9 +102,13 @@ impl Stage {
     }
 
     /// A cell's 16 bytes (after [`Stage::wait_older`] for its group).
+    ///
+    /// # Safety
+    /// `stage < STAGES`, `cell < CELLS`, and the cell's copy has landed.
     #[inline(always)]
-    pub fn get(&self, stage: usize, cell: usize) -> [u32; 4] {
-        // SAFETY: this thread's cell in the stage area, 16-byte aligned, landed (caller).
+    pub unsafe fn get(&self, stage: usize, cell: usize) -> [u32; 4] {
+        // SAFETY: this thread's cell in the stage area (in range: caller), 16-byte aligned,
+        // landed (caller).
         unsafe { crate::shared::load128(self.addr(stage, cell)) }
     }
 }
@@ -143,8 +147,11 @@ impl Stage {
     pub fn wait_older(&mut self) {}
 
     /// A cell's 16 bytes.
+    ///
+    /// # Safety
+    /// As on the GPU: `stage < STAGES`, `cell < CELLS` (checked here by the array index).
     #[inline(always)]
-    pub fn get(&self, stage: usize, cell: usize) -> [u32; 4] {
+    pub unsafe fn get(&self, stage: usize, cell: usize) -> [u32; 4] {
         self.cells[stage * CELLS + cell]
     }
 }
