@@ -594,6 +594,8 @@ fn transfer_blocks_matches_copy_blocks() {
                 chunk,
                 piece: chunk / pieces,
                 pieces,
+                src_piece_stride: chunk / pieces,
+                dst_piece_stride: chunk / pieces,
                 pairs: pairs.as_ptr(),
                 num_pairs: pairs.len() as u64 / 2,
                 src_blocks,

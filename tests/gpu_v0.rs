@@ -545,86 +545,139 @@ fn v0_arguments_are_checked() {
     );
 }
 
-// ---- Block copies of v0 pools -------------------------------------------------------------
+// ---- Block copies of v0 pools ----------------------------------------------------------------
 
 use kvio::reference::PoolImage;
-use kvio::{Backend, BlockCopy, BlockMap, BlockPool};
+use kvio::{
+    Backend, BlockCopy, BlockMap, BlockPool, DeviceErrors, LayerTable, StreamRef, Writable,
+};
 use kvio_suite::Mem;
-
-/// `layers` layers of K and V v0 caches in one buffer (K then V per layer), bf16.
-fn v0_pool_shape() -> (PagedLayout, usize, usize, usize) {
-    let (nb, bs, h, d) = (6, 16, 2, 64);
-    let layout = PagedLayout::v0_key(nb, bs, h, d, 2);
-    let ext = layout.extent("p").unwrap() as usize;
-    (layout, 3, ext, 2 * 3 * ext)
-}
 
 const V0_PAIRS: [[i64; 2]; 4] = [[0, 3], [5, 1], [-1, -1], [2, 2]];
 
-/// The expected destination: the reference's element-by-element block copy (it addresses
-/// pieces through the same layout).
-fn v0_pool_expected(
-    layout: PagedLayout,
-    layers: usize,
-    ext: usize,
-    src: &[u8],
-    dst: &[u8],
-) -> Vec<u8> {
-    let img = PoolImage {
-        layers,
-        parts: 2,
-        layout,
-        layer_stride: 2 * ext,
-        part_stride: ext,
-    };
-    let mut want = dst.to_vec();
-    kvio::reference::copy_blocks(&img, src, &img, &mut want, &V0_PAIRS);
-    want
+/// The pools of the block-copy tests: 6 blocks, 3 layers of K and V.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum PoolKind {
+    /// vLLM's v0 caches (K `v0_key`, V `v0_value`), each layer's K then V in one buffer.
+    V0,
+    /// Layer-separate NHD caches in one buffer, as `V0`.
+    Nhd,
+    /// Layer-separate HND caches in one buffer, as `V0`.
+    Hnd,
+    /// vLLM's cross-layer blocks `(NB, L, 2, bs, H, D)`.
+    CrossNhd,
 }
 
-/// v0 pools move whole dense blocks (kernel and DMA, emulated); a copy into a pool of
-/// another layout is refused.
-#[test]
-fn emulated_v0_block_copies_match_reference() {
-    let (layout, layers, ext, len) = v0_pool_shape();
-    let src = random_bytes(len, 71);
-    let poison = random_bytes(len, 72);
-    for backend in [Backend::Kernel, Backend::Dma] {
-        let mut dst = poison.clone();
-        // SAFETY: host memory of these lengths, ours for the call.
-        let (s, d) = unsafe {
-            (
-                DeviceBytes::from_raw(src.as_ptr() as u64, len),
-                DeviceBytesMut::from_raw(dst.as_mut_ptr() as u64, len),
-            )
-        };
-        let op = BlockCopy::new(
-            BlockPool::strided(s, 2 * ext, ext, layers, 2, layout),
-            BlockPool::strided(d, 2 * ext, ext, layers, 2, layout),
-            BlockMap::Host(&V0_PAIRS),
-        )
-        .backend(backend);
-        // SAFETY: every view is host memory of its length.
-        unsafe { kvio::emulate::copy_blocks(&op) }.unwrap();
-        assert_same(
-            &format!("v0 pool {backend:?}"),
-            &dst,
-            &v0_pool_expected(layout, layers, ext, &src, &poison),
+/// Blocks, layers, heads and head size of the block-copy tests.
+const NB: usize = 6;
+const LAYERS: usize = 3;
+const HEADS: usize = 2;
+const DIM: usize = 64;
+
+/// Bytes of a pool of element size `e` and block size `bs` (every kind has the same).
+fn pool_len(bs: usize, e: usize) -> usize {
+    NB * LAYERS * 2 * bs * HEADS * DIM * e
+}
+
+/// The pool of `kind` over `mem` ([`pool_len`] bytes).
+fn v0_pool<'a>(
+    kind: PoolKind,
+    mem: DeviceBytesMut<'a>,
+    bs: usize,
+    e: usize,
+) -> BlockPool<'a, Writable> {
+    let (k, v) = (
+        PagedLayout::v0_key(NB, bs, HEADS, DIM, e),
+        PagedLayout::v0_value(NB, bs, HEADS, DIM, e),
+    );
+    let cache = k.extent("k").unwrap() as usize;
+    let layer_separate = |l| BlockPool::strided(mem, 2 * cache, cache, LAYERS, 2, l);
+    match kind {
+        PoolKind::V0 => layer_separate(k).value_layout(v),
+        PoolKind::Nhd => layer_separate(PagedLayout::nhd(NB, bs, HEADS, DIM, e)),
+        PoolKind::Hnd => layer_separate(PagedLayout::hnd(NB, bs, HEADS, DIM, e)),
+        PoolKind::CrossNhd => BlockPool::cross_layer_nhd(mem, NB, LAYERS, bs, HEADS, DIM, e),
+    }
+}
+
+/// What a block copy from `src` to `dst` (strided pools, or evenly spaced tables) leaves in
+/// `dst`: the reference's element-by-element copy, part by part with each part's layout, and
+/// the error counts.
+fn v0_expected<A: Copy, B: Copy>(
+    src: &BlockPool<'_, A>,
+    src_bytes: &[u8],
+    dst: &BlockPool<'_, B>,
+    dst_bytes: &[u8],
+    pairs: &[[i64; 2]],
+) -> (Vec<u8>, kvio::ErrorCounts) {
+    let (si, di) = (PoolImage::of(src).unwrap(), PoolImage::of(dst).unwrap());
+    let one = |img: PoolImage, layout| PoolImage {
+        parts: 1,
+        layout,
+        part_stride: 0,
+        ..img
+    };
+    let mut want = dst_bytes.to_vec();
+    let mut counts = kvio::ErrorCounts::default();
+    for p in 0..2 {
+        counts = reference::copy_blocks(
+            &one(si, src.part_layout(p)),
+            &src_bytes[p * si.part_stride..],
+            &one(di, dst.part_layout(p)),
+            &mut want[p * di.part_stride..],
+            pairs,
         );
     }
-    // Into an NHD pool of the same shape: a conversion kvio does not do.
-    let mut dst = poison.clone();
-    let nhd = PagedLayout::nhd(6, 16, 2, 64, 2);
-    // SAFETY: as above.
-    let (s, d) = unsafe {
-        (
-            DeviceBytes::from_raw(src.as_ptr() as u64, len),
-            DeviceBytesMut::from_raw(dst.as_mut_ptr() as u64, len),
-        )
-    };
+    (want, counts)
+}
+
+/// Every conversion the tests run: (source, destination) kinds, each way between v0 and the
+/// others, and v0 to v0 (whole blocks).
+fn conversions() -> Vec<(PoolKind, PoolKind)> {
+    let mut v = vec![(PoolKind::V0, PoolKind::V0)];
+    for other in [PoolKind::Nhd, PoolKind::Hnd, PoolKind::CrossNhd] {
+        v.push((PoolKind::V0, other));
+        v.push((other, PoolKind::V0));
+    }
+    v
+}
+
+/// v0 pools (K and V in their own layouts) copied to v0 pools (whole blocks) and converted to
+/// and from layer-separate NHD and HND and cross-layer NHD pools, fp8, bf16 and f32, pages of
+/// 1 and 16 slots, on every backend, in emulation.
+#[test]
+fn emulated_v0_block_copies_match_reference() {
+    for (e, bs) in [(1, 16), (2, 16), (4, 16), (2, 1)] {
+        let len = pool_len(bs, e);
+        let src = Mem::plain(random_bytes(len, 71 + e as u64));
+        let poison = random_bytes(len, 72);
+        for (from, to) in conversions() {
+            for backend in [Backend::Kernel, Backend::Dma, Backend::Tma, Backend::Auto] {
+                let mut dst = Mem::plain(poison.clone());
+                let op = BlockCopy::new(
+                    v0_pool(from, src.bytes_mut(), bs, e),
+                    v0_pool(to, dst.bytes_mut(), bs, e),
+                    BlockMap::Host(&V0_PAIRS),
+                )
+                .backend(backend);
+                // SAFETY: every view is plain host memory of its length.
+                let ran = unsafe { kvio::emulate::copy_blocks(&op) }.unwrap();
+                let what = format!("{from:?} -> {to:?} e {e} bs {bs} {backend:?} (ran {ran:?})");
+                let (want, _) = v0_expected(&op.src, &src.read(), &op.dst, &poison, &V0_PAIRS);
+                assert_same(&what, &dst.read(), &want);
+                dst.fill(&poison);
+            }
+        }
+    }
+    // A part whose pieces neither side shares: refused before anything moves.
+    let len = pool_len(16, 2);
+    let (a, b) = (Mem::plain(vec![1; len]), Mem::plain(vec![2; len]));
+    let mut four = PagedLayout::v0_key(NB, 16, HEADS, DIM, 2);
+    (four.piece_elems, four.token_stride, four.piece_stride) = (4, 4, 4 * 16);
+    let cache = four.extent("k").unwrap() as usize;
     let op = BlockCopy::new(
-        BlockPool::strided(s, 2 * ext, ext, layers, 2, layout),
-        BlockPool::strided(d, 2 * ext, ext, layers, 2, nhd),
+        v0_pool(PoolKind::V0, a.bytes_mut(), 16, 2),
+        BlockPool::strided(b.bytes_mut(), 2 * cache, cache, LAYERS, 2, four),
         BlockMap::Host(&V0_PAIRS),
     );
     // SAFETY: refused before anything is touched.
@@ -633,40 +686,136 @@ fn emulated_v0_block_copies_match_reference() {
         matches!(r, Err(Error::InvalidArgument { name: "dst", .. })),
         "{r:?}"
     );
+    assert_eq!(b.read(), vec![2; len]);
+    // A value layout of another shape, or on a one-part pool: refused.
+    let k = PagedLayout::v0_key(NB, 16, HEADS, DIM, 2);
+    let bad = [
+        BlockPool::strided(b.bytes_mut(), 2 * cache, cache, LAYERS, 2, k)
+            .value_layout(PagedLayout::v0_value(NB, 8, HEADS, DIM, 2)),
+        BlockPool::strided(b.bytes_mut(), cache, 0, LAYERS, 1, k)
+            .value_layout(PagedLayout::v0_value(NB, 16, HEADS, DIM, 2)),
+    ];
+    for dst in bad {
+        let op = BlockCopy::new(
+            v0_pool(PoolKind::V0, a.bytes_mut(), 16, 2),
+            dst,
+            BlockMap::Host(&V0_PAIRS),
+        );
+        // SAFETY: refused before anything is touched.
+        let r = unsafe { kvio::emulate::copy_blocks(&op) };
+        assert!(
+            matches!(r, Err(Error::InvalidArgument { name: "dst", .. })),
+            "{r:?}"
+        );
+    }
 }
 
-/// On the GPU: device → device, offload to pinned host and onload back, kernel and DMA.
+/// On the GPU: the conversions of the emulated test device → device, offload to pinned host
+/// and onload back, on every backend and on a device map with an out-of-range pair (counted
+/// once, though each part is its own launch); and a layer-table v0 pool (per-layer K and V
+/// tensors, as mistral.rs keeps them) converted to and from a cross-layer pool.
 #[test]
 fn gpu_v0_block_copies_match_reference() {
     let Some(g) = kvio_suite::gpu("v0 block copies") else {
         return;
     };
     let stream = g.stream();
+    let sref = StreamRef::from(&stream);
     // Drivers of CUDA 12.8 and later take the DMA backend's copies as one batch.
     let mut version = 0;
     // SAFETY: out-pointer to a local.
     unsafe { cust::sys::cuDriverGetVersion(&mut version) };
     assert_eq!(g.kv.batched_dma(), version >= 12080, "driver {version}");
-    let (layout, layers, ext, len) = v0_pool_shape();
-    let src_bytes = random_bytes(len, 81);
-    let poison = random_bytes(len, 82);
-    let want = v0_pool_expected(layout, layers, ext, &src_bytes, &poison);
-    for (src_host, dst_host) in [(false, false), (false, true), (true, false)] {
+    let errors = DeviceErrors::new().unwrap();
+    let bad_pairs: [[i64; 2]; 5] = [[0, 3], [5, 1], [-1, -1], [2, 2], [NB as i64, 0]];
+    let device_map = kvio_suite::upload(&bad_pairs.iter().flatten().copied().collect::<Vec<i64>>());
+    for (e, bs) in [(1, 16), (2, 16), (4, 16), (2, 1)] {
+        let len = pool_len(bs, e);
+        let src_bytes = random_bytes(len, 81 + e as u64);
+        let poison = random_bytes(len, 82);
+        for (from, to) in conversions() {
+            for (src_host, dst_host) in [(false, false), (false, true), (true, false)] {
+                let mut src = Mem::new(src_host, len);
+                src.fill(&src_bytes);
+                let mut dst = Mem::new(dst_host, len);
+                for backend in [Backend::Kernel, Backend::Dma, Backend::Tma, Backend::Auto] {
+                    dst.fill(&poison);
+                    let op = BlockCopy::new(
+                        v0_pool(from, src.bytes_mut(), bs, e),
+                        v0_pool(to, dst.bytes_mut(), bs, e),
+                        BlockMap::Host(&V0_PAIRS),
+                    )
+                    .backend(backend);
+                    let ran = g.kv.copy_blocks(&op, sref).unwrap();
+                    stream.synchronize().unwrap();
+                    let what = format!(
+                        "{from:?} -> {to:?} e {e} bs {bs} host {src_host}->{dst_host} \
+                         {backend:?} (ran {ran:?})"
+                    );
+                    let (want, _) = v0_expected(&op.src, &src_bytes, &op.dst, &poison, &V0_PAIRS);
+                    assert_same(&what, &dst.read(), &want);
+                }
+                // A device map with a pair past the source pool: skipped, counted once.
+                dst.fill(&poison);
+                errors.reset(sref).unwrap();
+                let op = BlockCopy::new(
+                    v0_pool(from, src.bytes_mut(), bs, e),
+                    v0_pool(to, dst.bytes_mut(), bs, e),
+                    BlockMap::Device {
+                        pairs: DeviceBytes::of(&device_map),
+                        len: bad_pairs.len(),
+                    },
+                )
+                .errors(&errors);
+                g.kv.copy_blocks(&op, sref).unwrap();
+                stream.synchronize().unwrap();
+                let what = format!("{from:?} -> {to:?} e {e} bs {bs} device map");
+                let (want, counts) = v0_expected(&op.src, &src_bytes, &op.dst, &poison, &bad_pairs);
+                assert_same(&what, &dst.read(), &want);
+                assert_eq!(counts.bad_blocks, 1);
+                assert_eq!(errors.read(sref).unwrap(), counts, "{what}");
+            }
+        }
+    }
+    // Per-layer K and V tensors through a layer table, to and from cross-layer blocks.
+    let (e, bs) = (2, 16);
+    let len = pool_len(bs, e);
+    let src_bytes = random_bytes(len, 91);
+    let poison = random_bytes(len, 92);
+    let mut tensors = Mem::new(false, len);
+    let mut cross = Mem::new(false, len);
+    let cache = len / (2 * LAYERS);
+    for into_table in [false, true] {
         for backend in [Backend::Kernel, Backend::Dma] {
-            let mut src = Mem::new(src_host, len);
-            src.fill(&src_bytes);
-            let mut dst = Mem::new(dst_host, len);
-            dst.fill(&poison);
-            let op = BlockCopy::new(
-                BlockPool::strided(src.bytes(), 2 * ext, ext, layers, 2, layout),
-                BlockPool::strided(dst.bytes_mut(), 2 * ext, ext, layers, 2, layout),
-                BlockMap::Host(&V0_PAIRS),
-            )
+            tensors.fill(if into_table { &poison } else { &src_bytes });
+            cross.fill(if into_table { &src_bytes } else { &poison });
+            let views: Vec<DeviceBytesMut<'_>> = (0..2 * LAYERS)
+                .map(|i| tensors.bytes_mut().slice(i * cache, cache).unwrap())
+                .collect();
+            let table = LayerTable::new(&views, 2).unwrap();
+            let v0 = BlockPool::layer_separate(&table, PagedLayout::v0_key(NB, bs, HEADS, DIM, e))
+                .value_layout(PagedLayout::v0_value(NB, bs, HEADS, DIM, e));
+            let other = v0_pool(PoolKind::CrossNhd, cross.bytes_mut(), bs, e);
+            let op = if into_table {
+                BlockCopy::new(other, v0, BlockMap::Host(&V0_PAIRS))
+            } else {
+                BlockCopy::new(v0, other, BlockMap::Host(&V0_PAIRS))
+            }
             .backend(backend);
-            g.kv.copy_blocks(&op, stream.sref()).unwrap();
+            g.kv.copy_blocks(&op, sref).unwrap();
             stream.synchronize().unwrap();
-            let what = format!("v0 pool host {src_host}->{dst_host} {backend:?}");
-            assert_same(&what, &dst.read(), &want);
+            let (want, _) = v0_expected(&op.src, &src_bytes, &op.dst, &poison, &V0_PAIRS);
+            drop(table);
+            let got = if into_table {
+                tensors.read()
+            } else {
+                cross.read()
+            };
+            assert_same(
+                &format!("table, into table {into_table}, {backend:?}"),
+                &got,
+                &want,
+            );
         }
     }
 }

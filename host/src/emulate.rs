@@ -13,7 +13,7 @@ use crate::alloc::MemoryKind;
 use crate::blocks::{self, Backend, BlockCopy};
 use crate::error::Result;
 use crate::launch::GridCap;
-use crate::plan::{Kernel, Plan, Staging, Target};
+use crate::plan::{Kernel, Launch, Plan, Staging, Target};
 use crate::write::{plan as write_plan, MlaUpdate, SliceUpdate, SlotUpdate};
 
 /// The pretend device: two multiprocessors' worth of CTAs for every kernel (it only sizes the
@@ -88,15 +88,19 @@ unsafe fn run(plan: &Plan<'_>) {
                 unsafe { std::ptr::copy(s.src as *const u8, s.dst as *mut u8, s.bytes as usize) };
             }
         }
-        Plan::Kernel { upload, launch } => {
+        Plan::Kernel {
+            upload,
+            launch,
+            then,
+        } => {
             let mut scratch: Vec<u64> = Vec::new();
-            let mut kernel = launch.kernel;
+            let mut map = None;
             if let Some(u) = upload {
                 let to = match u.dst {
                     Staging::Given(ptr) => ptr as *mut u8,
                     Staging::Scratch => {
                         scratch = vec![0; u.src.len().div_ceil(8)];
-                        kernel = kernel.with_map(scratch.as_ptr() as u64);
+                        map = Some(scratch.as_ptr() as u64);
                         scratch.as_mut_ptr().cast()
                     }
                 };
@@ -104,32 +108,44 @@ unsafe fn run(plan: &Plan<'_>) {
                 // or the scratch vector above).
                 unsafe { std::ptr::copy_nonoverlapping(u.src.as_ptr(), to, u.src.len()) };
             }
-            if let Kernel::Tiles(a) = &kernel {
-                if a.pages() {
-                    // SAFETY: as below; a whole CTA per item, phase by phase.
-                    unsafe { ops::emulate_pages(a, launch.grid) };
-                    return;
-                }
+            for l in std::iter::once(launch).chain(then) {
+                let kernel = map.map_or(l.kernel, |m| l.kernel.with_map(m));
+                // SAFETY: forwarded (the map, if any, uploaded above).
+                unsafe { emulate_launch(kernel, l) };
             }
-            // SAFETY: arguments validated like a launch; the memory is host memory (caller).
-            ops::emulate(launch.grid, launch.threads, kernel.shift(), |g| unsafe {
-                match &kernel {
-                    Kernel::Slots(a) if a.converts_rows() => ops::update_rows_convert(a, g),
-                    Kernel::Slots(a) if a.converts() => ops::update_slots_convert(a, g),
-                    Kernel::Slots(a) if a.general() => ops::update_slots_general(a, g),
-                    Kernel::Slots(a) if a.copies_rows() => ops::update_rows(a, g),
-                    Kernel::Slots(a) => ops::update_slots(a, g),
-                    Kernel::Tiles(a) if a.elem == 4 => ops::update_tiles_wide(a, g),
-                    Kernel::Tiles(a) if a.tile == 1 => ops::update_tiles_one(a, g),
-                    Kernel::Tiles(a) if a.elem == 1 => ops::update_tiles_staged(a, g),
-                    Kernel::Tiles(a) => ops::update_tiles(a, g),
-                    Kernel::Slices(a) => ops::update_slices(a, g),
-                    Kernel::Copy(a) => ops::copy_blocks(a, g),
-                    Kernel::Transfer(a) => ops::transfer_blocks(a, g),
-                    Kernel::TransferTma(a) => ops::transfer_blocks_tma(a, g),
-                }
-            });
             drop(scratch); // alive until the kernel bodies have run
         }
     }
+}
+
+/// Runs one launch of a plan on host memory.
+///
+/// # Safety
+/// As [`run`].
+unsafe fn emulate_launch(kernel: Kernel, launch: &Launch) {
+    if let Kernel::Tiles(a) = &kernel {
+        if a.pages() {
+            // SAFETY: as below; a whole CTA per item, phase by phase.
+            unsafe { ops::emulate_pages(a, launch.grid) };
+            return;
+        }
+    }
+    // SAFETY: arguments validated like a launch; the memory is host memory (caller).
+    ops::emulate(launch.grid, launch.threads, kernel.shift(), |g| unsafe {
+        match &kernel {
+            Kernel::Slots(a) if a.converts_rows() => ops::update_rows_convert(a, g),
+            Kernel::Slots(a) if a.converts() => ops::update_slots_convert(a, g),
+            Kernel::Slots(a) if a.general() => ops::update_slots_general(a, g),
+            Kernel::Slots(a) if a.copies_rows() => ops::update_rows(a, g),
+            Kernel::Slots(a) => ops::update_slots(a, g),
+            Kernel::Tiles(a) if a.elem == 4 => ops::update_tiles_wide(a, g),
+            Kernel::Tiles(a) if a.tile == 1 => ops::update_tiles_one(a, g),
+            Kernel::Tiles(a) if a.elem == 1 => ops::update_tiles_staged(a, g),
+            Kernel::Tiles(a) => ops::update_tiles(a, g),
+            Kernel::Slices(a) => ops::update_slices(a, g),
+            Kernel::Copy(a) => ops::copy_blocks(a, g),
+            Kernel::Transfer(a) => ops::transfer_blocks(a, g),
+            Kernel::TransferTma(a) => ops::transfer_blocks_tma(a, g),
+        }
+    });
 }

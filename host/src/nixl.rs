@@ -88,11 +88,19 @@ pub fn descriptors(copy: &BlockCopy<'_>, op: XferOp) -> Result<Vec<Desc>> {
             "NIXL descriptors need a host block map",
         ));
     };
-    // Both pools are plain memory to NIXL: no driver query, every address reachable.
-    let geo = plan::geometry(copy, &|_| MemoryKind::PinnedHost)?;
-    let dst = copy.dst.read();
-    map::check_host_ids(&copy.src, &dst, pairs)?;
-    let spans = dma::spans(&copy.src, &dst, &geo, pairs);
+    // Both pools are plain memory to NIXL: no driver query, every address reachable. Pools
+    // whose parts are laid out differently convert part by part (K's spans, then V's).
+    let parts = plan::split_parts(copy)?;
+    let copies = parts
+        .as_ref()
+        .map_or(std::slice::from_ref(copy), |p| &p[..]);
+    let mut spans = Vec::new();
+    for c in copies {
+        let geo = plan::geometry(c, &|_| MemoryKind::PinnedHost)?;
+        let dst = c.dst.read();
+        map::check_host_ids(&c.src, &dst, pairs)?;
+        spans.extend(dma::spans(&c.src, &dst, &geo, pairs).iter().copied());
+    }
     Ok(spans
         .iter()
         .map(|s| match op {

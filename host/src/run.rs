@@ -59,10 +59,17 @@ impl Kvio {
                 }
                 Ok(())
             }
-            Plan::Kernel { upload, launch } => {
+            Plan::Kernel {
+                upload,
+                launch,
+                then,
+            } => {
                 let Some(u) = upload else {
                     // The only launches that may be programmatic: kernel after kernel.
-                    return self.launch(launch.kernel, launch, stream, self.launch_ex(stream));
+                    for l in std::iter::once(launch).chain(then) {
+                        self.launch(l.kernel, l, stream, self.launch_ex(stream))?;
+                    }
+                    return Ok(());
                 };
                 let to = match u.dst {
                     Staging::Given(ptr) => ptr,
@@ -88,11 +95,15 @@ impl Kvio {
                 });
                 // After a copy: plain launches (a programmatic dependency is one between
                 // kernels).
-                let launched = copied.and_then(|()| match u.dst {
-                    Staging::Given(_) => self.launch(launch.kernel, launch, stream, None),
-                    Staging::Scratch => {
-                        self.launch(launch.kernel.with_map(to), launch, stream, None)
+                let launched = copied.and_then(|()| {
+                    for l in std::iter::once(launch).chain(then) {
+                        let kernel = match u.dst {
+                            Staging::Given(_) => l.kernel,
+                            Staging::Scratch => l.kernel.with_map(to),
+                        };
+                        self.launch(kernel, l, stream, None)?;
                     }
+                    Ok(())
                 });
                 if u.dst == Staging::Scratch {
                     // Given back after the launch (or at once if nothing was enqueued).

@@ -391,8 +391,13 @@ kernel! {
         chunk: u64,
         /// Bytes one work item copies (divides `chunk`).
         piece: u64,
-        /// `chunk / piece`.
+        /// Work items per chunk (`chunk / piece` when a chunk is contiguous on both sides).
         pieces: u64,
+        /// Source bytes between consecutive items of a chunk (`piece` when contiguous; a
+        /// layout whose head vectors are in pieces, vLLM's v0: its piece stride).
+        src_piece_stride: u64,
+        /// Destination bytes between consecutive items of a chunk (as `src_piece_stride`).
+        dst_piece_stride: u64,
         /// `[n, 2]` i64 block pairs.
         pairs: *const i64,
         /// Number of pairs.

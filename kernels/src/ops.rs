@@ -1481,8 +1481,10 @@ pub unsafe fn update_slices(a: &SliceArgs, g: Group) {
 
 /// Block copy between two pools (device or mapped pinned host memory, any layouts): for pair
 /// `i` (`pairs[2i]` source block, `pairs[2i+1]` destination block), every (layer, part, token,
-/// head) chunk of `chunk` bytes, as `pieces` work items of `piece` bytes; merged dimensions
-/// have extent 1. Negative ids are padding,
+/// head) chunk, as `pieces` work items of `piece` bytes, `src_piece_stride` and
+/// `dst_piece_stride` apart (a contiguous chunk split in `piece`s, or a head vector moved
+/// piece by piece between layouts that split it differently: vLLM's v0 and NHD); merged
+/// dimensions have extent 1. Negative ids are padding,
 /// ids past a pool are skipped and counted.
 ///
 /// # Safety
@@ -1793,13 +1795,16 @@ unsafe fn item_span(
                 ],
             );
             let at = [layer, part, token, head];
-            let off = (piece * a.piece) as usize;
+            let (so, dof) = (
+                (piece * a.src_piece_stride) as usize,
+                (piece * a.dst_piece_stride) as usize,
+            );
             // SAFETY: both blocks are inside their pools, the other indices below their
             // validated extents.
             unsafe {
                 Some((
-                    chunk_at(&src, s as u64, at).add(off) as *const u8,
-                    chunk_at(&dst, d as u64, at).add(off),
+                    chunk_at(&src, s as u64, at).add(so) as *const u8,
+                    chunk_at(&dst, d as u64, at).add(dof),
                 ))
             }
         }

@@ -10,7 +10,8 @@ use crate::plan::{Span, Spans};
 /// The spans of a validated block copy with a host map; consecutive pairs `(s, d)`,
 /// `(s+1, d+1)` merge into one span when a block's chunk fills its block stride on both sides
 /// ([`Geometry::block_contiguous`]): one span a run of whole blocks (cross-layer pools), or one
-/// a run per (layer, part) (layer-separate pools). The NIXL descriptors (`crate::nixl`) are
+/// a run per (layer, part) (layer-separate pools). A conversion to or from vLLM's v0 layout
+/// ([`Geometry::pieces`]) is one span per piece of a head vector. The NIXL descriptors (`crate::nixl`) are
 /// these spans too.
 pub(crate) fn spans(
     src: &BlockPool<'_>,
@@ -28,7 +29,7 @@ pub(crate) fn spans(
     let (from, to) = (src.side(), dst.side());
     let [nl, np, nt, nh] = geo.ext;
     // At most one span per chunk of each pair: one allocation of that size at most.
-    let per_pair = geo.ext.iter().product::<u64>();
+    let per_pair = geo.ext.iter().product::<u64>() * geo.pieces.map_or(1, |p| p.count);
     let bound = (pairs.len() as u64).saturating_mul(per_pair);
     // (reserved up to 2^20 spans; a larger plan grows as it goes).
     let mut out = Spans::with_capacity(bound.min(1 << 20) as usize);
@@ -48,11 +49,24 @@ pub(crate) fn spans(
                         // SAFETY: validated pools: a table holds `layers × parts` entries and
                         // `l < layers`, `p < parts` (host slices are bounds-checked anyway).
                         let (s, d) = unsafe { (chunk_at(&from, s0, at), chunk_at(&to, d0, at)) };
-                        out.push(Span {
-                            dst: d as u64,
-                            src: s as u64,
-                            bytes: geo.chunk * run as u64,
-                        });
+                        let (s, d) = (s as u64, d as u64);
+                        match geo.pieces {
+                            // A conversion (no run: blocks are not contiguous): piece by piece.
+                            Some(pc) => {
+                                for k in 0..pc.count {
+                                    out.push(Span {
+                                        dst: d + k * pc.dst_stride,
+                                        src: s + k * pc.src_stride,
+                                        bytes: pc.bytes,
+                                    });
+                                }
+                            }
+                            None => out.push(Span {
+                                dst: d,
+                                src: s,
+                                bytes: geo.chunk * run as u64,
+                            }),
+                        }
                     }
                 }
             }

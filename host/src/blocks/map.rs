@@ -179,10 +179,11 @@ fn block_footprint(p: &BlockPool<'_>) -> Option<(u64, u64)> {
     };
     let l = &p.layout;
     let e = l.elem_bytes as u64;
-    // One layer/part's block: dense when head vectors are in pieces (v0; the pool checked).
-    let block = match l.dense_block_bytes() {
-        Some(b) if l.is_pieced() => b,
-        _ => {
+    // One layer/part's block: dense when head vectors are in pieces (v0) or parts are laid
+    // out differently (the pool checked).
+    let block = match p.dense_block() {
+        Some(b) => b,
+        None => {
             (l.block_size as u64 - 1) * l.token_stride as u64 * e
                 + (l.num_heads as u64 - 1) * l.head_stride as u64 * e
                 + l.chunk_bytes() as u64

@@ -24,8 +24,84 @@ use crate::plan::{Kernel, Launch, Plan, Staging, Target, Upload};
 /// whole-block copies still spread over the grid.
 const MAX_PIECE: u64 = 16 * 1024;
 
-/// Validates a block copy and plans it: the backend that will run and what it does.
+/// Validates a block copy and plans it: the backend that will run and what it does. A copy
+/// that converts between pools laying their parts out differently ([`split_parts`]) is
+/// planned part by part: K's backend, launch (or spans), then V's on the same backend, its
+/// pairs counted once (by K's launch).
 pub(crate) fn plan<'a>(op: &BlockCopy<'a>, target: &Target<'_>) -> Result<(Backend, Plan<'a>)> {
+    let Some([k, v]) = split_parts(op)? else {
+        return plan_one(op, target);
+    };
+    let (backend, first) = plan_one(&k, target)?;
+    let v = BlockCopy {
+        backend,
+        errors: None,
+        ..v
+    };
+    let (_, second) = plan_one(&v, target)?;
+    let plan = match (first, second) {
+        (Plan::Nothing, Plan::Nothing) => Plan::Nothing,
+        (Plan::Dma(mut a), Plan::Dma(b)) => {
+            for s in b.iter() {
+                a.push(*s);
+            }
+            Plan::Dma(a)
+        }
+        // One upload of the map serves both launches (V's arguments point where K's do, or
+        // the runner points both at its scratch).
+        (
+            Plan::Kernel {
+                upload,
+                launch,
+                then: None,
+            },
+            Plan::Kernel {
+                launch: second,
+                then: None,
+                ..
+            },
+        ) => Plan::Kernel {
+            upload,
+            launch,
+            then: Some(second),
+        },
+        (a, b) => unreachable!("the parts of one copy planned apart: {a:?}, {b:?}"),
+    };
+    Ok((backend, plan))
+}
+
+/// Token, head and piece strides and the piece size: what two layouts must share for a block
+/// to be the same bytes in the same order in both.
+fn inside(l: &PagedLayout) -> (usize, usize, usize, usize) {
+    (l.token_stride, l.head_stride, l.piece_elems, l.piece_stride)
+}
+
+/// `op` as one copy per part (K, then V: one-part views of both pools) when a pool lays its
+/// parts out differently ([`BlockPool::value_layout`]) and a part's layouts differ between the
+/// pools: a conversion, which moves each part's head vectors by its own pieces. `None` when
+/// the copy runs whole (parts laid out alike in both pools move as whole blocks).
+pub(crate) fn split_parts<'a>(op: &BlockCopy<'a>) -> Result<Option<[BlockCopy<'a>; 2]>> {
+    let (s, d) = (&op.src, &op.dst);
+    if s.value_layout.is_none() && d.value_layout.is_none() || s.parts != d.parts {
+        return Ok(None);
+    }
+    s.extent("src")?;
+    d.extent("dst")?;
+    if (0..2).all(|p| inside(&s.part_layout(p)) == inside(&d.part_layout(p))) {
+        return Ok(None);
+    }
+    let part = |p: usize| -> Result<BlockCopy<'a>> {
+        Ok(BlockCopy {
+            src: s.part(p)?,
+            dst: d.part(p)?,
+            ..*op
+        })
+    };
+    Ok(Some([part(0)?, part(1)?]))
+}
+
+/// [`plan`] of a copy that runs whole.
+fn plan_one<'a>(op: &BlockCopy<'a>, target: &Target<'_>) -> Result<(Backend, Plan<'a>)> {
     let geo = geometry(op, target.kind_of)?;
     let backend = choose(op, &geo, &target.caps, target.scratch, target.batched_dma)?;
     let dst = op.dst.read();
@@ -82,7 +158,7 @@ fn choose(
             } else {
                 DMA_MIN_SPAN
             };
-            let long = geo.host_involved && geo.chunk as usize >= min;
+            let long = geo.host_involved && geo.span() as usize >= min;
             if long || !uploadable {
                 Backend::Dma
             } else {
@@ -137,7 +213,11 @@ fn kernel<'a>(
         }
     };
     Ok(match launch(op, geo, pairs, n, caps, tma)? {
-        Some(launch) => Plan::Kernel { upload, launch },
+        Some(launch) => Plan::Kernel {
+            upload,
+            launch,
+            then: None,
+        },
         None => Plan::Nothing,
     })
 }
@@ -155,6 +235,62 @@ pub(crate) struct Geometry {
     pub(crate) block_contiguous: bool,
     /// A pool is pinned host memory (the transfer entry point and its CTA budget).
     pub(crate) host_involved: bool,
+    /// How each chunk (one head vector) is moved when the two sides split head vectors into
+    /// pieces differently (a conversion to or from vLLM's v0 layout); `None`: each chunk is
+    /// contiguous on both sides.
+    pub(crate) pieces: Option<Pieces>,
+}
+
+/// A head vector moved piece by piece: `count` pieces of `bytes`, `src_stride` and
+/// `dst_stride` bytes apart on either side (a contiguous side: `bytes` apart).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Pieces {
+    /// Bytes of one piece.
+    pub(crate) bytes: u64,
+    /// Pieces per head vector.
+    pub(crate) count: u64,
+    /// Source bytes between consecutive pieces.
+    pub(crate) src_stride: u64,
+    /// Destination bytes between consecutive pieces.
+    pub(crate) dst_stride: u64,
+}
+
+impl Geometry {
+    /// Bytes of the largest span both sides hold contiguously: a piece when converting, else
+    /// the chunk.
+    pub(crate) fn span(&self) -> u64 {
+        self.pieces.map_or(self.chunk, |p| p.bytes)
+    }
+}
+
+/// The pieces of a copy between layouts `a` and `b` (same shape) whose head vectors are split
+/// differently: pieces of the smaller piece size, which must be the other side's piece size
+/// too unless that side holds its head vectors whole.
+fn conversion_pieces(a: &PagedLayout, b: &PagedLayout) -> Result<Pieces> {
+    let (d, e) = (a.head_dim, a.elem_bytes as u64);
+    let p = a.piece_elems.min(b.piece_elems);
+    let fits = |l: &PagedLayout| l.piece_elems == p || !l.is_pieced();
+    if !fits(a) || !fits(b) {
+        return Err(invalid(
+            "dst",
+            (a.piece_elems, b.piece_elems),
+            "a conversion between layouts whose head vectors are in pieces needs the same \
+             piece size on both sides, or whole head vectors on one",
+        ));
+    }
+    let stride = |l: &PagedLayout| {
+        if l.is_pieced() {
+            l.piece_stride as u64 * e
+        } else {
+            p as u64 * e
+        }
+    };
+    Ok(Pieces {
+        bytes: p as u64 * e,
+        count: (d / p) as u64,
+        src_stride: stride(a),
+        dst_stride: stride(b),
+    })
 }
 
 fn side_strides(p: &BlockPool<'_>) -> [Option<u64>; 4] {
@@ -252,19 +388,28 @@ pub(crate) fn geometry(
     let (ss, ds) = (side_strides(s), side_strides(d));
     let mut ext = counts;
     let mut chunk = a.chunk_bytes() as u64;
-    if a.is_pieced() || b.is_pieced() {
-        // v0 pools: whole dense blocks between pools of one layout inside a block.
-        let inside =
-            |l: &PagedLayout| (l.token_stride, l.head_stride, l.piece_elems, l.piece_stride);
+    let per_part = s.value_layout.is_some() || d.value_layout.is_some();
+    if per_part && (0..s.parts).any(|p| inside(&s.part_layout(p)) != inside(&d.part_layout(p))) {
+        // `split_parts` plans such copies part by part.
+        return Err(invalid(
+            "dst",
+            "value_layout",
+            "pools with parts laid out differently convert part by part",
+        ));
+    }
+    if a.is_pieced() || b.is_pieced() || per_part {
         if inside(a) != inside(b) {
-            return Err(invalid(
-                "dst",
-                inside(b),
-                "copies to or from a pool whose head vectors are in pieces (v0) need the same \
-                 layout on both sides (no conversion)",
-            ));
+            // A conversion to or from v0: every head vector piece by piece, nothing merged.
+            return Ok(Geometry {
+                ext,
+                chunk,
+                block_contiguous: false,
+                host_involved,
+                pieces: Some(conversion_pieces(a, b)?),
+            });
         }
-        // Both dense (checked with the pools).
+        // v0 pools of one layout inside a block, or parts laid out alike in both pools: whole
+        // dense blocks (checked with the pools).
         chunk = a.dense_block_bytes().expect("checked by the pool");
         ext[2] = 1;
         ext[3] = 1;
@@ -290,6 +435,7 @@ pub(crate) fn geometry(
         chunk,
         block_contiguous,
         host_involved,
+        pieces: None,
     })
 }
 
@@ -328,8 +474,25 @@ fn access_width_of(op: &BlockCopy<'_>, geo: &Geometry) -> u32 {
     let (so, dor) = (bases_or(&op.src), bases_or(&op.dst.read()));
     let [s0, s1, s2, s3, s4] = ss;
     let [d0, d1, d2, d3, d4] = ds;
+    let (sp, dp) = geo.pieces.map_or((0, 0), |p| (p.src_stride, p.dst_stride));
     access_width(&[
-        geo.chunk, sb, db, s0, s1, s2, s3, s4, d0, d1, d2, d3, d4, so, dor,
+        geo.span(),
+        sb,
+        db,
+        s0,
+        s1,
+        s2,
+        s3,
+        s4,
+        d0,
+        d1,
+        d2,
+        d3,
+        d4,
+        so,
+        dor,
+        sp,
+        dp,
     ])
 }
 
@@ -350,11 +513,7 @@ fn launch(
     }
     let side = |p: &BlockPool<'_>| -> (u64, u64, [u64; 5]) {
         let s = p.side();
-        let table = match p.bases {
-            Bases::Table(t) => t.ptr(),
-            Bases::Strided { .. } => 0,
-        };
-        (s.base as u64, table, s.strides)
+        (s.base as u64, p.table_ptr(), s.strides)
     };
     let (sb, st, ss) = side(&op.src);
     let (db, dt, ds) = side(&op.dst.read());
@@ -366,9 +525,15 @@ fn launch(
     } else {
         MAX_PIECE
     };
-    let units = geo.chunk / width as u64;
-    let piece = largest_divisor_at_most(units, (max_piece / width as u64).max(1)) * width as u64;
-    let pieces = geo.chunk / piece;
+    let (piece, pieces, src_piece_stride, dst_piece_stride) = match geo.pieces {
+        Some(p) => (p.bytes, p.count, p.src_stride, p.dst_stride),
+        None => {
+            let units = geo.chunk / width as u64;
+            let piece =
+                largest_divisor_at_most(units, (max_piece / width as u64).max(1)) * width as u64;
+            (piece, geo.chunk / piece, piece, piece)
+        }
+    };
     // Cannot overflow for validated pools (each factor is bounded by a buffer length), but the
     // kernel computes the same product: refuse rather than let it wrap.
     let items = (n as u64)
@@ -416,11 +581,15 @@ fn launch(
         chunk: geo.chunk,
         piece,
         pieces,
+        src_piece_stride,
+        dst_piece_stride,
         pairs: pairs as *const i64,
         num_pairs: n as u64,
         src_blocks: op.src.layout.num_blocks as u64,
         dst_blocks: op.dst.layout.num_blocks as u64,
-        table_parts: op.src.parts as u64,
+        table_parts: (op.src.table_parts())
+            .or(op.dst.table_parts())
+            .unwrap_or(op.src.parts) as u64,
         width,
         shift,
         errors: op.errors.map_or(0, DeviceErrors::ptr) as *mut u32,
@@ -463,6 +632,7 @@ mod tests {
                 chunk: (L * 2 * BS * H * D * E) as u64,
                 block_contiguous: true,
                 host_involved: false,
+                pieces: None,
             }
         );
     }
@@ -474,6 +644,7 @@ mod tests {
             chunk: (BS * H * D * E) as u64,
             block_contiguous: false,
             host_involved: false,
+            pieces: None,
         };
         let g = geo(
             nhd(SRC, NB, L, BS, H, D, E),
@@ -511,6 +682,7 @@ mod tests {
             chunk: (D * E) as u64,
             block_contiguous: false,
             host_involved: false,
+            pieces: None,
         };
         let g = geo(nhd(SRC, NB, L, BS, H, D, E), hnd(DST, NB, L, BS, H, D, E)).unwrap();
         assert_eq!(g, want);
@@ -529,6 +701,7 @@ mod tests {
                 chunk: (H * L * 2 * BS * D * E) as u64,
                 block_contiguous: true,
                 host_involved: false,
+                pieces: None,
             }
         );
     }
@@ -543,6 +716,7 @@ mod tests {
                 chunk: (L * 2 * BS * D * E) as u64,
                 block_contiguous: true,
                 host_involved: false,
+                pieces: None,
             }
         );
         let g = geo(
@@ -557,6 +731,7 @@ mod tests {
                 chunk: (BS * D * E) as u64,
                 block_contiguous: false,
                 host_involved: false,
+                pieces: None,
             }
         );
     }
@@ -576,8 +751,91 @@ mod tests {
                 chunk: 64 * 4,
                 block_contiguous: false,
                 host_involved: false,
+                pieces: None,
             }
         );
+    }
+
+    // ---- conversions to and from v0 ------------------------------------------------------
+
+    /// `L` layers of one part each, every cache `layout`, one after another.
+    fn one_part_pool(at: u64, layout: PagedLayout) -> Pool {
+        let ext = layout.extent("p").unwrap() as usize;
+        BlockPool::strided(bytes_mut(at, L * ext), ext, 0, L, 1, layout)
+    }
+
+    /// Between a v0 cache and NHD: every head vector piece by piece (the key cache's 16-byte
+    /// pieces, the value cache's single elements), nothing merged; a piece size neither side
+    /// shares is refused.
+    #[test]
+    fn v0_conversions_move_head_vectors_piece_by_piece() {
+        let (k, v) = (
+            PagedLayout::v0_key(NB, BS, H, D, E),
+            PagedLayout::v0_value(NB, BS, H, D, E),
+        );
+        let n = PagedLayout::nhd(NB, BS, H, D, E);
+        let piecewise = |pieces| Geometry {
+            ext: [L as u64, 1, BS as u64, H as u64],
+            chunk: (D * E) as u64,
+            block_contiguous: false,
+            host_involved: false,
+            pieces: Some(pieces),
+        };
+        let key = Pieces {
+            bytes: 16,
+            count: (D / 8) as u64,
+            src_stride: (16 * BS) as u64,
+            dst_stride: 16,
+        };
+        let g = geo(one_part_pool(SRC, k), one_part_pool(DST, n)).unwrap();
+        assert_eq!(g, piecewise(key));
+        assert_eq!(g.span(), 16);
+        let g = geo(one_part_pool(SRC, n), one_part_pool(DST, v)).unwrap();
+        assert_eq!(
+            g,
+            piecewise(Pieces {
+                bytes: E as u64,
+                count: D as u64,
+                src_stride: E as u64,
+                dst_stride: (E * BS) as u64,
+            })
+        );
+        // Same layout on both sides: still whole dense blocks.
+        let g = geo(one_part_pool(SRC, v), one_part_pool(DST, v)).unwrap();
+        assert_eq!((g.pieces, g.chunk), (None, (BS * H * D * E) as u64));
+        // Pieces of 4 elements against the key cache's 8: neither divides into the other's.
+        let mut four = k;
+        four.piece_elems = 4;
+        four.token_stride = 4;
+        four.piece_stride = 4 * BS;
+        assert_invalid(geo(one_part_pool(SRC, k), one_part_pool(DST, four)), "dst");
+        // The kernel launch carries the piece strides; the DMA plan is one span per piece.
+        let pairs = [[0i64, 1], [3, 2], [-1, 0]];
+        let (s, d) = (one_part_pool(SRC, k), one_part_pool(DST, n));
+        let (b, p) = plan(&op(s, d, &pairs), &target(MemoryKind::Device)).unwrap();
+        assert_eq!(b, Backend::Kernel);
+        let Plan::Kernel { launch, .. } = p else {
+            panic!("{p:?}")
+        };
+        let Kernel::Copy(a) = launch.kernel else {
+            panic!("{launch:?}")
+        };
+        assert_eq!(
+            (a.piece, a.pieces, a.src_piece_stride, a.dst_piece_stride),
+            (16, key.count, key.src_stride, 16)
+        );
+        assert_eq!((a.width, a.tokens, a.heads), (16, BS as u64, H as u64));
+        let dma = BlockCopy {
+            backend: Backend::Dma,
+            ..op(s, d, &pairs)
+        };
+        let (_, p) = plan(&dma, &target(MemoryKind::PinnedHost)).unwrap();
+        let Plan::Dma(spans) = p else { panic!("{p:?}") };
+        assert_eq!(spans.len(), 2 * L * BS * H * D / 8);
+        assert!(spans.iter().all(|s| s.bytes == 16));
+        let piece = (16 * BS) as u64;
+        assert_eq!(spans[1].src - spans[0].src, piece);
+        assert_eq!(spans[1].dst - spans[0].dst, 16);
     }
 
     // ---- memory kinds --------------------------------------------------------------------
@@ -856,6 +1114,7 @@ mod tests {
                 Plan::Kernel {
                     upload: Some(u),
                     launch,
+                    then: None,
                 } => {
                     assert_eq!(u.dst, Staging::Scratch);
                     assert_eq!(u.src, bytemuck::cast_slice::<[i64; 2], u8>(&pairs));
@@ -891,6 +1150,7 @@ mod tests {
             Plan::Kernel {
                 upload: Some(u),
                 launch,
+                then: None,
             } => {
                 assert_eq!(u.dst, Staging::Given(staging.ptr()));
                 assert_eq!(u.src, bytemuck::cast_slice::<[i64; 2], u8>(&pairs));

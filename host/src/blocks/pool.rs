@@ -102,8 +102,16 @@ pub struct BlockPool<'a, A = ReadOnly> {
     pub layers: usize,
     /// Caches per layer (2: K and V).
     pub parts: usize,
-    /// Layout of one layer/part cache (strides in elements, `num_blocks` = pool size).
+    /// Layout of one layer/part cache (strides in elements, `num_blocks` = pool size); of
+    /// part 0 (K) when `value_layout` is given.
     pub layout: PagedLayout,
+    /// Layout of part 1 (V) where it differs from `layout`: vLLM's v0 caches
+    /// ([`PagedLayout::v0_key`] K, [`PagedLayout::v0_value`] V). Set with
+    /// [`BlockPool::value_layout`].
+    pub value_layout: Option<PagedLayout>,
+    /// `Some(p)`: a one-part view of part `p` of a pool whose table holds every part (the
+    /// planner's view of one part of a pool with a `value_layout`).
+    pub(crate) part_of: Option<usize>,
     access: PhantomData<A>,
 }
 
@@ -159,6 +167,8 @@ impl<'a> BlockPool<'a, Writable> {
             layers: table.layers(),
             parts: table.parts(),
             layout,
+            value_layout: None,
+            part_of: None,
             access: PhantomData,
         }
     }
@@ -197,6 +207,8 @@ impl<'a, A: Copy> BlockPool<'a, A> {
             layers,
             parts,
             layout,
+            value_layout: None,
+            part_of: None,
             access: PhantomData,
         }
     }
@@ -218,6 +230,97 @@ impl<'a, A: Copy> BlockPool<'a, A> {
         self.retyped()
     }
 
+    /// The same pool with part 1 (V) laid out as `layout` instead of [`BlockPool::layout`]:
+    /// vLLM's v0 caches, whose key cache is [`PagedLayout::v0_key`] and value cache
+    /// [`PagedLayout::v0_value`]. The pool needs two parts, `layout` the shape of the key
+    /// layout (blocks, block size, heads, head size, element size), and both layouts whole
+    /// blocks without gaps (v0 caches, contiguous NHD or HND caches); a block copy checks.
+    ///
+    /// Copies between pools whose parts agree inside a block move whole blocks; otherwise
+    /// each part is converted on its own (one launch, or one set of DMA spans, per part).
+    ///
+    /// ```
+    /// use kvio::{BlockPool, DeviceBytes, PagedLayout};
+    /// let (nb, l, bs, h, d, e) = (100, 4, 16, 8, 128, 2);
+    /// let (k, v) = (PagedLayout::v0_key(nb, bs, h, d, e), PagedLayout::v0_value(nb, bs, h, d, e));
+    /// let cache = k.extent("k").unwrap() as usize; // bytes of one layer's K (or V)
+    /// // SAFETY: a description only.
+    /// let mem = unsafe { DeviceBytes::from_raw(0x1000, 2 * l * cache) };
+    /// // K and V of each layer one after another (mistral.rs keeps one tensor each).
+    /// let pool = BlockPool::strided(mem, 2 * cache, cache, l, 2, k).value_layout(v);
+    /// assert_eq!((pool.part_layout(0), pool.part_layout(1)), (k, v));
+    /// ```
+    pub fn value_layout(self, layout: PagedLayout) -> Self {
+        BlockPool {
+            value_layout: Some(layout),
+            ..self
+        }
+    }
+
+    /// The layout of part `part` (`value_layout` for part 1 where given, else `layout`).
+    pub fn part_layout(&self, part: usize) -> PagedLayout {
+        match (part, self.value_layout) {
+            (1, Some(v)) => v,
+            _ => self.layout,
+        }
+    }
+
+    /// A one-part view of part `part` (< `parts`) of this pool, laid out as that part: the
+    /// planner moves each part of a pool with a `value_layout` on its own.
+    pub(crate) fn part(&self, part: usize) -> Result<Self> {
+        let bases = match self.bases {
+            Bases::Strided {
+                mem,
+                layer_stride,
+                part_stride,
+            } => {
+                let at = part.saturating_mul(part_stride).min(mem.len());
+                Bases::Strided {
+                    mem: mem.slice(at, mem.len() - at)?,
+                    layer_stride,
+                    part_stride,
+                }
+            }
+            table => table,
+        };
+        Ok(BlockPool {
+            bases,
+            layers: self.layers,
+            parts: 1,
+            layout: self.part_layout(part),
+            value_layout: None,
+            part_of: Some(part),
+            access: PhantomData,
+        })
+    }
+
+    /// Bytes of one block of one layer/part when the pool moves whole blocks whatever their
+    /// order inside (head vectors in pieces, or a `value_layout`: checked dense by
+    /// [`BlockPool::extent`]); `None` for pools addressed chunk by chunk.
+    pub(crate) fn dense_block(&self) -> Option<u64> {
+        if self.layout.is_pieced() || self.value_layout.is_some() {
+            self.layout.dense_block_bytes()
+        } else {
+            None
+        }
+    }
+
+    /// Parts per layer of the pool's table (`None`: strided).
+    pub(crate) fn table_parts(&self) -> Option<usize> {
+        match self.bases {
+            Bases::Table(t) => Some(t.parts()),
+            Bases::Strided { .. } => None,
+        }
+    }
+
+    /// Device address of the pool's table entry for layer 0 of its first part (`0`: strided).
+    pub(crate) fn table_ptr(&self) -> u64 {
+        match self.bases {
+            Bases::Table(t) => t.ptr() + 8 * self.part_of.unwrap_or(0) as u64,
+            Bases::Strided { .. } => 0,
+        }
+    }
+
     /// The same description with access marker `B` (callers decide whether that is sound).
     fn retyped<B>(&self) -> BlockPool<'a, B> {
         BlockPool {
@@ -225,6 +328,8 @@ impl<'a, A: Copy> BlockPool<'a, A> {
             layers: self.layers,
             parts: self.parts,
             layout: self.layout,
+            value_layout: self.value_layout,
+            part_of: self.part_of,
             access: PhantomData,
         }
     }
@@ -406,13 +511,40 @@ impl<'a, A: Copy> BlockPool<'a, A> {
     /// memory) and returns the byte extent of one layer/part cache.
     pub(crate) fn extent(&self, name: &'static str) -> Result<u64> {
         let ext = self.layout.extent(name)?;
-        // Head vectors in pieces (v0): the pool moves whole blocks, which must be dense.
-        let pieced_block = if self.layout.is_pieced() {
-            Some(self.layout.dense_block_bytes().ok_or_else(|| {
+        if let Some(v) = self.value_layout {
+            let shape = |l: &PagedLayout| {
+                (
+                    l.num_blocks,
+                    l.block_size,
+                    l.num_heads,
+                    l.head_dim,
+                    l.elem_bytes,
+                )
+            };
+            if self.parts != 2 || shape(&v) != shape(&self.layout) {
+                return Err(invalid(
+                    name,
+                    (self.parts, shape(&v)),
+                    "a value layout needs two parts and the key layout's shape",
+                ));
+            }
+            if v.extent(name)? != ext || v.dense_block_bytes() != self.layout.dense_block_bytes() {
+                return Err(invalid(
+                    name,
+                    v,
+                    "a value layout needs whole blocks without gaps, as the key layout",
+                ));
+            }
+        }
+        // Head vectors in pieces (v0), or parts laid out differently: the pool moves whole
+        // blocks, which must be dense.
+        let pieced_block = if self.layout.is_pieced() || self.value_layout.is_some() {
+            Some(self.dense_block().ok_or_else(|| {
                 invalid(
                     name,
                     self.layout,
-                    "a pool whose head vectors are in pieces (v0) needs dense blocks",
+                    "a pool whose head vectors are in pieces (v0), or whose parts are laid out \
+                     differently, needs dense blocks",
                 )
             })?)
         } else {
@@ -475,7 +607,12 @@ impl<'a, A: Copy> BlockPool<'a, A> {
                 }
             }
             Bases::Table(t) => {
-                if t.layers() != self.layers || t.parts() != self.parts {
+                // A one-part view reads its part's entries of the whole table.
+                let parts_ok = match self.part_of {
+                    Some(p) => self.parts == 1 && p < t.parts(),
+                    None => t.parts() == self.parts,
+                };
+                if t.layers() != self.layers || !parts_ok {
                     return Err(invalid(
                         name,
                         (t.layers(), t.parts()),
@@ -538,13 +675,14 @@ impl<'a, A: Copy> BlockPool<'a, A> {
                 layer_stride,
                 part_stride,
             } => (mem.ptr(), None, layer_stride as u64, part_stride as u64),
-            Bases::Table(t) => (0, Some(t.bases()), 0, 0),
+            // A one-part view starts at its part's entry of layer 0.
+            Bases::Table(t) => (0, Some(&t.bases()[self.part_of.unwrap_or(0)..]), 0, 0),
         };
         let l = &self.layout;
         PoolSide {
             base: base as *mut u8,
             table,
-            parts: self.parts as u64,
+            parts: self.table_parts().unwrap_or(self.parts) as u64,
             strides: [
                 ls,
                 ps,

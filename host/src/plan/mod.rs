@@ -31,12 +31,16 @@ pub(crate) enum Plan<'a> {
     Nothing,
     /// Copy-engine copies, in order.
     Dma(Spans),
-    /// One kernel launch, after an optional host-to-device upload of its index list.
+    /// One kernel launch (two for a block copy converting each part on its own), after an
+    /// optional host-to-device upload of its index list.
     Kernel {
         /// Copied to the device first, on the same stream.
         upload: Option<Upload<'a>>,
         /// The launch.
         launch: Launch,
+        /// A second launch after it, reading the same upload (V's part of a block copy
+        /// between pools whose parts are laid out differently).
+        then: Option<Launch>,
     },
 }
 

@@ -452,6 +452,7 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     };
     Ok(Plan::Kernel {
         upload: None,
+        then: None,
         launch: Launch {
             kernel: Kernel::Tiles(args),
             // A whole CTA per item for the pages entries.
@@ -684,6 +685,7 @@ fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<P
     let threads = cta_threads(items, args.shift, target.caps.sms);
     Ok(Plan::Kernel {
         upload: None,
+        then: None,
         launch: Launch {
             kernel: Kernel::Slots(args),
             grid: grid_for(items, threads, args.shift, cap),
@@ -779,6 +781,7 @@ pub(crate) fn slices<'a>(op: &SliceUpdate<'_>, target: &Target<'_>) -> Result<Pl
     };
     Ok(Plan::Kernel {
         upload: None,
+        then: None,
         launch: Launch {
             kernel: Kernel::Slices(args),
             grid: grid_for(
@@ -814,6 +817,7 @@ mod tests {
         Ok(match slots(op, &target(cap))? {
             Plan::Kernel {
                 upload: None,
+                then: None,
                 launch:
                     Launch {
                         kernel: Kernel::Slots(a),
@@ -835,6 +839,7 @@ mod tests {
         match slices(op, &target(cap))? {
             Plan::Kernel {
                 upload: None,
+                then: None,
                 launch:
                     Launch {
                         kernel: Kernel::Slices(a),
