@@ -1410,6 +1410,9 @@ enum PoolKind {
     LayerFirst,
     /// vLLM's cross-layer blocks `(NB, L, 2, bs, H, D)`.
     CrossLayer,
+    /// Per-layer K and V caches in vLLM's v0 layout (K `v0_key`, V `v0_value`) through a
+    /// pointer table, as mistral.rs and candle-vllm keep them.
+    V0,
 }
 
 struct Pool {
@@ -1427,7 +1430,7 @@ impl Pool {
         let chunk = cfg.chunk(bs);
         let mut mem = Mem::new(on_host, blocks * cfg.layers * 2 * chunk);
         mem.fill(&random_bytes(mem.bytes().len(), blocks as u64 ^ bs as u64));
-        let table = (kind == PoolKind::LayerSeparate).then(|| {
+        let table = matches!(kind, PoolKind::LayerSeparate | PoolKind::V0).then(|| {
             let part = blocks * chunk;
             let whole = mem.bytes();
             let views: Vec<kvio::DeviceBytesMut<'static>> = (0..2 * cfg.layers)
@@ -1472,6 +1475,14 @@ impl Pool {
                 cfg.dim,
                 cfg.elem,
             ),
+            PoolKind::V0 => {
+                let (nb, h, d, e) = (self.blocks, cfg.heads, cfg.dim, cfg.elem);
+                BlockPool::layer_separate(
+                    self.table.as_ref().unwrap(),
+                    PagedLayout::v0_key(nb, bs, h, d, e),
+                )
+                .value_layout(PagedLayout::v0_value(nb, bs, h, d, e))
+            }
         }
     }
     /// Address of the contiguous (block, layer, part) chunk.
@@ -1480,7 +1491,7 @@ impl Pool {
         let nb = self.blocks as u64;
         self.mem.bytes().ptr()
             + match self.kind {
-                PoolKind::LayerSeparate => ((layer * 2 + part) as u64 * nb + b) * c,
+                PoolKind::LayerSeparate | PoolKind::V0 => ((layer * 2 + part) as u64 * nb + b) * c,
                 PoolKind::LayerFirst => ((part as u64 * l + layer as u64) * nb + b) * c,
                 PoolKind::CrossLayer => (b * l * 2 + (layer * 2 + part) as u64) * c,
             }
@@ -1770,6 +1781,69 @@ fn copy_blocks(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, 
             block_case(
                 &mut grp, rec, g, stream, cfg, &group, bs, &pool, &pool, &pairs, 2, None,
             );
+        }
+    }
+    grp.finish();
+}
+
+/// Group `v0-convert`: block copies between per-layer v0 caches (K and V in their own
+/// layouts, through a table) and vLLM's cross-layer NHD blocks, by the kernel backend with a
+/// device map, param = page size: `v0-to-cross` and `cross-to-v0` inside the GPU (bytes read
+/// and written, against the device-copy ceiling), `v0-to-v0` (whole blocks, the same pools'
+/// plain copy) beside them; `offload` (GPU v0 → pinned cross-layer, 2 CTAs and the default
+/// budget) and `onload` (back, 4 CTAs and the default), against the pinned ceilings.
+fn v0_convert(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
+    let mut grp = c.benchmark_group("v0-convert");
+    for &bs in &cfg.pages {
+        let block = cfg.layers * 2 * cfg.chunk(bs);
+        let n = (D2D_BYTES / 4 / block).max(1);
+        let v0 = Pool::new(cfg, PoolKind::V0, false, 2 * n, bs);
+        let cross = Pool::new(cfg, PoolKind::CrossLayer, false, n, bs);
+        let pairs = shuffled_pairs(n, n, 0, bs as u64 + 3);
+        let map = upload(&pairs.iter().flatten().copied().collect::<Vec<i64>>());
+        let moved = (n * block) as u64;
+        let within = shuffled_pairs(n, n, n, bs as u64 + 4);
+        let within_map = upload(&within.iter().flatten().copied().collect::<Vec<i64>>());
+        let cases: [(&str, &Pool, &Pool, &DeviceBuffer<i64>); 3] = [
+            ("v0-to-cross", &v0, &cross, &map),
+            ("cross-to-v0", &cross, &v0, &map),
+            ("v0-to-v0", &v0, &v0, &within_map),
+        ];
+        for (label, src, dst, m) in cases {
+            let op = kernel_copy(cfg, bs, src, dst, m, n, u32::MAX);
+            let group = format!("v0-convert/{label}");
+            measure(
+                &mut grp,
+                rec,
+                &group,
+                bs,
+                "kvio-kernel",
+                2 * moved,
+                stream,
+                || {
+                    g.kv.copy_blocks(&op, StreamRef::from(stream))
+                        .expect("copy_blocks");
+                },
+            );
+        }
+        let n_pcie = (PCIE_BYTES / block).max(1).min(2 * n);
+        let host = Pool::new(cfg, PoolKind::CrossLayer, true, n_pcie, bs);
+        let pairs = shuffled_pairs(n_pcie, n_pcie, 0, bs as u64 + 5);
+        let map = upload(&pairs.iter().flatten().copied().collect::<Vec<i64>>());
+        let moved = (n_pcie * block) as u64;
+        for (label, src, dst, ctas) in [("offload", &v0, &host, 2u32), ("onload", &host, &v0, 4)] {
+            for budget in [Some(ctas), None] {
+                let mut op = kernel_copy(cfg, bs, src, dst, &map, n_pcie, ctas);
+                op.max_ctas = budget;
+                let variant = budget.map_or("kvio-kernel-default".to_string(), |c| {
+                    format!("kvio-kernel{c}")
+                });
+                let group = format!("v0-convert/{label}");
+                measure(&mut grp, rec, &group, bs, &variant, moved, stream, || {
+                    g.kv.copy_blocks(&op, StreamRef::from(stream))
+                        .expect("copy_blocks");
+                });
+            }
         }
     }
     grp.finish();
@@ -2418,6 +2492,9 @@ fn main() {
     }
     if cfg.wants("copy-blocks") {
         copy_blocks(&mut c, &rec, g, &stream, &cfg);
+    }
+    if cfg.wants("v0-convert") {
+        v0_convert(&mut c, &rec, g, &stream, &cfg);
     }
     if cfg.wants("offload") {
         transfers(&mut c, &rec, g, &stream, &cfg, true);
