@@ -1492,6 +1492,11 @@ pub unsafe fn update_slices(a: &SliceArgs, g: Group) {
 /// holds `2 * num_pairs` entries.
 #[inline(always)]
 pub unsafe fn copy_blocks(a: &CopyArgs, g: Group) {
+    if converts(a) {
+        // SAFETY: forwarded.
+        unsafe { convert_blocks(a, g) };
+        return;
+    }
     let per_pair = a.layers * a.parts * a.tokens * a.heads * a.pieces;
     let items = a.num_pairs * per_pair;
     let mut item = g.first;
@@ -1500,6 +1505,49 @@ pub unsafe fn copy_blocks(a: &CopyArgs, g: Group) {
         unsafe {
             if let Some((from, to)) = item_span(a, item, per_pair, g.lane) {
                 copy_span(from, to, a.piece, g.lane, g.lanes, a.width);
+            }
+        }
+        item += g.step;
+    }
+}
+
+/// Whether a block copy moves head vectors piece by piece between layouts that split them
+/// differently (a conversion to or from vLLM's v0 layout): its pieces are not `piece` bytes
+/// apart on both sides.
+#[inline(always)]
+fn converts(a: &CopyArgs) -> bool {
+    a.src_piece_stride != a.piece || a.dst_piece_stride != a.piece
+}
+
+/// [`copy_blocks`] of a conversion ([`converts`]): one work item per (pair, layer, part,
+/// token, head) chunk, whose `pieces` pieces the group's lanes share (lane `k` pieces `k`,
+/// `k + lanes`, ...), so the item's index split is paid once per head vector rather than per
+/// piece, and the lanes' accesses on the side holding the head vector whole are consecutive.
+///
+/// # Safety
+/// As [`copy_blocks`].
+#[inline(always)]
+unsafe fn convert_blocks(a: &CopyArgs, g: Group) {
+    let chunks = CopyArgs { pieces: 1, ..*a };
+    let per_pair = a.layers * a.parts * a.tokens * a.heads;
+    let items = a.num_pairs * per_pair;
+    let mut item = g.first;
+    while item < items {
+        // SAFETY: item < items; a valid item's pieces lie in both pools.
+        unsafe {
+            if let Some((from, to)) = item_span(&chunks, item, per_pair, g.lane) {
+                let mut k = g.lane;
+                while k < a.pieces {
+                    copy_span(
+                        from.add((k * a.src_piece_stride) as usize),
+                        to.add((k * a.dst_piece_stride) as usize),
+                        a.piece,
+                        0,
+                        1,
+                        a.width,
+                    );
+                    k += g.lanes;
+                }
             }
         }
         item += g.step;
@@ -1532,6 +1580,11 @@ pub const TRANSFER_BATCH: usize = 3;
 /// As [`copy_blocks`].
 #[inline(always)]
 pub unsafe fn transfer_blocks(a: &CopyArgs, g: Group) {
+    if converts(a) {
+        // SAFETY: forwarded.
+        unsafe { convert_blocks(a, g) };
+        return;
+    }
     // SAFETY: forwarded; each arm's unit is the width the host checked every address against.
     unsafe { span::by_width!(a.width, transfer_body(a, g)) }
 }

@@ -454,7 +454,7 @@ fn largest_divisor_at_most(n: u64, cap: u64) -> u64 {
 /// multiple of 16 bytes (`cp.async.bulk` moves multiples of 16 bytes between 16-byte aligned
 /// addresses).
 fn tma_applies(op: &BlockCopy<'_>, geo: &Geometry, caps: &GridCap) -> bool {
-    caps.transfer_tma > 0 && access_width_of(op, geo) == 16
+    caps.transfer_tma > 0 && geo.pieces.is_none() && access_width_of(op, geo) == 16
 }
 
 /// The access width of a block copy: the largest power of two (up to 16) dividing its chunk,
@@ -536,12 +536,17 @@ fn launch(
     };
     // Cannot overflow for validated pools (each factor is bounded by a buffer length), but the
     // kernel computes the same product: refuse rather than let it wrap.
+    // (A conversion's items are head vectors, their pieces shared by a group's lanes.)
+    let item_pieces = if geo.pieces.is_some() { 1 } else { pieces };
     let items = (n as u64)
         .checked_mul(per_pair)
-        .and_then(|v| v.checked_mul(pieces))
+        .and_then(|v| v.checked_mul(item_pieces))
         .ok_or(Error::Overflow { name: "map" })?;
     let shift = if tma {
         bulk::SHIFT
+    } else if geo.pieces.is_some() {
+        // A conversion: a group per head vector, its lanes sharing the pieces.
+        group_shift(pieces * (piece / width as u64), PER_LANE)
     } else {
         group_shift(piece / width as u64, PER_LANE)
     };
