@@ -146,6 +146,7 @@ unsafe fn emulate_launch(kernel: Kernel, launch: &Launch) {
             Kernel::Copy(a) => ops::copy_blocks(a, g),
             Kernel::Transfer(a) => ops::transfer_blocks(a, g),
             Kernel::TransferTma(a) => ops::transfer_blocks_tma(a, g),
+            Kernel::Convert(a) => ops::convert_blocks(a, g),
         }
     });
 }

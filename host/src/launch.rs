@@ -69,6 +69,8 @@ pub(crate) struct GridCap {
     pub(crate) copy: u32,
     /// `kvio_transfer_blocks` at [`TRANSFER_THREADS`].
     pub(crate) transfer: u32,
+    /// `kvio_convert_blocks` at [`BLOCK_THREADS`].
+    pub(crate) convert: u32,
     /// `kvio_transfer_blocks_tma` at [`TMA_THREADS`] (0: the path is not offered, before
     /// `sm_90`).
     pub(crate) transfer_tma: u32,
@@ -92,6 +94,7 @@ impl GridCap {
             slices: cap,
             copy: cap,
             transfer: cap,
+            convert: cap,
             transfer_tma: cap,
         }
     }

@@ -47,6 +47,7 @@ pub struct Kvio {
     copy_blocks: cu::CUfunction,
     transfer_blocks: cu::CUfunction,
     transfer_blocks_tma: cu::CUfunction,
+    convert_blocks: cu::CUfunction,
     noop: cu::CUfunction,
     naive_spans: cu::CUfunction,
     spin: cu::CUfunction,
@@ -121,6 +122,7 @@ impl Kvio {
             copy_blocks: ptr::null_mut(),
             transfer_blocks: ptr::null_mut(),
             transfer_blocks_tma: ptr::null_mut(),
+            convert_blocks: ptr::null_mut(),
             noop: ptr::null_mut(),
             naive_spans: ptr::null_mut(),
             spin: ptr::null_mut(),
@@ -159,6 +161,7 @@ impl Kvio {
         this.copy_blocks = this.function("kvio_copy_blocks")?;
         this.transfer_blocks = this.function("kvio_transfer_blocks")?;
         this.transfer_blocks_tma = this.function("kvio_transfer_blocks_tma")?;
+        this.convert_blocks = this.function("kvio_convert_blocks")?;
         // Persistent grids: never more CTAs than can be resident at once.
         let sms = this.sm_count;
         this.grid_cap = GridCap {
@@ -176,6 +179,7 @@ impl Kvio {
             slices: resident_ctas(this.update_slices, BLOCK_THREADS, sms)?,
             copy: resident_ctas(this.copy_blocks, BLOCK_THREADS, sms)?,
             transfer: resident_ctas(this.transfer_blocks, TRANSFER_THREADS, sms)?,
+            convert: resident_ctas(this.convert_blocks, BLOCK_THREADS, sms)?,
             // The sm_80 module's entry is plain copies: never offered there.
             transfer_tma: match arch {
                 Arch::Sm90 => resident_ctas(this.transfer_blocks_tma, TMA_THREADS, sms)?,
@@ -217,6 +221,7 @@ impl Kvio {
             Kernel::Copy(_) => self.copy_blocks,
             Kernel::Transfer(_) => self.transfer_blocks,
             Kernel::TransferTma(_) => self.transfer_blocks_tma,
+            Kernel::Convert(_) => self.convert_blocks,
         }
     }
 

@@ -31,6 +31,7 @@ pub const KERNELS: &[&str] = &[
     "kvio_copy_blocks",
     "kvio_transfer_blocks",
     "kvio_transfer_blocks_tma",
+    "kvio_convert_blocks",
     "kvio_noop",
     "kvio_naive_spans",
     "kvio_spin",

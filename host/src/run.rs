@@ -129,7 +129,7 @@ impl Kvio {
             Kernel::Slots(a) => Params::new(&a.to_words(), &SlotArgs::SIZES),
             Kernel::Tiles(a) => Params::new(&a.to_words(), &TileArgs::SIZES),
             Kernel::Slices(a) => Params::new(&a.to_words(), &SliceArgs::SIZES),
-            Kernel::Copy(a) | Kernel::Transfer(a) | Kernel::TransferTma(a) => {
+            Kernel::Copy(a) | Kernel::Transfer(a) | Kernel::TransferTma(a) | Kernel::Convert(a) => {
                 Params::new(&a.to_words(), &CopyArgs::SIZES)
             }
         };

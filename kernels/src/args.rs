@@ -349,8 +349,10 @@ kernel! {
     /// (copies touching host memory, 512-thread CTAs: the build gives it `.maxntid 512`; its own
     /// body, [`crate::ops::transfer_blocks`], moves the same bytes in batches of items), and
     /// `kvio_transfer_blocks_tma` (the same copies through Hopper bulk copies and shared memory,
-    /// one-warp CTAs: [`crate::ops::transfer_blocks_tma`]; launched on `sm_90` only).
-    kvio_copy_blocks | kvio_transfer_blocks [crate::ops::transfer_blocks] | kvio_transfer_blocks_tma [crate::ops::transfer_blocks_tma] (CopyArgs) => crate::ops::copy_blocks {
+    /// one-warp CTAs: [`crate::ops::transfer_blocks_tma`]; launched on `sm_90` only), and
+    /// `kvio_convert_blocks` (conversions to and from vLLM's v0 layout, a head page per group:
+    /// [`crate::ops::convert_blocks`]).
+    kvio_copy_blocks | kvio_transfer_blocks [crate::ops::transfer_blocks] | kvio_transfer_blocks_tma [crate::ops::transfer_blocks_tma] | kvio_convert_blocks [crate::ops::convert_blocks] (CopyArgs) => crate::ops::copy_blocks {
         /// Source pool base (strided pools).
         src_base: *mut u8,
         /// Source layer/part pointer table (null: strided).

@@ -1492,11 +1492,6 @@ pub unsafe fn update_slices(a: &SliceArgs, g: Group) {
 /// holds `2 * num_pairs` entries.
 #[inline(always)]
 pub unsafe fn copy_blocks(a: &CopyArgs, g: Group) {
-    if converts(a) {
-        // SAFETY: forwarded.
-        unsafe { convert_blocks(a, g) };
-        return;
-    }
     let per_pair = a.layers * a.parts * a.tokens * a.heads * a.pieces;
     let items = a.num_pairs * per_pair;
     let mut item = g.first;
@@ -1511,42 +1506,84 @@ pub unsafe fn copy_blocks(a: &CopyArgs, g: Group) {
     }
 }
 
-/// Whether a block copy moves head vectors piece by piece between layouts that split them
-/// differently (a conversion to or from vLLM's v0 layout): its pieces are not `piece` bytes
-/// apart on both sides.
-#[inline(always)]
-fn converts(a: &CopyArgs) -> bool {
-    a.src_piece_stride != a.piece || a.dst_piece_stride != a.piece
-}
-
-/// [`copy_blocks`] of a conversion ([`converts`]): one work item per (pair, layer, part,
-/// token, head) chunk, whose `pieces` pieces the group's lanes share (lane `k` pieces `k`,
-/// `k + lanes`, ...), so the item's index split is paid once per head vector rather than per
-/// piece, and the lanes' accesses on the side holding the head vector whole are consecutive.
+/// The block copy of a conversion (`kvio_convert_blocks`: head vectors moved piece by piece
+/// between layouts that split them differently, vLLM's v0 and NHD): the pieces of
+/// [`copy_blocks`], but one work item per (pair, layer, part, head), a head's page of `tokens ×
+/// pieces` pieces shared by the group's lanes, tokens fastest (lane `j` takes piece `j /
+/// tokens` of token `j % tokens`, then `j + lanes`, ..., four in flight before their stores).
+/// The item's index split is paid once per head page, and on the side whose pieces hold a run
+/// of tokens (vLLM's v0 caches: a value element's `block_size` tokens, a key piece's
+/// `block_size` 16-byte pieces) consecutive lanes access consecutive addresses; on the other
+/// side (head vectors whole), lanes `t` and `t + tokens` take one row's neighbouring pieces.
 ///
 /// # Safety
 /// As [`copy_blocks`].
 #[inline(always)]
-unsafe fn convert_blocks(a: &CopyArgs, g: Group) {
-    let chunks = CopyArgs { pieces: 1, ..*a };
-    let per_pair = a.layers * a.parts * a.tokens * a.heads;
+pub unsafe fn convert_blocks(a: &CopyArgs, g: Group) {
+    // SAFETY: forwarded; each arm's unit is the width the host checked every address against.
+    unsafe { span::by_width!(a.width, convert_body(a, g)) }
+}
+
+/// [`convert_blocks`] with accesses of `T`.
+///
+/// # Safety
+/// As [`copy_blocks`], with every address, stride and piece a multiple of `size_of::<T>()`.
+#[inline(always)]
+unsafe fn convert_body<T: Unit>(a: &CopyArgs, g: Group) {
+    let heads = CopyArgs {
+        tokens: 1,
+        pieces: 1,
+        ..*a
+    };
+    let per_pair = a.layers * a.parts * a.heads;
     let items = a.num_pairs * per_pair;
+    let size = core::mem::size_of::<T>() as u64;
+    // Units of `T` per piece (one, unless an access narrower than the piece was all that
+    // the pools' alignment allowed), per head page.
+    let per_piece = a.piece / size;
+    let units = a.tokens * a.pieces * per_piece;
+    let (shift_t, shift_u) = (index::pow2_shift(a.tokens), index::pow2_shift(per_piece));
+    // Byte offsets of unit `u` of a page from its head's first piece, source and destination.
+    let at = |u: u64| -> (usize, usize) {
+        let (j, s) = index::split_slot(u, per_piece, shift_u);
+        let (k, t) = index::split_slot(j, a.tokens, shift_t);
+        let o = s * size;
+        (
+            (t * a.src_token_stride + k * a.src_piece_stride + o) as usize,
+            (t * a.dst_token_stride + k * a.dst_piece_stride + o) as usize,
+        )
+    };
     let mut item = g.first;
     while item < items {
-        // SAFETY: item < items; a valid item's pieces lie in both pools.
+        // SAFETY: item < items; a valid item's head page lies in both pools, every unit
+        // aligned for `T` (the host's width).
         unsafe {
-            if let Some((from, to)) = item_span(&chunks, item, per_pair, g.lane) {
-                let mut k = g.lane;
-                while k < a.pieces {
-                    copy_span(
-                        from.add((k * a.src_piece_stride) as usize),
-                        to.add((k * a.dst_piece_stride) as usize),
-                        a.piece,
-                        0,
-                        1,
-                        a.width,
-                    );
-                    k += g.lanes;
+            if let Some((from, to)) = item_span(&heads, item, per_pair, g.lane) {
+                let unit = |u: u64| {
+                    let (s, d) = at(u);
+                    (from.add(s) as *const T, to.add(d) as *mut T)
+                };
+                let mut u = g.lane;
+                while u + 3 * g.lanes < units {
+                    let p = [
+                        unit(u),
+                        unit(u + g.lanes),
+                        unit(u + 2 * g.lanes),
+                        unit(u + 3 * g.lanes),
+                    ];
+                    let v = [
+                        core::ptr::read(p[0].0),
+                        core::ptr::read(p[1].0),
+                        core::ptr::read(p[2].0),
+                        core::ptr::read(p[3].0),
+                    ];
+                    unroll4!(k => { core::ptr::write(p[k].1, v[k]) });
+                    u += 4 * g.lanes;
+                }
+                while u < units {
+                    let (s, d) = unit(u);
+                    core::ptr::write(d, core::ptr::read(s));
+                    u += g.lanes;
                 }
             }
         }
@@ -1580,11 +1617,6 @@ pub const TRANSFER_BATCH: usize = 3;
 /// As [`copy_blocks`].
 #[inline(always)]
 pub unsafe fn transfer_blocks(a: &CopyArgs, g: Group) {
-    if converts(a) {
-        // SAFETY: forwarded.
-        unsafe { convert_blocks(a, g) };
-        return;
-    }
     // SAFETY: forwarded; each arm's unit is the width the host checked every address against.
     unsafe { span::by_width!(a.width, transfer_body(a, g)) }
 }

@@ -70,6 +70,26 @@ pub(crate) fn plan<'a>(op: &BlockCopy<'a>, target: &Target<'_>) -> Result<(Backe
     Ok((backend, plan))
 }
 
+/// `l` with head vectors whose pieces lie one after another (vLLM's v0 caches at one slot a
+/// block) described as whole: the same bytes, moved without a conversion.
+fn whole_heads(l: &PagedLayout) -> PagedLayout {
+    if l.is_pieced() && l.piece_stride == l.piece_elems {
+        PagedLayout {
+            piece_elems: l.head_dim,
+            piece_stride: l.head_dim,
+            ..*l
+        }
+    } else {
+        *l
+    }
+}
+
+/// Whether part `p`'s layouts agree inside a block in pools `s` and `d` (the same bytes in the
+/// same order).
+fn part_agrees<A: Copy, B: Copy>(s: &BlockPool<'_, A>, d: &BlockPool<'_, B>, p: usize) -> bool {
+    inside(&whole_heads(&s.part_layout(p))) == inside(&whole_heads(&d.part_layout(p)))
+}
+
 /// Token, head and piece strides and the piece size: what two layouts must share for a block
 /// to be the same bytes in the same order in both.
 fn inside(l: &PagedLayout) -> (usize, usize, usize, usize) {
@@ -87,7 +107,7 @@ pub(crate) fn split_parts<'a>(op: &BlockCopy<'a>) -> Result<Option<[BlockCopy<'a
     }
     s.extent("src")?;
     d.extent("dst")?;
-    if (0..2).all(|p| inside(&s.part_layout(p)) == inside(&d.part_layout(p))) {
+    if (0..2).all(|p| part_agrees(s, d, p)) {
         return Ok(None);
     }
     let part = |p: usize| -> Result<BlockCopy<'a>> {
@@ -321,7 +341,7 @@ pub(crate) fn geometry(
     // Validate both pools (sizes, strides, every cache inside its memory).
     s.extent("src")?;
     d.extent("dst")?;
-    let (a, b) = (&s.layout, &d.layout);
+    let (a, b) = (&whole_heads(&s.layout), &whole_heads(&d.layout));
     if (
         s.layers,
         s.parts,
@@ -389,7 +409,7 @@ pub(crate) fn geometry(
     let mut ext = counts;
     let mut chunk = a.chunk_bytes() as u64;
     let per_part = s.value_layout.is_some() || d.value_layout.is_some();
-    if per_part && (0..s.parts).any(|p| inside(&s.part_layout(p)) != inside(&d.part_layout(p))) {
+    if per_part && !(0..s.parts).all(|p| part_agrees(s, d, p)) {
         // `split_parts` plans such copies part by part.
         return Err(invalid(
             "dst",
@@ -536,17 +556,20 @@ fn launch(
     };
     // Cannot overflow for validated pools (each factor is bounded by a buffer length), but the
     // kernel computes the same product: refuse rather than let it wrap.
-    // (A conversion's items are head vectors, their pieces shared by a group's lanes.)
-    let item_pieces = if geo.pieces.is_some() { 1 } else { pieces };
+    // A conversion's items are head pages (their tokens' pieces are a group's lanes'; its
+    // dimensions are never merged, so `ext[2]` is the page's tokens); a copy's are pieces.
+    let per_item = match geo.pieces {
+        Some(_) => per_pair / geo.ext[2],
+        None => per_pair.saturating_mul(pieces),
+    };
     let items = (n as u64)
-        .checked_mul(per_pair)
-        .and_then(|v| v.checked_mul(item_pieces))
+        .checked_mul(per_item)
         .ok_or(Error::Overflow { name: "map" })?;
     let shift = if tma {
         bulk::SHIFT
     } else if geo.pieces.is_some() {
-        // A conversion: a group per head vector, its lanes sharing the pieces.
-        group_shift(pieces * (piece / width as u64), PER_LANE)
+        // A conversion: a group per head page, its lanes sharing the tokens' pieces.
+        group_shift(geo.ext[2] * pieces * (piece / width as u64), PER_LANE)
     } else {
         group_shift(piece / width as u64, PER_LANE)
     };
@@ -557,6 +580,15 @@ fn launch(
             u32::MAX
         };
         (TMA_THREADS, caps.transfer_tma, budget)
+    } else if geo.pieces.is_some() {
+        // A conversion, on its own entry: with host memory, as many threads as the transfer
+        // entry's default budget has.
+        let budget = if geo.host_involved {
+            DEFAULT_TRANSFER_CTAS * (TRANSFER_THREADS / BLOCK_THREADS)
+        } else {
+            u32::MAX
+        };
+        (BLOCK_THREADS, caps.convert, budget)
     } else if geo.host_involved {
         (TRANSFER_THREADS, caps.transfer, DEFAULT_TRANSFER_CTAS)
     } else {
@@ -609,7 +641,9 @@ fn launch(
         }));
     }
     Ok(Some(Launch {
-        kernel: if geo.host_involved {
+        kernel: if geo.pieces.is_some() {
+            Kernel::Convert(args)
+        } else if geo.host_involved {
             Kernel::Transfer(args)
         } else {
             Kernel::Copy(args)
@@ -805,6 +839,16 @@ mod tests {
                 dst_stride: (E * BS) as u64,
             })
         );
+        // One slot a block: a v0 head vector's pieces lie one after another, so it moves
+        // whole, as NHD's.
+        for l in [
+            PagedLayout::v0_key(NB, 1, H, D, E),
+            PagedLayout::v0_value(NB, 1, H, D, E),
+        ] {
+            let nhd1 = PagedLayout::nhd(NB, 1, H, D, E);
+            let g = geo(one_part_pool(SRC, l), one_part_pool(DST, nhd1)).unwrap();
+            assert_eq!((g.pieces, g.chunk), (None, (H * D * E) as u64));
+        }
         // Same layout on both sides: still whole dense blocks.
         let g = geo(one_part_pool(SRC, v), one_part_pool(DST, v)).unwrap();
         assert_eq!((g.pieces, g.chunk), (None, (BS * H * D * E) as u64));
@@ -822,7 +866,7 @@ mod tests {
         let Plan::Kernel { launch, .. } = p else {
             panic!("{p:?}")
         };
-        let Kernel::Copy(a) = launch.kernel else {
+        let Kernel::Convert(a) = launch.kernel else {
             panic!("{launch:?}")
         };
         assert_eq!(
@@ -830,6 +874,14 @@ mod tests {
             (16, key.count, key.src_stride, 16)
         );
         assert_eq!((a.width, a.tokens, a.heads), (16, BS as u64, H as u64));
+        // A group of 32 lanes per head page (16 tokens × 16 pieces): 3 pairs (one padding) ×
+        // 3 layers × 8 heads items.
+        assert_eq!(a.shift, 5);
+        let caps = target(MemoryKind::Device).caps;
+        assert_eq!(
+            launch.grid,
+            grid_for((3 * L * H) as u64, BLOCK_THREADS, 5, caps.convert)
+        );
         let dma = BlockCopy {
             backend: Backend::Dma,
             ..op(s, d, &pairs)

@@ -94,9 +94,10 @@ fn pack(plan: &Plan<'_>) -> usize {
                 Kernel::Slots(a) => Params::new(&a.to_words(), &SlotArgs::SIZES),
                 Kernel::Tiles(a) => Params::new(&a.to_words(), &TileArgs::SIZES),
                 Kernel::Slices(a) => Params::new(&a.to_words(), &SliceArgs::SIZES),
-                Kernel::Copy(a) | Kernel::Transfer(a) | Kernel::TransferTma(a) => {
-                    Params::new(&a.to_words(), &CopyArgs::SIZES)
-                }
+                Kernel::Copy(a)
+                | Kernel::Transfer(a)
+                | Kernel::TransferTma(a)
+                | Kernel::Convert(a) => Params::new(&a.to_words(), &CopyArgs::SIZES),
             };
             black_box(&p);
             1

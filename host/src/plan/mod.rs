@@ -106,6 +106,9 @@ pub(crate) enum Kernel {
     /// `kvio_transfer_blocks_tma` (block copies touching host memory through Hopper bulk
     /// copies, one-warp CTAs; `sm_90` only).
     TransferTma(CopyArgs),
+    /// `kvio_convert_blocks` (block copies converting to or from vLLM's v0 layout, a head
+    /// page per group of lanes).
+    Convert(CopyArgs),
 }
 
 impl Kernel {
@@ -125,6 +128,10 @@ impl Kernel {
                 pairs: pairs as *const i64,
                 ..a
             }),
+            Kernel::Convert(a) => Kernel::Convert(CopyArgs {
+                pairs: pairs as *const i64,
+                ..a
+            }),
             k => k,
         }
     }
@@ -135,7 +142,9 @@ impl Kernel {
             Kernel::Slots(a) => a.shift,
             Kernel::Tiles(a) => a.shift,
             Kernel::Slices(a) => a.shift,
-            Kernel::Copy(a) | Kernel::Transfer(a) | Kernel::TransferTma(a) => a.shift,
+            Kernel::Copy(a) | Kernel::Transfer(a) | Kernel::TransferTma(a) | Kernel::Convert(a) => {
+                a.shift
+            }
         }
     }
 }
