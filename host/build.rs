@@ -147,11 +147,13 @@ fn build_ptx(kernels: &Path, out: &Path) {
 /// - `kvio_update_tiles_staged` runs CTAs of `kvio_kernels::stage::THREADS` (128) threads, each
 ///   with 48 KiB of staging: four per multiprocessor.
 /// - `kvio_update_pages` runs CTAs of `kvio_kernels::cta::THREADS` (128) threads.
-/// - `kvio_convert_blocks` runs 256-thread CTAs (`BLOCK_THREADS`), a head page per group.
-const DIRECTIVES: [(&str, &str); 8] = [
+/// - `kvio_convert_blocks` runs 256-thread CTAs (`BLOCK_THREADS`), a head page per group;
+///   `kvio_convert_pages` CTAs of `kvio_kernels::cta::THREADS` (128), a head page per CTA.
+const DIRECTIVES: [(&str, &str); 9] = [
     ("kvio_transfer_blocks", ".maxntid 512, 1, 1\n"),
     ("kvio_transfer_blocks_tma", ".maxntid 32, 1, 1\n"),
     ("kvio_convert_blocks", ".maxntid 256, 1, 1\n"),
+    ("kvio_convert_pages", ".maxntid 128, 1, 1\n"),
     ("kvio_update_tiles", ".maxntid 256, 1, 1\n.minnctapersm 2\n"),
     ("kvio_update_tiles_staged", ".maxntid 128, 1, 1\n"),
     ("kvio_update_pages", ".maxntid 128, 1, 1\n"),

@@ -601,6 +601,8 @@ fn transfer_blocks_matches_copy_blocks() {
                 src_blocks,
                 dst_blocks,
                 table_parts: parts,
+                elem: 1,
+                tile: 0,
                 width: width as u32,
                 shift,
                 errors: errors.as_mut_ptr(),

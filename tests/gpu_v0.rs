@@ -631,6 +631,13 @@ fn v0_expected<A: Copy, B: Copy>(
     (want, counts)
 }
 
+/// (element bytes, block size) of the conversion tests: 16-token pages of each element size
+/// (the tiled entry, `kvio_convert_pages`), 128-token pages (runs of a page per CTA item),
+/// 8-token pages (bf16 through the tile; fp8 too short for a 16-byte column of tokens, so on
+/// `kvio_convert_blocks`) and one-slot pages (no conversion: v0 head vectors are whole).
+const CONVERSION_SHAPES: [(usize, usize); 7] =
+    [(1, 16), (2, 16), (4, 16), (2, 128), (2, 8), (1, 8), (2, 1)];
+
 /// Every conversion the tests run: (source, destination) kinds, each way between v0 and the
 /// others, and v0 to v0 (whole blocks).
 fn conversions() -> Vec<(PoolKind, PoolKind)> {
@@ -647,7 +654,7 @@ fn conversions() -> Vec<(PoolKind, PoolKind)> {
 /// 1 and 16 slots, on every backend, in emulation.
 #[test]
 fn emulated_v0_block_copies_match_reference() {
-    for (e, bs) in [(1, 16), (2, 16), (4, 16), (2, 1)] {
+    for (e, bs) in CONVERSION_SHAPES {
         let len = pool_len(bs, e);
         let src = Mem::plain(random_bytes(len, 71 + e as u64));
         let poison = random_bytes(len, 72);
@@ -729,7 +736,7 @@ fn gpu_v0_block_copies_match_reference() {
     let errors = DeviceErrors::new().unwrap();
     let bad_pairs: [[i64; 2]; 5] = [[0, 3], [5, 1], [-1, -1], [2, 2], [NB as i64, 0]];
     let device_map = kvio_suite::upload(&bad_pairs.iter().flatten().copied().collect::<Vec<i64>>());
-    for (e, bs) in [(1, 16), (2, 16), (4, 16), (2, 1)] {
+    for (e, bs) in CONVERSION_SHAPES {
         let len = pool_len(bs, e);
         let src_bytes = random_bytes(len, 81 + e as u64);
         let poison = random_bytes(len, 82);

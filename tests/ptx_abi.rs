@@ -188,7 +188,7 @@ fn page_tile_matches_the_kernels() {
     use kvio_kernels::cta::BYTES;
     for ptx in [kvio::PTX_SM80, kvio::PTX_SM90] {
         assert!(ptx.contains(&format!(".shared .align 16 .b8 kvio_page_tile[{BYTES}];")));
-        for entry in ["kvio_update_pages"] {
+        for entry in ["kvio_update_pages", "kvio_convert_pages"] {
             let body = entry_body(ptx, entry);
             for op in [
                 "bar.red.and.pred",

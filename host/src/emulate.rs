@@ -123,12 +123,14 @@ unsafe fn run(plan: &Plan<'_>) {
 /// # Safety
 /// As [`run`].
 unsafe fn emulate_launch(kernel: Kernel, launch: &Launch) {
-    if let Kernel::Tiles(a) = &kernel {
-        if a.pages() {
-            // SAFETY: as below; a whole CTA per item, phase by phase.
-            unsafe { ops::emulate_pages(a, launch.grid) };
-            return;
+    match &kernel {
+        // SAFETY: as below; a whole CTA per item, phase by phase.
+        Kernel::Tiles(a) if a.pages() => return unsafe { ops::emulate_pages(a, launch.grid) },
+        // SAFETY: as above.
+        Kernel::Convert(a) if a.tile != 0 => {
+            return unsafe { ops::emulate_convert_pages(a, launch.grid) }
         }
+        _ => {}
     }
     // SAFETY: arguments validated like a launch; the memory is host memory (caller).
     ops::emulate(launch.grid, launch.threads, kernel.shift(), |g| unsafe {

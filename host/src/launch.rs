@@ -71,6 +71,8 @@ pub(crate) struct GridCap {
     pub(crate) transfer: u32,
     /// `kvio_convert_blocks` at [`BLOCK_THREADS`].
     pub(crate) convert: u32,
+    /// `kvio_convert_pages` at [`PAGE_THREADS`].
+    pub(crate) convert_pages: u32,
     /// `kvio_transfer_blocks_tma` at [`TMA_THREADS`] (0: the path is not offered, before
     /// `sm_90`).
     pub(crate) transfer_tma: u32,
@@ -95,6 +97,7 @@ impl GridCap {
             copy: cap,
             transfer: cap,
             convert: cap,
+            convert_pages: cap,
             transfer_tma: cap,
         }
     }

@@ -48,6 +48,7 @@ pub struct Kvio {
     transfer_blocks: cu::CUfunction,
     transfer_blocks_tma: cu::CUfunction,
     convert_blocks: cu::CUfunction,
+    convert_pages: cu::CUfunction,
     noop: cu::CUfunction,
     naive_spans: cu::CUfunction,
     spin: cu::CUfunction,
@@ -123,6 +124,7 @@ impl Kvio {
             transfer_blocks: ptr::null_mut(),
             transfer_blocks_tma: ptr::null_mut(),
             convert_blocks: ptr::null_mut(),
+            convert_pages: ptr::null_mut(),
             noop: ptr::null_mut(),
             naive_spans: ptr::null_mut(),
             spin: ptr::null_mut(),
@@ -162,6 +164,7 @@ impl Kvio {
         this.transfer_blocks = this.function("kvio_transfer_blocks")?;
         this.transfer_blocks_tma = this.function("kvio_transfer_blocks_tma")?;
         this.convert_blocks = this.function("kvio_convert_blocks")?;
+        this.convert_pages = this.function("kvio_convert_pages")?;
         // Persistent grids: never more CTAs than can be resident at once.
         let sms = this.sm_count;
         this.grid_cap = GridCap {
@@ -180,6 +183,7 @@ impl Kvio {
             copy: resident_ctas(this.copy_blocks, BLOCK_THREADS, sms)?,
             transfer: resident_ctas(this.transfer_blocks, TRANSFER_THREADS, sms)?,
             convert: resident_ctas(this.convert_blocks, BLOCK_THREADS, sms)?,
+            convert_pages: resident_ctas(this.convert_pages, PAGE_THREADS, sms)?,
             // The sm_80 module's entry is plain copies: never offered there.
             transfer_tma: match arch {
                 Arch::Sm90 => resident_ctas(this.transfer_blocks_tma, TMA_THREADS, sms)?,
@@ -221,6 +225,7 @@ impl Kvio {
             Kernel::Copy(_) => self.copy_blocks,
             Kernel::Transfer(_) => self.transfer_blocks,
             Kernel::TransferTma(_) => self.transfer_blocks_tma,
+            Kernel::Convert(a) if a.tile != 0 => self.convert_pages,
             Kernel::Convert(_) => self.convert_blocks,
         }
     }

@@ -32,6 +32,7 @@ pub const KERNELS: &[&str] = &[
     "kvio_transfer_blocks",
     "kvio_transfer_blocks_tma",
     "kvio_convert_blocks",
+    "kvio_convert_pages",
     "kvio_noop",
     "kvio_naive_spans",
     "kvio_spin",

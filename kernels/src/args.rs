@@ -351,8 +351,9 @@ kernel! {
     /// `kvio_transfer_blocks_tma` (the same copies through Hopper bulk copies and shared memory,
     /// one-warp CTAs: [`crate::ops::transfer_blocks_tma`]; launched on `sm_90` only), and
     /// `kvio_convert_blocks` (conversions to and from vLLM's v0 layout, a head page per group:
-    /// [`crate::ops::convert_blocks`]).
-    kvio_copy_blocks | kvio_transfer_blocks [crate::ops::transfer_blocks] | kvio_transfer_blocks_tma [crate::ops::transfer_blocks_tma] | kvio_convert_blocks [crate::ops::convert_blocks] (CopyArgs) => crate::ops::copy_blocks {
+    /// [`crate::ops::convert_blocks`]), and `kvio_convert_pages` (the same conversions through
+    /// a CTA's shared tile, 16-byte accesses on both sides: [`crate::ops::convert_pages`]).
+    kvio_copy_blocks | kvio_transfer_blocks [crate::ops::transfer_blocks] | kvio_transfer_blocks_tma [crate::ops::transfer_blocks_tma] | kvio_convert_blocks [crate::ops::convert_blocks] | kvio_convert_pages [crate::ops::convert_pages] (CopyArgs) => crate::ops::copy_blocks {
         /// Source pool base (strided pools).
         src_base: *mut u8,
         /// Source layer/part pointer table (null: strided).
@@ -410,6 +411,11 @@ kernel! {
         dst_blocks: u64,
         /// Parts per layer of the pools (table indexing), before merging.
         table_parts: u64,
+        /// Bytes per element (`kvio_convert_pages`).
+        elem: u32,
+        /// Tokens of a head page one CTA item of `kvio_convert_pages` moves (divides the page;
+        /// `tokens` then counts such runs per page); 0 elsewhere.
+        tile: u32,
         /// Access width in bytes.
         width: u32,
         /// log2 of lanes per work item.

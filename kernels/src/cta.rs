@@ -194,6 +194,54 @@ impl Tile {
         // SAFETY: inside the tile, aligned (caller); the runner's barriers order the puts.
         unsafe { crate::shared::load128(self.base + off) }
     }
+
+    /// Stores the low `bytes` (1, 2 or 4) bytes of `v` at `off`.
+    ///
+    /// # Safety
+    /// `off + bytes <= BYTES`, a multiple of `bytes`.
+    #[inline(always)]
+    pub unsafe fn put(&self, off: u32, v: u32, bytes: u32) {
+        let a = self.base + off;
+        // SAFETY: inside the tile, aligned (caller).
+        unsafe {
+            match bytes {
+                4 => {
+                    core::arch::asm!("st.shared.u32 [{a}], {v};", a = in(reg32) a, v = in(reg32) v, options(nostack))
+                }
+                2 => {
+                    core::arch::asm!("st.shared.u16 [{a}], {v};", a = in(reg32) a, v = in(reg32) v, options(nostack))
+                }
+                _ => {
+                    core::arch::asm!("st.shared.u8 [{a}], {v};", a = in(reg32) a, v = in(reg32) v, options(nostack))
+                }
+            }
+        };
+    }
+
+    /// The `bytes` (1, 2 or 4) bytes at `off`, zero-extended.
+    ///
+    /// # Safety
+    /// `off + bytes <= BYTES`, a multiple of `bytes`.
+    #[inline(always)]
+    pub unsafe fn get(&self, off: u32, bytes: u32) -> u32 {
+        let a = self.base + off;
+        let v: u32;
+        // SAFETY: inside the tile, aligned (caller); `readonly` orders it after the puts.
+        unsafe {
+            match bytes {
+                4 => {
+                    core::arch::asm!("ld.shared.u32 {v}, [{a}];", a = in(reg32) a, v = out(reg32) v, options(readonly, nostack))
+                }
+                2 => {
+                    core::arch::asm!("ld.shared.u16 {v}, [{a}];", a = in(reg32) a, v = out(reg32) v, options(readonly, nostack))
+                }
+                _ => {
+                    core::arch::asm!("ld.shared.u8 {v}, [{a}];", a = in(reg32) a, v = out(reg32) v, options(readonly, nostack))
+                }
+            }
+        };
+        v
+    }
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
@@ -231,6 +279,34 @@ impl Tile {
         // SAFETY: inside the emulated tile (caller), aligned words.
         core::array::from_fn(|k| unsafe {
             self.base.add(off as usize + 4 * k).cast::<u32>().read()
+        })
+    }
+
+    /// Stores the low `bytes` (1, 2 or 4) bytes of `v` at `off` (little-endian, as the GPU).
+    ///
+    /// # Safety
+    /// `off + bytes <= BYTES`, a multiple of `bytes`.
+    pub unsafe fn put(&self, off: u32, v: u32, bytes: u32) {
+        debug_assert!(off.is_multiple_of(bytes) && off + bytes <= BYTES);
+        for k in 0..bytes {
+            // SAFETY: inside the emulated tile (caller).
+            unsafe {
+                self.base
+                    .add((off + k) as usize)
+                    .write((v >> (8 * k)) as u8)
+            };
+        }
+    }
+
+    /// The `bytes` (1, 2 or 4) bytes at `off`, zero-extended.
+    ///
+    /// # Safety
+    /// `off + bytes <= BYTES`, a multiple of `bytes`.
+    pub unsafe fn get(&self, off: u32, bytes: u32) -> u32 {
+        debug_assert!(off.is_multiple_of(bytes) && off + bytes <= BYTES);
+        // SAFETY: inside the emulated tile (caller).
+        (0..bytes).fold(0, |v, k| {
+            v | (unsafe { self.base.add((off + k) as usize).read() } as u32) << (8 * k)
         })
     }
 }

@@ -1591,6 +1591,230 @@ unsafe fn convert_body<T: Unit>(a: &CopyArgs, g: Group) {
     }
 }
 
+/// The block conversion of [`convert_blocks`] through a CTA's shared tile
+/// (`kvio_convert_pages`, [`cta`] phases): a work item is `tile` tokens of one (pair, layer,
+/// part, head) page; phase one reads them with 16-byte accesses along the source's contiguous
+/// direction into the tile (row-major by token, rows of `chunk` bytes padded by 16), phase two
+/// writes them with 16-byte accesses along the destination's. A side whose value cache holds a
+/// run of tokens per element (vLLM's v0 values: elements of consecutive tokens adjacent) is
+/// read or written as columns, 16 bytes of consecutive tokens of one element, scattered into
+/// or gathered from the tile element by element; any other side as rows, 16 bytes of one
+/// token's head vector (tokens fastest where consecutive tokens' pieces are adjacent: the v0
+/// key cache). Consecutive threads take consecutive vectors, so both sides' accesses are
+/// whole 16-byte units at consecutive addresses where the layout has them.
+///
+/// # Safety
+/// As [`copy_blocks`], and: a conversion plan (`tokens` runs of `tile` tokens per page,
+/// `pieces` pieces of `piece` bytes per head vector of `chunk` bytes, `elem`-byte elements);
+/// `tile * (chunk + 16) <= cta::BYTES`; `chunk` a multiple of 16; every base, table entry and
+/// stride 16-byte aligned except a columns side's token stride (`elem`), and `tile` a
+/// multiple of `16 / elem` there; a rows side's 16-byte vectors lie inside one piece or its
+/// pieces are adjacent; launched with [`cta::THREADS`] threads per CTA.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub unsafe fn convert_pages(a: &CopyArgs, _g: Group) {
+    // SAFETY: forwarded.
+    unsafe { cta::run(&ConvertPages(a)) }
+}
+
+/// [`convert_pages`] on the CPU, for a grid of `grid` CTAs ([`cta::emulate`]).
+///
+/// # Safety
+/// As [`convert_pages`], on host memory.
+#[cfg(not(target_arch = "nvptx64"))]
+pub unsafe fn emulate_convert_pages(a: &CopyArgs, grid: u32) {
+    // SAFETY: forwarded.
+    unsafe { cta::emulate(&ConvertPages(a), grid) }
+}
+
+/// [`convert_pages`]' phases.
+struct ConvertPages<'a>(&'a CopyArgs);
+
+/// Four little-endian words as one value (byte `i` of the result is byte `i` of the words),
+/// so a column's elements are taken by shifts rather than by indexing the words.
+#[inline(always)]
+fn words_u128(w: [u32; 4]) -> u128 {
+    w[0] as u128 | (w[1] as u128) << 32 | (w[2] as u128) << 64 | (w[3] as u128) << 96
+}
+
+/// The inverse of [`words_u128`].
+#[inline(always)]
+fn u128_words(x: u128) -> [u32; 4] {
+    [
+        x as u32,
+        (x >> 32) as u32,
+        (x >> 64) as u32,
+        (x >> 96) as u32,
+    ]
+}
+
+/// One side of [`convert_pages`]: its token and piece strides in bytes, and whether it is
+/// read or written as columns.
+#[derive(Clone, Copy)]
+struct PageSide {
+    token: u64,
+    piece: u64,
+    columns: bool,
+}
+
+impl ConvertPages<'_> {
+    /// Bytes between tile rows (a token's head vector, padded so a column's elements spread
+    /// over banks).
+    #[inline(always)]
+    fn row(&self) -> u64 {
+        self.0.chunk + 16
+    }
+
+    /// The source (`src`) or destination side.
+    #[inline(always)]
+    fn side(&self, src: bool) -> PageSide {
+        let a = self.0;
+        let (token, piece) = if src {
+            (a.src_token_stride, a.src_piece_stride)
+        } else {
+            (a.dst_token_stride, a.dst_piece_stride)
+        };
+        PageSide {
+            token,
+            piece,
+            columns: token == a.elem as u64 && a.piece == a.elem as u64,
+        }
+    }
+
+    /// 16-byte vectors of an item.
+    #[inline(always)]
+    fn vectors(&self) -> u64 {
+        self.0.tile as u64 * self.0.chunk / 16
+    }
+
+    /// Vector `v` of side `s`: its byte offset from the item's first token's head vector, its
+    /// first token and its byte offset inside the head vector (a columns vector holds `16 /
+    /// elem` tokens of one element, a rows vector 16 bytes of one token).
+    #[inline(always)]
+    fn vector(&self, s: PageSide, v: u64) -> (u64, u64, u64) {
+        let a = self.0;
+        let (tile, e) = (a.tile as u64, a.elem as u64);
+        let (t, b) = if s.columns {
+            let per = tile * e / 16;
+            let (d, it) = index::split_slot(v, per, index::pow2_shift(per));
+            (it * (16 / e), d * e)
+        } else {
+            let per = a.chunk / 16;
+            if s.token == 16 {
+                let (ib, t) = index::split_slot(v, tile, index::pow2_shift(tile));
+                (t, ib * 16)
+            } else {
+                let (t, ib) = index::split_slot(v, per, index::pow2_shift(per));
+                (t, ib * 16)
+            }
+        };
+        let off = t * s.token + index::piece_offset_pow2(b, a.piece, s.piece, 1);
+        (off, t, b)
+    }
+
+    /// The item's page start in both pools (`None`: padding or an id past a pool, counted by
+    /// thread 0 in phase one only).
+    ///
+    /// # Safety
+    /// As [`copy_blocks`]; `item < items`.
+    #[inline(always)]
+    unsafe fn page(&self, item: u64, count: bool) -> Option<(*const u8, *mut u8)> {
+        let a = self.0;
+        let tile = a.tile as u64;
+        let runs = CopyArgs {
+            pieces: 1,
+            src_token_stride: a.src_token_stride * tile,
+            dst_token_stride: a.dst_token_stride * tile,
+            ..*a
+        };
+        let per_pair = a.layers * a.parts * a.tokens * a.heads;
+        // SAFETY: forwarded.
+        unsafe { item_span(&runs, item, per_pair, if count { 0 } else { 1 }) }
+    }
+}
+
+impl cta::Phases for ConvertPages<'_> {
+    #[inline(always)]
+    fn items(&self) -> u64 {
+        let a = self.0;
+        a.num_pairs * a.layers * a.parts * a.tokens * a.heads
+    }
+
+    /// Reads the item's source vectors (four in flight per thread) into the tile.
+    #[inline(always)]
+    unsafe fn first(&self, item: u64, tid: u32, tile: &cta::Tile) -> bool {
+        // SAFETY: item < items (the runner).
+        let Some((from, _)) = (unsafe { self.page(item, tid == 0) }) else {
+            return true;
+        };
+        let (s, n, row, e) = (self.side(true), self.vectors(), self.row(), self.0.elem);
+        let mut v = tid as u64;
+        while v < n {
+            let mut at = [(0u64, 0u64, 0u64); 4];
+            let mut val = [[0u32; 4]; 4];
+            unroll4!(k => {
+                let w = v + k as u64 * cta::THREADS as u64;
+                if w < n {
+                    at[k] = self.vector(s, w);
+                    // SAFETY: inside the source page, 16-byte aligned (the contract).
+                    val[k] = unsafe { core::ptr::read(from.add(at[k].0 as usize) as *const V16) }
+                        .to_array();
+                }
+            });
+            unroll4!(k => {
+                let w = v + k as u64 * cta::THREADS as u64;
+                if w < n {
+                    let (_, t, b) = at[k];
+                    // SAFETY: t < tile rows, b + 16 <= chunk: inside the tile (contract).
+                    unsafe {
+                        if s.columns {
+                            let x = words_u128(val[k]);
+                            for j in 0..16 / e {
+                                let off = (t + j as u64) * row + b;
+                                tile.put(off as u32, (x >> (8 * j * e)) as u32, e);
+                            }
+                        } else {
+                            tile.put128((t * row + b) as u32, val[k]);
+                        }
+                    }
+                }
+            });
+            v += 4 * cta::THREADS as u64;
+        }
+        true
+    }
+
+    /// Writes the item's destination vectors from the tile.
+    #[inline(always)]
+    unsafe fn second(&self, item: u64, tid: u32, tile: &cta::Tile, _all: bool) {
+        // SAFETY: item < items (the runner).
+        let Some((_, to)) = (unsafe { self.page(item, false) }) else {
+            return;
+        };
+        let (s, n, row, e) = (self.side(false), self.vectors(), self.row(), self.0.elem);
+        let mut v = tid as u64;
+        while v < n {
+            let (off, t, b) = self.vector(s, v);
+            // SAFETY: inside the tile (contract), written in phase one.
+            let val = unsafe {
+                if s.columns {
+                    let mut x = 0u128;
+                    for j in 0..16 / e {
+                        x |=
+                            (tile.get(((t + j as u64) * row + b) as u32, e) as u128) << (8 * j * e);
+                    }
+                    u128_words(x)
+                } else {
+                    tile.get128((t * row + b) as u32)
+                }
+            };
+            // SAFETY: inside the destination page, 16-byte aligned (the contract).
+            unsafe { core::ptr::write(to.add(off as usize) as *mut V16, V16::from_array(val)) };
+            v += cta::THREADS as u64;
+        }
+    }
+}
+
 /// Work items one group of the transfer entry ([`transfer_blocks`]) holds in flight at once.
 ///
 /// Bytes in flight: a PCIe link at ~55 GB/s with ~2 µs of latency per host access needs

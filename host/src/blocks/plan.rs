@@ -14,8 +14,8 @@ use crate::alloc::{MemoryKind, TableAccess};
 use crate::error::{invalid, Error, Result};
 use crate::error_word::DeviceErrors;
 use crate::launch::{
-    grid_for, GridCap, BLOCK_THREADS, DEFAULT_TMA_TRANSFER_CTAS, DEFAULT_TRANSFER_CTAS, PER_LANE,
-    TMA_THREADS, TRANSFER_THREADS,
+    grid_for, GridCap, BLOCK_THREADS, DEFAULT_TMA_TRANSFER_CTAS, DEFAULT_TRANSFER_CTAS,
+    PAGE_THREADS, PER_LANE, TMA_THREADS, TRANSFER_THREADS,
 };
 use crate::layout::PagedLayout;
 use crate::plan::{Kernel, Launch, Plan, Staging, Target, Upload};
@@ -516,6 +516,47 @@ fn access_width_of(op: &BlockCopy<'_>, geo: &Geometry) -> u32 {
     ])
 }
 
+/// Tokens per CTA item of `kvio_convert_pages` for conversion `op` (`None`: it runs on
+/// `kvio_convert_blocks`): 1-, 2- or 4-byte elements, head vectors of a multiple of 16 bytes,
+/// every base and stride 16-byte aligned except a columns side's token stride (a side whose
+/// elements of consecutive tokens are adjacent, vLLM's v0 values, read and written as 16-byte
+/// columns), a rows side's 16-byte vectors inside one piece or on adjacent pieces; the
+/// largest power of two dividing the page whose rows fit the tile, at least a column's tokens.
+fn page_tile(op: &BlockCopy<'_>, geo: &Geometry, p: &Pieces) -> Option<u64> {
+    let l = &op.src.layout;
+    let e = l.elem_bytes as u64;
+    let sides = [op.src.side(), op.dst.read().side()];
+    let bases_or = |pool: &BlockPool<'_>| match pool.bases {
+        Bases::Table(t) => t.bases_or(),
+        Bases::Strided { .. } => 0,
+    };
+    let mut need = bases_or(&op.src) | bases_or(&op.dst.read()) | geo.chunk;
+    let mut columns = false;
+    for (s, piece_stride) in sides.iter().zip([p.src_stride, p.dst_stride]) {
+        let [ls, ps, bs, ts, hs] = s.strides;
+        need |= s.base as u64 | ls | ps | bs | hs;
+        if ts == e && p.bytes == e {
+            columns = true;
+            need |= piece_stride;
+        } else if piece_stride != p.bytes {
+            // Pieces apart: each 16-byte vector inside one piece.
+            need |= ts | piece_stride | p.bytes;
+        } else {
+            need |= ts;
+        }
+    }
+    if !matches!(e, 1 | 2 | 4) || !need.is_multiple_of(16) {
+        return None;
+    }
+    let min = if columns { 16 / e } else { 1 };
+    let page = l.block_size as u64;
+    let fit = kvio_kernels::cta::BYTES as u64 / (geo.chunk + 16);
+    (0..=page.trailing_zeros())
+        .rev()
+        .map(|k| 1u64 << k)
+        .find(|&t| t <= fit && t >= min)
+}
+
 /// The launch of a validated block copy whose `n` pairs are at device address `pairs`
 /// (`tma`: through the bulk-copy entry, which [`tma_applies`] to it); `None` when there is
 /// nothing to do.
@@ -545,6 +586,8 @@ fn launch(
     } else {
         MAX_PIECE
     };
+    // A conversion through the tile: `tile` tokens of a page per CTA item.
+    let tile = geo.pieces.and_then(|p| page_tile(op, geo, &p));
     let (piece, pieces, src_piece_stride, dst_piece_stride) = match geo.pieces {
         Some(p) => (p.bytes, p.count, p.src_stride, p.dst_stride),
         None => {
@@ -580,6 +623,15 @@ fn launch(
             u32::MAX
         };
         (TMA_THREADS, caps.transfer_tma, budget)
+    } else if tile.is_some() {
+        // A conversion through the tile: with host memory, as many threads as the transfer
+        // entry's default budget has.
+        let budget = if geo.host_involved {
+            DEFAULT_TRANSFER_CTAS * (TRANSFER_THREADS / PAGE_THREADS)
+        } else {
+            u32::MAX
+        };
+        (PAGE_THREADS, caps.convert_pages, budget)
     } else if geo.pieces.is_some() {
         // A conversion, on its own entry: with host memory, as many threads as the transfer
         // entry's default budget has.
@@ -595,7 +647,11 @@ fn launch(
         (BLOCK_THREADS, caps.copy, u32::MAX)
     };
     let budget = op.max_ctas.unwrap_or(default_budget).min(cap.max(1)).max(1);
-    let [layers, parts, tokens, heads] = geo.ext;
+    let [layers, parts, mut tokens, heads] = geo.ext;
+    if let Some(t) = tile {
+        // Runs of `t` tokens per page.
+        tokens /= t;
+    }
     let args = CopyArgs {
         src_base: sb as *mut u8,
         src_table: st as *const u64,
@@ -627,6 +683,8 @@ fn launch(
         table_parts: (op.src.table_parts())
             .or(op.dst.table_parts())
             .unwrap_or(op.src.parts) as u64,
+        elem: op.src.layout.elem_bytes as u32,
+        tile: tile.unwrap_or(0) as u32,
         width,
         shift,
         errors: op.errors.map_or(0, DeviceErrors::ptr) as *mut u32,
@@ -637,6 +695,15 @@ fn launch(
         return Ok(Some(Launch {
             kernel: Kernel::TransferTma(args),
             grid: batches.clamp(1, budget as u64) as u32,
+            threads,
+        }));
+    }
+    if tile.is_some() {
+        // A whole CTA per item.
+        let items = n as u64 * layers * parts * tokens * heads;
+        return Ok(Some(Launch {
+            kernel: Kernel::Convert(args),
+            grid: items.clamp(1, budget as u64) as u32,
             threads,
         }));
     }
@@ -873,10 +940,42 @@ mod tests {
             (a.piece, a.pieces, a.src_piece_stride, a.dst_piece_stride),
             (16, key.count, key.src_stride, 16)
         );
-        assert_eq!((a.width, a.tokens, a.heads), (16, BS as u64, H as u64));
-        // A group of 32 lanes per head page (16 tokens × 16 pieces): 3 pairs (one padding) ×
-        // 3 layers × 8 heads items.
-        assert_eq!(a.shift, 5);
+        // Through the tile (`kvio_convert_pages`): whole 16-token pages of 128 + 16 bytes a
+        // row; the value cache too (16-byte columns of 8 tokens).
+        assert_eq!((a.tile, a.tokens, a.elem), (16, 1, 2));
+        assert_eq!(launch.threads, PAGE_THREADS);
+        for (from, to) in [(v, n), (n, v)] {
+            let p = plan(
+                &op(one_part_pool(SRC, from), one_part_pool(DST, to), &pairs),
+                &target(MemoryKind::Device),
+            )
+            .unwrap()
+            .1;
+            let Plan::Kernel { launch, .. } = p else {
+                panic!("{p:?}")
+            };
+            let Kernel::Convert(a) = launch.kernel else {
+                panic!("{launch:?}")
+            };
+            assert_eq!((a.tile, a.piece, a.pieces), (16, 2, D as u64));
+        }
+        // Misaligned (an 8-byte base): the per-group entry, `kvio_convert_blocks`, a group of
+        // 32 lanes per head page (16 tokens × 16 pieces of two 8-byte units): 3 pairs (one
+        // padding) × 3 layers × 8 heads items.
+        let p = plan(
+            &op(one_part_pool(SRC + 8, k), one_part_pool(DST, n), &pairs),
+            &target(MemoryKind::Device),
+        )
+        .unwrap()
+        .1;
+        let Plan::Kernel { launch, .. } = p else {
+            panic!("{p:?}")
+        };
+        let Kernel::Convert(a) = launch.kernel else {
+            panic!("{launch:?}")
+        };
+        assert_eq!((a.tile, a.width, a.shift), (0, 8, 5));
+        assert_eq!((a.tokens, a.heads), (BS as u64, H as u64));
         let caps = target(MemoryKind::Device).caps;
         assert_eq!(
             launch.grid,
