@@ -603,6 +603,7 @@ fn transfer_blocks_matches_copy_blocks() {
                 table_parts: parts,
                 elem: 1,
                 tile: 0,
+                subs: 1,
                 width: width as u32,
                 shift,
                 errors: errors.as_mut_ptr(),

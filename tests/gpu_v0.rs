@@ -568,10 +568,12 @@ enum PoolKind {
     CrossNhd,
 }
 
-/// Blocks, layers, heads and head size of the block-copy tests.
+/// Blocks, layers, heads and head size of the block-copy tests (five heads: `kvio_convert_pages`
+/// takes them in items of up to as many heads as its tile holds, three for f32 at 16-slot
+/// pages, so a page's last item has fewer).
 const NB: usize = 6;
 const LAYERS: usize = 3;
-const HEADS: usize = 2;
+const HEADS: usize = 5;
 const DIM: usize = 64;
 
 /// Bytes of a pool of element size `e` and block size `bs` (every kind has the same).

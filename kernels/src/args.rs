@@ -416,6 +416,9 @@ kernel! {
         /// Tokens of a head page one CTA item of `kvio_convert_pages` moves (divides the page;
         /// `tokens` then counts such runs per page); 0 elsewhere.
         tile: u32,
+        /// Heads one CTA item of `kvio_convert_pages` moves (the last item of a page's heads
+        /// may have fewer); 1 elsewhere.
+        subs: u32,
         /// Access width in bytes.
         width: u32,
         /// log2 of lanes per work item.

@@ -1648,12 +1648,13 @@ fn u128_words(x: u128) -> [u32; 4] {
     ]
 }
 
-/// One side of [`convert_pages`]: its token and piece strides in bytes, and whether it is
-/// read or written as columns.
+/// One side of [`convert_pages`]: its token, piece and head strides in bytes, and whether it
+/// is read or written as columns.
 #[derive(Clone, Copy)]
 struct PageSide {
     token: u64,
     piece: u64,
+    head: u64,
     columns: bool,
 }
 
@@ -1669,29 +1670,46 @@ impl ConvertPages<'_> {
     #[inline(always)]
     fn side(&self, src: bool) -> PageSide {
         let a = self.0;
-        let (token, piece) = if src {
-            (a.src_token_stride, a.src_piece_stride)
+        let (token, piece, head) = if src {
+            (a.src_token_stride, a.src_piece_stride, a.src_head_stride)
         } else {
-            (a.dst_token_stride, a.dst_piece_stride)
+            (a.dst_token_stride, a.dst_piece_stride, a.dst_head_stride)
         };
         PageSide {
             token,
             piece,
+            head,
             columns: token == a.elem as u64 && a.piece == a.elem as u64,
         }
     }
 
-    /// 16-byte vectors of an item.
+    /// 16-byte vectors of one head of an item.
     #[inline(always)]
-    fn vectors(&self) -> u64 {
+    fn per_head(&self) -> u64 {
         self.0.tile as u64 * self.0.chunk / 16
     }
 
-    /// Vector `v` of side `s`: its byte offset from the item's first token's head vector, its
-    /// first token and its byte offset inside the head vector (a columns vector holds `16 /
-    /// elem` tokens of one element, a rows vector 16 bytes of one token).
+    /// Groups of `subs` heads of a page.
+    #[inline(always)]
+    fn groups(&self) -> u64 {
+        self.0.heads.div_ceil(self.0.subs as u64)
+    }
+
+    /// Vector `v` of side `s` (head `v / per_head` of the item's): its byte offset from the
+    /// item's first head's first token, its tile row and its byte offset inside the head
+    /// vector (a columns vector holds `16 / elem` tokens of one element, rows from the one
+    /// returned; a rows vector 16 bytes of one token).
     #[inline(always)]
     fn vector(&self, s: PageSide, v: u64) -> (u64, u64, u64) {
+        let per = self.per_head();
+        let (hh, v) = index::split_slot(v, per, index::pow2_shift(per));
+        let (off, t, b) = self.in_head(s, v);
+        (off + hh * s.head, hh * self.0.tile as u64 + t, b)
+    }
+
+    /// Vector `v` of one head (see [`ConvertPages::vector`]): offset, token, byte in the head.
+    #[inline(always)]
+    fn in_head(&self, s: PageSide, v: u64) -> (u64, u64, u64) {
         let a = self.0;
         let (tile, e) = (a.tile as u64, a.elem as u64);
         let (t, b) = if s.columns {
@@ -1712,24 +1730,31 @@ impl ConvertPages<'_> {
         (off, t, b)
     }
 
-    /// The item's page start in both pools (`None`: padding or an id past a pool, counted by
-    /// thread 0 in phase one only).
+    /// The item's start in both pools and its 16-byte vectors (`None`: padding or an id past
+    /// a pool, counted by thread 0 in phase one only).
     ///
     /// # Safety
     /// As [`copy_blocks`]; `item < items`.
     #[inline(always)]
-    unsafe fn page(&self, item: u64, count: bool) -> Option<(*const u8, *mut u8)> {
+    unsafe fn page(&self, item: u64, count: bool) -> Option<(*const u8, *mut u8, u64)> {
         let a = self.0;
-        let tile = a.tile as u64;
+        let (tile, subs, groups) = (a.tile as u64, a.subs as u64, self.groups());
         let runs = CopyArgs {
             pieces: 1,
+            heads: groups,
             src_token_stride: a.src_token_stride * tile,
             dst_token_stride: a.dst_token_stride * tile,
+            src_head_stride: a.src_head_stride * subs,
+            dst_head_stride: a.dst_head_stride * subs,
             ..*a
         };
-        let per_pair = a.layers * a.parts * a.tokens * a.heads;
+        let per_pair = a.layers * a.parts * a.tokens * groups;
+        // The item's head group is its innermost index (one piece).
+        let (_, group) = index::split_slot(item, groups, index::pow2_shift(groups));
+        let heads = (a.heads - group * subs).min(subs);
         // SAFETY: forwarded.
         unsafe { item_span(&runs, item, per_pair, if count { 0 } else { 1 }) }
+            .map(|(from, to)| (from, to, heads * self.per_head()))
     }
 }
 
@@ -1737,17 +1762,17 @@ impl cta::Phases for ConvertPages<'_> {
     #[inline(always)]
     fn items(&self) -> u64 {
         let a = self.0;
-        a.num_pairs * a.layers * a.parts * a.tokens * a.heads
+        a.num_pairs * a.layers * a.parts * a.tokens * self.groups()
     }
 
     /// Reads the item's source vectors (four in flight per thread) into the tile.
     #[inline(always)]
     unsafe fn first(&self, item: u64, tid: u32, tile: &cta::Tile) -> bool {
         // SAFETY: item < items (the runner).
-        let Some((from, _)) = (unsafe { self.page(item, tid == 0) }) else {
+        let Some((from, _, n)) = (unsafe { self.page(item, tid == 0) }) else {
             return true;
         };
-        let (s, n, row, e) = (self.side(true), self.vectors(), self.row(), self.0.elem);
+        let (s, row, e) = (self.side(true), self.row(), self.0.elem);
         let mut v = tid as u64;
         while v < n {
             let mut at = [(0u64, 0u64, 0u64); 4];
@@ -1788,10 +1813,10 @@ impl cta::Phases for ConvertPages<'_> {
     #[inline(always)]
     unsafe fn second(&self, item: u64, tid: u32, tile: &cta::Tile, _all: bool) {
         // SAFETY: item < items (the runner).
-        let Some((_, to)) = (unsafe { self.page(item, false) }) else {
+        let Some((_, to, n)) = (unsafe { self.page(item, false) }) else {
             return;
         };
-        let (s, n, row, e) = (self.side(false), self.vectors(), self.row(), self.0.elem);
+        let (s, row, e) = (self.side(false), self.row(), self.0.elem);
         let mut v = tid as u64;
         while v < n {
             let (off, t, b) = self.vector(s, v);

@@ -648,8 +648,14 @@ fn launch(
     };
     let budget = op.max_ctas.unwrap_or(default_budget).min(cap.max(1)).max(1);
     let [layers, parts, mut tokens, heads] = geo.ext;
+    // Through the tile: runs of `t` tokens per page, and as many heads of a whole page as
+    // the tile holds per item.
+    let mut subs = 1;
     if let Some(t) = tile {
-        // Runs of `t` tokens per page.
+        if t == tokens {
+            let rows = kvio_kernels::cta::BYTES as u64 / (geo.chunk + 16);
+            subs = (rows / t).clamp(1, heads);
+        }
         tokens /= t;
     }
     let args = CopyArgs {
@@ -685,6 +691,7 @@ fn launch(
             .unwrap_or(op.src.parts) as u64,
         elem: op.src.layout.elem_bytes as u32,
         tile: tile.unwrap_or(0) as u32,
+        subs: subs as u32,
         width,
         shift,
         errors: op.errors.map_or(0, DeviceErrors::ptr) as *mut u32,
@@ -700,7 +707,7 @@ fn launch(
     }
     if tile.is_some() {
         // A whole CTA per item.
-        let items = n as u64 * layers * parts * tokens * heads;
+        let items = n as u64 * layers * parts * tokens * heads.div_ceil(subs);
         return Ok(Some(Launch {
             kernel: Kernel::Convert(args),
             grid: items.clamp(1, budget as u64) as u32,
@@ -942,7 +949,8 @@ mod tests {
         );
         // Through the tile (`kvio_convert_pages`): whole 16-token pages of 128 + 16 bytes a
         // row; the value cache too (16-byte columns of 8 tokens).
-        assert_eq!((a.tile, a.tokens, a.elem), (16, 1, 2));
+        // Three heads an item: 3 × 16 rows of 256 + 16 bytes, 12.75 KiB of the tile.
+        assert_eq!((a.tile, a.tokens, a.elem, a.subs), (16, 1, 2, 3));
         assert_eq!(launch.threads, PAGE_THREADS);
         for (from, to) in [(v, n), (n, v)] {
             let p = plan(
