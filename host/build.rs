@@ -148,12 +148,15 @@ fn build_ptx(kernels: &Path, out: &Path) {
 ///   with 48 KiB of staging: four per multiprocessor.
 /// - `kvio_update_pages` runs CTAs of `kvio_kernels::cta::THREADS` (128) threads.
 /// - `kvio_convert_blocks` runs 256-thread CTAs (`BLOCK_THREADS`), a head page per group;
-///   `kvio_convert_pages` CTAs of `kvio_kernels::cta::THREADS` (128), a head page per CTA.
+///   `kvio_convert_pages` CTAs of `kvio_kernels::cta::THREADS` (128), a page's heads per CTA
+///   item, at least five per multiprocessor (≤ 102 registers; it takes 90 on sm_90, 96 on
+///   sm_80, no spills; uncapped 108 and 94, four CTAs): 4–6 points more inside the GPU on the
+///   H100 (BENCHMARKS.md, session 12), the same over PCIe.
 const DIRECTIVES: [(&str, &str); 9] = [
     ("kvio_transfer_blocks", ".maxntid 512, 1, 1\n"),
     ("kvio_transfer_blocks_tma", ".maxntid 32, 1, 1\n"),
     ("kvio_convert_blocks", ".maxntid 256, 1, 1\n"),
-    ("kvio_convert_pages", ".maxntid 128, 1, 1\n"),
+    ("kvio_convert_pages", ".maxntid 128, 1, 1\n.minnctapersm 5\n"),
     ("kvio_update_tiles", ".maxntid 256, 1, 1\n.minnctapersm 2\n"),
     ("kvio_update_tiles_staged", ".maxntid 128, 1, 1\n"),
     ("kvio_update_pages", ".maxntid 128, 1, 1\n"),
