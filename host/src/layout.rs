@@ -104,9 +104,10 @@ impl TokenLayout {
 /// into a larger allocation (a layer of a cross-layer cache) is described exactly.
 ///
 /// Layouts with pieces (`piece_elems < head_dim`) are written by [`crate::Kvio::update_slots`]
-/// and moved by [`crate::Kvio::copy_blocks`] between pools of the same layout (each block is
-/// one dense region, copied whole); slice updates and copies that convert to or from them
-/// refuse them with a typed error.
+/// and moved by [`crate::Kvio::copy_blocks`]: between pools of the same layout each block is
+/// one dense region, copied whole; to or from pools of another layout (NHD, HND, cross-layer)
+/// each head vector moves piece by piece (a pool's V laid out apart from its K:
+/// [`crate::BlockPool::value_layout`]). Slice updates refuse them with a typed error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PagedLayout {
     /// Number of blocks.
@@ -283,7 +284,7 @@ impl PagedLayout {
             return Err(invalid(
                 name,
                 (self.piece_elems, self.head_dim),
-                "head vectors split into pieces (v0 layout) are supported by slot updates only",
+                "head vectors split into pieces (v0 layout) are written by slot updates only",
             ));
         }
         Ok(())

@@ -168,7 +168,9 @@ pub struct BlockCopy<'a> {
     pub backend: Backend,
     /// CTAs the kernel backend may use (`None`: [`DEFAULT_TRANSFER_CTAS`] when either pool is
     /// host memory, [`DEFAULT_TMA_TRANSFER_CTAS`] one-warp CTAs on [`Backend::Tma`], the
-    /// whole GPU otherwise).
+    /// whole GPU otherwise). A conversion to or from vLLM's v0 layout runs smaller CTAs (128
+    /// threads through its shared tile, else 256): with host memory its default is as many
+    /// threads as [`DEFAULT_TRANSFER_CTAS`] of the transfer entry's 512.
     pub max_ctas: Option<u32>,
     /// Device memory of `16 × pairs` bytes, 8-byte aligned, for a host map on the kernel
     /// backend (the map is copied there on the stream; not capturable). `None`: kvio uploads
