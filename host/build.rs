@@ -156,7 +156,10 @@ const DIRECTIVES: [(&str, &str); 9] = [
     ("kvio_transfer_blocks", ".maxntid 512, 1, 1\n"),
     ("kvio_transfer_blocks_tma", ".maxntid 32, 1, 1\n"),
     ("kvio_convert_blocks", ".maxntid 256, 1, 1\n"),
-    ("kvio_convert_pages", ".maxntid 128, 1, 1\n.minnctapersm 5\n"),
+    (
+        "kvio_convert_pages",
+        ".maxntid 128, 1, 1\n.minnctapersm 5\n",
+    ),
     ("kvio_update_tiles", ".maxntid 256, 1, 1\n.minnctapersm 2\n"),
     ("kvio_update_tiles_staged", ".maxntid 128, 1, 1\n"),
     ("kvio_update_pages", ".maxntid 128, 1, 1\n"),

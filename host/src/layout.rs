@@ -258,6 +258,18 @@ impl PagedLayout {
         }
     }
 
+    /// `(num_blocks, block_size, num_heads, head_dim, elem_bytes)`: what two layouts of one
+    /// cache's K and V must share.
+    pub(crate) fn shape(&self) -> (usize, usize, usize, usize, usize) {
+        (
+            self.num_blocks,
+            self.block_size,
+            self.num_heads,
+            self.head_dim,
+            self.elem_bytes,
+        )
+    }
+
     /// Whether head vectors are split into pieces (`piece_elems < head_dim`).
     pub fn is_pieced(&self) -> bool {
         self.piece_elems < self.head_dim

@@ -747,6 +747,32 @@ mod tests {
         assert_eq!(total, 3 * BLOCK);
     }
 
+    /// A v0 pool (K and V in their own layouts) to cross-layer NHD blocks: K's descriptors
+    /// (16-byte pieces), then V's (one element each), every byte once.
+    #[test]
+    fn v0_pools_convert_part_by_part() {
+        let (k, v) = (
+            PagedLayout::v0_key(NB, BS, H, D, E),
+            PagedLayout::v0_value(NB, BS, H, D, E),
+        );
+        let cache = k.extent("k").unwrap() as usize;
+        let v0 = BlockPool::strided(bytes_mut(SRC, 2 * L * cache), 2 * cache, cache, L, 2, k)
+            .value_layout(v);
+        let pairs = [[0, 3], [-1, -1], [2, 1]];
+        let op = BlockCopy::new(v0, cross(DST, NB), BlockMap::Host(&pairs));
+        let descs = descriptors(&op, XferOp::Write).unwrap();
+        let (k_pieces, v_pieces) = (2 * L * BS * H * D / 8, 2 * L * BS * H * D);
+        assert_eq!(descs.len(), k_pieces + v_pieces);
+        assert!(descs[..k_pieces].iter().all(|d| d.len == 16));
+        assert!(descs[k_pieces..].iter().all(|d| d.len == E as u64));
+        let total: u64 = descs.iter().map(|d| d.len).sum();
+        assert_eq!(total, 2 * BLOCK);
+        // V's first piece: the V cache of layer 0 of block 0, into block 3's V of layer 0.
+        let v_first = descs[k_pieces];
+        assert_eq!(v_first.local, SRC + cache as u64);
+        assert_eq!(v_first.remote, DST + 3 * BLOCK + (BS * H * D * E) as u64);
+    }
+
     #[test]
     fn same_addresses_in_two_address_spaces_are_fine() {
         // The remote pool may sit at the local pool's addresses (another process); a copy

@@ -947,41 +947,35 @@ mod tests {
             (a.piece, a.pieces, a.src_piece_stride, a.dst_piece_stride),
             (16, key.count, key.src_stride, 16)
         );
-        // Through the tile (`kvio_convert_pages`): whole 16-token pages of 128 + 16 bytes a
-        // row; the value cache too (16-byte columns of 8 tokens).
-        // Three heads an item: 3 × 16 rows of 256 + 16 bytes, 12.75 KiB of the tile.
+        // Through the tile (`kvio_convert_pages`): whole 16-token pages, three heads an item
+        // (3 × 16 rows of 256 + 16 bytes: 12.75 KiB of the tile); the value cache too (16-byte
+        // columns of 8 tokens).
         assert_eq!((a.tile, a.tokens, a.elem, a.subs), (16, 1, 2, 3));
         assert_eq!(launch.threads, PAGE_THREADS);
+        let conversion = |from: Pool, to: Pool| {
+            let p = plan(&op(from, to, &pairs), &target(MemoryKind::Device))
+                .unwrap()
+                .1;
+            match p {
+                Plan::Kernel {
+                    launch:
+                        launch @ Launch {
+                            kernel: Kernel::Convert(a),
+                            ..
+                        },
+                    ..
+                } => (launch, a),
+                p => panic!("{p:?}"),
+            }
+        };
         for (from, to) in [(v, n), (n, v)] {
-            let p = plan(
-                &op(one_part_pool(SRC, from), one_part_pool(DST, to), &pairs),
-                &target(MemoryKind::Device),
-            )
-            .unwrap()
-            .1;
-            let Plan::Kernel { launch, .. } = p else {
-                panic!("{p:?}")
-            };
-            let Kernel::Convert(a) = launch.kernel else {
-                panic!("{launch:?}")
-            };
+            let (_, a) = conversion(one_part_pool(SRC, from), one_part_pool(DST, to));
             assert_eq!((a.tile, a.piece, a.pieces), (16, 2, D as u64));
         }
         // Misaligned (an 8-byte base): the per-group entry, `kvio_convert_blocks`, a group of
         // 32 lanes per head page (16 tokens × 16 pieces of two 8-byte units): 3 pairs (one
         // padding) × 3 layers × 8 heads items.
-        let p = plan(
-            &op(one_part_pool(SRC + 8, k), one_part_pool(DST, n), &pairs),
-            &target(MemoryKind::Device),
-        )
-        .unwrap()
-        .1;
-        let Plan::Kernel { launch, .. } = p else {
-            panic!("{p:?}")
-        };
-        let Kernel::Convert(a) = launch.kernel else {
-            panic!("{launch:?}")
-        };
+        let (launch, a) = conversion(one_part_pool(SRC + 8, k), one_part_pool(DST, n));
         assert_eq!((a.tile, a.width, a.shift), (0, 8, 5));
         assert_eq!((a.tokens, a.heads), (BS as u64, H as u64));
         let caps = target(MemoryKind::Device).caps;

@@ -512,19 +512,10 @@ impl<'a, A: Copy> BlockPool<'a, A> {
     pub(crate) fn extent(&self, name: &'static str) -> Result<u64> {
         let ext = self.layout.extent(name)?;
         if let Some(v) = self.value_layout {
-            let shape = |l: &PagedLayout| {
-                (
-                    l.num_blocks,
-                    l.block_size,
-                    l.num_heads,
-                    l.head_dim,
-                    l.elem_bytes,
-                )
-            };
-            if self.parts != 2 || shape(&v) != shape(&self.layout) {
+            if self.parts != 2 || v.shape() != self.layout.shape() {
                 return Err(invalid(
                     name,
-                    (self.parts, shape(&v)),
+                    (self.parts, v.shape()),
                     "a value layout needs two parts and the key layout's shape",
                 ));
             }

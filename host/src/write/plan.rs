@@ -282,19 +282,10 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     let k_ext = kl.extent("cache")?;
     let v_ext = vl.extent("value_layout")?;
     same_shape(i, kl, op.quantize.as_ref())?;
-    let shape = |l: &PagedLayout| {
-        (
-            l.num_blocks,
-            l.block_size,
-            l.num_heads,
-            l.head_dim,
-            l.elem_bytes,
-        )
-    };
-    if shape(&vl) != shape(kl) {
+    if vl.shape() != kl.shape() {
         return Err(invalid(
             "value_layout",
-            shape(&vl),
+            vl.shape(),
             "(blocks, block size, heads, head_dim, elem_bytes) differ from the key cache's",
         ));
     }
