@@ -578,28 +578,68 @@ const DIM: usize = 64;
 
 /// Bytes of a pool of element size `e` and block size `bs` (every kind has the same).
 fn pool_len(bs: usize, e: usize) -> usize {
-    NB * LAYERS * 2 * bs * HEADS * DIM * e
+    ConvShape::fixed(bs, e).len()
 }
 
-/// The pool of `kind` over `mem` ([`pool_len`] bytes).
+/// The shape of a block-copy test's pools: `NB` blocks of `layers` layers, K and V.
+#[derive(Clone, Copy, Debug)]
+struct ConvShape {
+    e: usize,
+    bs: usize,
+    heads: usize,
+    dim: usize,
+    layers: usize,
+}
+
+impl ConvShape {
+    /// The fixed tests' shape at element size `e` and block size `bs`.
+    fn fixed(bs: usize, e: usize) -> Self {
+        ConvShape {
+            e,
+            bs,
+            heads: HEADS,
+            dim: DIM,
+            layers: LAYERS,
+        }
+    }
+
+    /// Bytes of a pool (every kind has the same).
+    fn len(&self) -> usize {
+        NB * self.layers * 2 * self.bs * self.heads * self.dim * self.e
+    }
+
+    /// The pool of `kind` over `mem` ([`ConvShape::len`] bytes).
+    fn pool<'a>(&self, kind: PoolKind, mem: DeviceBytesMut<'a>) -> BlockPool<'a, Writable> {
+        let ConvShape {
+            e,
+            bs,
+            heads: h,
+            dim: d,
+            layers,
+        } = *self;
+        let (k, v) = (
+            PagedLayout::v0_key(NB, bs, h, d, e),
+            PagedLayout::v0_value(NB, bs, h, d, e),
+        );
+        let cache = k.extent("k").unwrap() as usize;
+        let layer_separate = |l| BlockPool::strided(mem, 2 * cache, cache, layers, 2, l);
+        match kind {
+            PoolKind::V0 => layer_separate(k).value_layout(v),
+            PoolKind::Nhd => layer_separate(PagedLayout::nhd(NB, bs, h, d, e)),
+            PoolKind::Hnd => layer_separate(PagedLayout::hnd(NB, bs, h, d, e)),
+            PoolKind::CrossNhd => BlockPool::cross_layer_nhd(mem, NB, layers, bs, h, d, e),
+        }
+    }
+}
+
+/// The pool of `kind` over `mem` ([`pool_len`] bytes) in the fixed tests' shape.
 fn v0_pool<'a>(
     kind: PoolKind,
     mem: DeviceBytesMut<'a>,
     bs: usize,
     e: usize,
 ) -> BlockPool<'a, Writable> {
-    let (k, v) = (
-        PagedLayout::v0_key(NB, bs, HEADS, DIM, e),
-        PagedLayout::v0_value(NB, bs, HEADS, DIM, e),
-    );
-    let cache = k.extent("k").unwrap() as usize;
-    let layer_separate = |l| BlockPool::strided(mem, 2 * cache, cache, LAYERS, 2, l);
-    match kind {
-        PoolKind::V0 => layer_separate(k).value_layout(v),
-        PoolKind::Nhd => layer_separate(PagedLayout::nhd(NB, bs, HEADS, DIM, e)),
-        PoolKind::Hnd => layer_separate(PagedLayout::hnd(NB, bs, HEADS, DIM, e)),
-        PoolKind::CrossNhd => BlockPool::cross_layer_nhd(mem, NB, LAYERS, bs, HEADS, DIM, e),
-    }
+    ConvShape::fixed(bs, e).pool(kind, mem)
 }
 
 /// What a block copy from `src` to `dst` (strided pools, or evenly spaced tables) leaves in
@@ -716,6 +756,77 @@ fn emulated_v0_block_copies_match_reference() {
             matches!(r, Err(Error::InvalidArgument { name: "dst", .. })),
             "{r:?}"
         );
+    }
+}
+
+/// Random conversions in emulation: element size, page size (1 to 64 slots), 1 to 6 heads,
+/// head sizes of 1 to 16 key pieces, 1 to 3 layers, each other kind both ways, pools 16-byte
+/// aligned (the tiled entry where the shape allows it) or one element off (the per-group
+/// entry), kernel or DMA backend; bit-exact against the reference, the poison outside the
+/// copied blocks kept.
+fn conversion_params() -> impl Strategy<Value = (ConvShape, PoolKind, bool, bool, bool, u64)> {
+    (
+        proptest::sample::select(vec![1usize, 2, 4]),
+        proptest::sample::select(vec![1usize, 2, 4, 8, 16, 32, 64]),
+        1usize..=6,
+        1usize..=16,
+        1usize..=3,
+        proptest::sample::select(vec![PoolKind::Nhd, PoolKind::Hnd, PoolKind::CrossNhd]),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(e, bs, heads, pieces, layers, other, into_v0, shifted, dma, seed)| {
+                let shape = ConvShape {
+                    e,
+                    bs,
+                    heads,
+                    dim: pieces * 16 / e,
+                    layers,
+                };
+                (shape, other, into_v0, shifted, dma, seed)
+            },
+        )
+}
+
+proptest::proptest! {
+    // `PROPTEST_CASES` cases (default 64).
+    #![proptest_config(proptest::test_runner::Config::with_cases(kvio_suite::proptest_cases(64)))]
+
+    /// Random conversions to and from v0 ([`conversion_params`]) in emulation, bit-exact.
+    #[test]
+    fn v0_conversions_emulated_property(
+        (shape, other, into_v0, shifted, dma, seed) in conversion_params()
+    ) {
+        let (from, to) = if into_v0 { (other, PoolKind::V0) } else { (PoolKind::V0, other) };
+        let len = shape.len();
+        // One element past a 16-byte boundary when shifted: the per-group entry.
+        let at = if shifted { shape.e } else { 0 };
+        let src = Mem::plain(random_bytes(len + 16, seed));
+        let poison = random_bytes(len + 16, seed ^ 1);
+        let dst = Mem::plain(poison.clone());
+        let pairs = [[0i64, 3], [3, 1], [-1, 2], [2, 0]];
+        let op = BlockCopy::new(
+            shape.pool(from, src.bytes_mut().slice(at, len).unwrap()),
+            shape.pool(to, dst.bytes_mut().slice(at, len).unwrap()),
+            BlockMap::Host(&pairs),
+        )
+        .backend(if dma { Backend::Dma } else { Backend::Kernel });
+        // SAFETY: every view is plain host memory of its length.
+        unsafe { kvio::emulate::copy_blocks(&op) }.unwrap();
+        let (want, _) = v0_expected(
+            &op.src,
+            &src.read()[at..at + len],
+            &op.dst,
+            &poison[at..at + len],
+            &pairs,
+        );
+        let got = dst.read();
+        assert_same(&format!("{shape:?} {from:?} -> {to:?} at {at} dma {dma}"), &got[at..at + len], &want);
+        assert_eq!(got[..at], poison[..at]);
+        assert_eq!(got[at + len..], poison[at + len..]);
     }
 }
 
