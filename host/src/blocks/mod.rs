@@ -88,8 +88,9 @@ pub enum Backend {
     /// pipelining pieces of up to 8 KiB through five shared stages), meant for transfers
     /// between device and pinned host memory. A CTA here is one warp: the default budget is
     /// [`DEFAULT_TMA_TRANSFER_CTAS`] (four times [`DEFAULT_TRANSFER_CTAS`]) when a pool
-    /// is host memory, the whole GPU otherwise, and `max_ctas` counts one-warp CTAs. Where it does not apply (a GPU before `sm_90`, or a copy whose
-    /// chunks, strides or bases are not all multiples of 16 bytes) the call runs as
+    /// is host memory, the whole GPU otherwise, and `max_ctas` counts one-warp CTAs. Where it
+    /// does not apply (a GPU before `sm_90`, a copy whose chunks, strides or bases are not all
+    /// multiples of 16 bytes, or a conversion to or from vLLM's v0 layout) the call runs as
     /// [`Backend::Kernel`] and returns that. Never chosen by [`Backend::Auto`]. The CPU
     /// emulation ([`crate::emulate::copy_blocks`]) runs its item schedule with plain copies.
     ///

@@ -101,13 +101,14 @@ pub(crate) enum Kernel {
     Slices(SliceArgs),
     /// `kvio_copy_blocks` (device-side block copies).
     Copy(CopyArgs),
-    /// `kvio_transfer_blocks` (block copies touching host memory, 1024-thread CTAs).
+    /// `kvio_transfer_blocks` (block copies touching host memory, 512-thread CTAs).
     Transfer(CopyArgs),
     /// `kvio_transfer_blocks_tma` (block copies touching host memory through Hopper bulk
     /// copies, one-warp CTAs; `sm_90` only).
     TransferTma(CopyArgs),
-    /// `kvio_convert_blocks` (block copies converting to or from vLLM's v0 layout, a head
-    /// page per group of lanes).
+    /// A block copy converting to or from vLLM's v0 layout: `kvio_convert_pages` (a page's
+    /// heads per CTA through its shared tile) when `tile` is non-zero, else
+    /// `kvio_convert_blocks` (a head page per group of lanes).
     Convert(CopyArgs),
 }
 
