@@ -487,11 +487,7 @@ fn access_width_of(op: &BlockCopy<'_>, geo: &Geometry) -> u32 {
     let (sb, ss) = side(&op.src);
     let (db, ds) = side(&op.dst.read());
     // `access_width` ORs its values, so a table's bases enter as the OR the table keeps.
-    let bases_or = |p: &BlockPool<'_>| match p.bases {
-        Bases::Table(t) => t.bases_or(),
-        Bases::Strided { .. } => 0,
-    };
-    let (so, dor) = (bases_or(&op.src), bases_or(&op.dst.read()));
+    let (so, dor) = (op.src.bases_or(), op.dst.bases_or());
     let [s0, s1, s2, s3, s4] = ss;
     let [d0, d1, d2, d3, d4] = ds;
     let (sp, dp) = geo.pieces.map_or((0, 0), |p| (p.src_stride, p.dst_stride));
@@ -526,11 +522,7 @@ fn page_tile(op: &BlockCopy<'_>, geo: &Geometry, p: &Pieces) -> Option<u64> {
     let l = &op.src.layout;
     let e = l.elem_bytes as u64;
     let sides = [op.src.side(), op.dst.read().side()];
-    let bases_or = |pool: &BlockPool<'_>| match pool.bases {
-        Bases::Table(t) => t.bases_or(),
-        Bases::Strided { .. } => 0,
-    };
-    let mut need = bases_or(&op.src) | bases_or(&op.dst.read()) | geo.chunk;
+    let mut need = op.src.bases_or() | op.dst.bases_or() | geo.chunk;
     let mut columns = false;
     for (s, piece_stride) in sides.iter().zip([p.src_stride, p.dst_stride]) {
         let [ls, ps, bs, ts, hs] = s.strides;
@@ -935,27 +927,9 @@ mod tests {
         // The kernel launch carries the piece strides; the DMA plan is one span per piece.
         let pairs = [[0i64, 1], [3, 2], [-1, 0]];
         let (s, d) = (one_part_pool(SRC, k), one_part_pool(DST, n));
-        let (b, p) = plan(&op(s, d, &pairs), &target(MemoryKind::Device)).unwrap();
-        assert_eq!(b, Backend::Kernel);
-        let Plan::Kernel { launch, .. } = p else {
-            panic!("{p:?}")
-        };
-        let Kernel::Convert(a) = launch.kernel else {
-            panic!("{launch:?}")
-        };
-        assert_eq!(
-            (a.piece, a.pieces, a.src_piece_stride, a.dst_piece_stride),
-            (16, key.count, key.src_stride, 16)
-        );
-        // Through the tile (`kvio_convert_pages`): whole 16-token pages, three heads an item
-        // (3 × 16 rows of 256 + 16 bytes: 12.75 KiB of the tile); the value cache too (16-byte
-        // columns of 8 tokens).
-        assert_eq!((a.tile, a.tokens, a.elem, a.subs), (16, 1, 2, 3));
-        assert_eq!(launch.threads, PAGE_THREADS);
         let conversion = |from: Pool, to: Pool| {
-            let p = plan(&op(from, to, &pairs), &target(MemoryKind::Device))
-                .unwrap()
-                .1;
+            let (b, p) = plan(&op(from, to, &pairs), &target(MemoryKind::Device)).unwrap();
+            assert_eq!(b, Backend::Kernel);
             match p {
                 Plan::Kernel {
                     launch:
@@ -968,6 +942,16 @@ mod tests {
                 p => panic!("{p:?}"),
             }
         };
+        let (launch, a) = conversion(s, d);
+        assert_eq!(
+            (a.piece, a.pieces, a.src_piece_stride, a.dst_piece_stride),
+            (16, key.count, key.src_stride, 16)
+        );
+        // Through the tile (`kvio_convert_pages`): whole 16-token pages, three heads an item
+        // (3 × 16 rows of 256 + 16 bytes: 12.75 KiB of the tile); the value cache too (16-byte
+        // columns of 8 tokens).
+        assert_eq!((a.tile, a.tokens, a.elem, a.subs), (16, 1, 2, 3));
+        assert_eq!(launch.threads, PAGE_THREADS);
         for (from, to) in [(v, n), (n, v)] {
             let (_, a) = conversion(one_part_pool(SRC, from), one_part_pool(DST, to));
             assert_eq!((a.tile, a.piece, a.pieces), (16, 2, D as u64));

@@ -305,6 +305,15 @@ impl<'a, A: Copy> BlockPool<'a, A> {
         }
     }
 
+    /// The OR of the pool's table bases (0: strided, whose base enters through its side):
+    /// what alignment checks need of a table without reading every entry.
+    pub(crate) fn bases_or(&self) -> u64 {
+        match self.bases {
+            Bases::Table(t) => t.bases_or(),
+            Bases::Strided { .. } => 0,
+        }
+    }
+
     /// Parts per layer of the pool's table (`None`: strided).
     pub(crate) fn table_parts(&self) -> Option<usize> {
         match self.bases {
