@@ -115,10 +115,15 @@ impl<'a> StreamRef<'a> {
     }
 
     /// The same stream, with kvio's kernels launched through it using programmatic dependent
-    /// launch (`on`) or not (PDL, Hopper and later). Without this call kvio uses PDL wherever
-    /// it is supported ([`Kvio::supports_pdl`](crate::Kvio::supports_pdl)): the results are
-    /// the same either way, and on the H200 a PDL launch costs about 0.45 µs less host time
-    /// than a plain one (bench group `host`, rows `slots-nhd` and `slots-nhd-pdl`).
+    /// launch (`on`) or not (PDL, Hopper and later). Without this call kvio launches its
+    /// updates with PDL wherever it is supported
+    /// ([`Kvio::supports_pdl`](crate::Kvio::supports_pdl)) and its block copies plainly: the
+    /// results are the same either way, and on the H200 a PDL launch costs about 0.45 µs
+    /// less host time than a plain one (bench group `host`, rows `slots-nhd` and
+    /// `slots-nhd-pdl`), while a programmatic block copy would keep its CTAs on the
+    /// multiprocessors, waiting, for as long as the kernel before it runs. Block copies never
+    /// signal their dependents early: an update launched after one is scheduled as its CTAs
+    /// exit.
     ///
     /// With PDL each launch carries the attribute
     /// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1` (`cuLaunchKernelEx`), so

@@ -275,9 +275,16 @@ impl Kvio {
     }
 
     /// `cuLaunchKernelEx` for a launch on `stream` that may use programmatic dependent launch
-    /// (`None`: launch plainly).
-    pub(crate) fn launch_ex(&self, stream: crate::StreamRef<'_>) -> Option<LaunchKernelEx> {
-        if stream.pdl_choice().unwrap_or(true) {
+    /// (`None`: launch plainly). Without the caller's choice ([`crate::StreamRef::pdl`]) only
+    /// the write path's kernels (`by_default`) are programmatic: a block copy is long next to
+    /// its launch, and a programmatic one would hold its CTAs on the multiprocessors, waiting,
+    /// for as long as the kernel before it runs.
+    pub(crate) fn launch_ex(
+        &self,
+        stream: crate::StreamRef<'_>,
+        by_default: bool,
+    ) -> Option<LaunchKernelEx> {
+        if stream.pdl_choice().unwrap_or(by_default) {
             self.launch_ex
         } else {
             None

@@ -14,7 +14,8 @@
 //!   entry point and CTA size, and refuses memory the kernels cannot reach. The answer cannot
 //!   be cached by address, since the caller may free and reuse the range between calls; a
 //!   [`LayerTable`](crate::LayerTable) classifies its caches once, when it is built.
-//! - `copy_blocks`, kernel backend: one launch, after the host map's upload if the map is
+//! - `copy_blocks`, kernel backend: one plain launch (programmatic only when the
+//!   [`StreamRef`] asks with `pdl(true)`), after the host map's upload if the map is
 //!   on the host: `cuMemcpyHtoDAsync` into the caller's staging buffer, or else
 //!   `cuMemAllocFromPoolAsync` + `cuMemcpyHtoDAsync` + launch + `cuMemFreeAsync` on kvio's
 //!   scratch pool (stream-ordered, so concurrent streams never share the bytes and graph
@@ -67,7 +68,12 @@ impl Kvio {
                 let Some(u) = upload else {
                     // The only launches that may be programmatic: kernel after kernel.
                     for l in std::iter::once(launch).chain(then) {
-                        self.launch(l.kernel, l, stream, self.launch_ex(stream))?;
+                        self.launch(
+                            l.kernel,
+                            l,
+                            stream,
+                            self.launch_ex(stream, l.kernel.writes()),
+                        )?;
                     }
                     return Ok(());
                 };

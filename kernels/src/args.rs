@@ -65,7 +65,7 @@ macro_rules! entry_point {
         pub unsafe extern "ptx-kernel" fn $entry($($field: $ty),*) {
             // Before the first read of any argument's memory (inputs, slots, scales, tables)
             // and the first write.
-            $crate::pdl::prologue();
+            $crate::pdl::prologue(<$args as $crate::pdl::Signal>::EARLY);
             let a = $args { $($field),* };
             // SAFETY: forwarded from the launcher's validation.
             unsafe { $body(&a, $crate::ops::Group::this_thread(a.shift)) }
@@ -455,4 +455,15 @@ kernel! {
         /// Always 0 (one thread per output).
         shift: u32,
     }
+}
+
+// Write-path kernels and the benchmarks' own signal early; block copies do not (see
+// [`crate::pdl`]).
+impl crate::pdl::Signal for SlotArgs {}
+impl crate::pdl::Signal for TileArgs {}
+impl crate::pdl::Signal for SliceArgs {}
+impl crate::pdl::Signal for NaiveArgs {}
+impl crate::pdl::Signal for SpinArgs {}
+impl crate::pdl::Signal for CopyArgs {
+    const EARLY: bool = false;
 }

@@ -21,6 +21,11 @@
 //! signal's position). Signalling after the wait rather than before it keeps a chain of
 //! programmatic launches from filling the SMs with grids that only wait.
 //!
+//! Block copies ([`Signal::EARLY`] false for their arguments) skip the early signal: they run
+//! long next to a launch, and an early signal would let a programmatic dependent park its
+//! CTAs on the multiprocessors, waiting, for the whole copy (the dependent is then scheduled
+//! when the copy's CTAs exit, as without the instruction).
+//!
 //! On targets without the instructions (the `sm_80` PTX, the host CPU) both are no-ops, so
 //! the `sm_80` PTX holds no `griddepcontrol` and kvio never launches it with the attribute.
 
@@ -52,9 +57,20 @@ pub fn launch_dependents() {
     }
 }
 
-/// The entry-point prologue: [`wait`], then [`launch_dependents`].
+/// When an entry point's grid signals its programmatic dependents: every argument struct of
+/// [`crate::args`] implements it.
+pub trait Signal {
+    /// `true`: right after [`wait`] (the write path: short kernels, the next one may be
+    /// scheduled at once); `false`: never, so dependents are scheduled as the grid's CTAs
+    /// exit (block copies).
+    const EARLY: bool = true;
+}
+
+/// The entry-point prologue: [`wait`], then [`launch_dependents`] when `early`.
 #[inline(always)]
-pub fn prologue() {
+pub fn prologue(early: bool) {
     wait();
-    launch_dependents();
+    if early {
+        launch_dependents();
+    }
 }

@@ -113,6 +113,15 @@ pub(crate) enum Kernel {
 }
 
 impl Kernel {
+    /// Whether this is a write-path kernel (an update), launched with programmatic dependent
+    /// launch by default; block copies are launched plainly unless the caller asks.
+    pub(crate) fn writes(&self) -> bool {
+        matches!(
+            self,
+            Kernel::Slots(_) | Kernel::Tiles(_) | Kernel::Slices(_)
+        )
+    }
+
     /// The same launch reading its block map at `pairs` (block copies; other kernels have no
     /// map and are returned unchanged).
     pub(crate) fn with_map(self, pairs: u64) -> Kernel {
