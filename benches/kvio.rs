@@ -1370,12 +1370,103 @@ fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream,
             padded,
             num_slices: DeviceBytes::of(&count),
             errors: None,
+            value: None,
+            value_layout: None,
+            quantize: None,
         };
         let bytes = 2 * (t * row) as u64;
         measure(&mut grp, rec, name, param, "kvio", bytes, stream, || {
             g.kv.update_slices(&op, StreamRef::from(stream))
                 .expect("update_slices")
         });
+        // Through the slot list (`kvio_slices_to_slots`, then the slot update): the same rows
+        // quantized to fp8 e4m3 (bf16 read, fp8 written), and K and V of H heads each into
+        // v0 caches, beside the slot update of the same v0 write (what the list costs).
+        if cfg.elem == 2 {
+            let fp8_layout = PagedLayout::nhd(blocks, bs, heads, cfg.dim, 1);
+            let mut fp8_cache = Mem::new(false, fp8_layout.extent("l").unwrap() as usize);
+            fp8_cache.fill(&random_bytes(fp8_cache.bytes().len(), 7));
+            let scale = upload(&[0.75f32]);
+            let q = SliceUpdate {
+                cache: fp8_cache.bytes_mut(),
+                layout: fp8_layout,
+                quantize: Some(kvio::Quantize::new(
+                    kvio::SrcType::Bf16,
+                    kvio::Fp8::E4m3,
+                    kvio::Scale::PerTensor(DeviceBytes::of(&scale)),
+                )),
+                ..op
+            };
+            let fp8_bytes = (t * row + t * row / 2) as u64;
+            measure(
+                &mut grp,
+                rec,
+                name,
+                param,
+                "kvio-fp8",
+                fp8_bytes,
+                stream,
+                || {
+                    g.kv.update_slices(&q, StreamRef::from(stream))
+                        .expect("update_slices fp8")
+                },
+            );
+        }
+        let h = cfg.heads;
+        let (kl, vl) = (
+            PagedLayout::v0_key(blocks, bs, h, cfg.dim, cfg.elem),
+            PagedLayout::v0_value(blocks, bs, h, cfg.dim, cfg.elem),
+        );
+        let one = TokenLayout::contiguous(t, h, cfg.dim, cfg.elem);
+        let half = one.extent("i").unwrap() as usize;
+        let v0_cache = Mem::new(false, 2 * kl.extent("l").unwrap() as usize);
+        let (kc, vc) = v0_cache
+            .bytes_mut()
+            .split_at(kl.extent("l").unwrap() as usize)
+            .unwrap();
+        let whole = DeviceBytes::of(&src);
+        let (ks, vs) = (
+            whole.slice(0, half).unwrap(),
+            whole.slice(half, half).unwrap(),
+        );
+        let v0 = SliceUpdate::new(
+            ks,
+            one,
+            kc,
+            kl,
+            DeviceBytes::of(&table),
+            padded,
+            DeviceBytes::of(&count),
+        )
+        .value(vs, vc)
+        .value_layout(vl);
+        measure(&mut grp, rec, name, param, "kvio-v0", bytes, stream, || {
+            g.kv.update_slices(&v0, StreamRef::from(stream))
+                .expect("update_slices v0")
+        });
+        let slots_dev = upload(&slots);
+        let v0_slots = SlotUpdate::new(
+            ks,
+            one,
+            kc,
+            kl,
+            SlotMapping::I64(DeviceBytes::of(&slots_dev)),
+        )
+        .value(vs, vc)
+        .value_layout(vl);
+        measure(
+            &mut grp,
+            rec,
+            name,
+            param,
+            "kvio-v0-slots",
+            bytes,
+            stream,
+            || {
+                g.kv.update_slots(&v0_slots, StreamRef::from(stream))
+                    .expect("update_slots v0")
+            },
+        );
         let spans: Vec<(u64, u64)> = slots
             .iter()
             .enumerate()

@@ -329,6 +329,9 @@ fn cudarc_slice_update() {
                     padded,
                     num_slices: ct.bytes(),
                     errors: Some(&errors),
+                    value: None,
+                    value_layout: None,
+                    quantize: None,
                 },
                 kc::stream(s),
             )

@@ -315,6 +315,9 @@ fn update_slices_calls() {
         padded,
         num_slices: DeviceBytes::of(&count),
         errors: Some(&errors),
+        value: None,
+        value_layout: None,
+        quantize: None,
     };
     let n = calls();
     no_growth("update_slices", n, |_| {

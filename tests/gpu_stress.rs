@@ -623,6 +623,9 @@ fn enqueue(
                 padded,
                 num_slices: arena.slice(count_at, 4).unwrap(),
                 errors: Some(sh.errors),
+                value: None,
+                value_layout: None,
+                quantize: None,
             };
             g.kv.update_slices(&up, sref)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));

@@ -599,6 +599,9 @@ fn graph_capture_replays_with_new_device_indices() {
         padded,
         num_slices: DeviceBytes::of(&count_d),
         errors: Some(&errors),
+        value: None,
+        value_layout: None,
+        quantize: None,
     };
     let graph = Graph::capture(&stream, |s| {
         g.kv.update_slots(&slot_op, s).unwrap();

@@ -1528,6 +1528,9 @@ fn run_slice_case(c: &SliceCase, x: &Exec) {
         padded,
         num_slices: count_buf.view(0, 4),
         errors: x.errors(),
+        value: None,
+        value_layout: None,
+        quantize: None,
     };
     let reject = c.mutation.and_then(|m| {
         use SliceMutation::*;

@@ -2,8 +2,9 @@
 //! then the kernel body run on the CPU) with arbitrary descriptors, slice tables, capacities and
 //! counts on small host buffers. No panic or overflow; an accepted call touches nothing outside
 //! its views (AddressSanitizer past the end, checked bytes before), never writes its input,
-//! table or count, and — when the slices it uses never write one slot twice — writes exactly
-//! what `kvio::reference::update_slices` writes. A refused call writes nothing.
+//! table or count, and — when the slices it uses never write one slot twice (nor, for heads
+//! apart, which go through a slot list, read one row twice) — writes exactly what
+//! `kvio::reference::update_slices` writes. A refused call writes nothing.
 #![no_main]
 
 use kvio::plan::Slice;
@@ -101,6 +102,9 @@ fn run(u: &mut Unstructured) -> Result<()> {
         padded,
         num_slices: cv,
         errors: None,
+        value: None,
+        value_layout: None,
+        quantize: None,
     };
     let before = (
         src.data().to_vec(),
@@ -148,6 +152,21 @@ fn run(u: &mut Unstructured) -> Result<()> {
         ranges.sort_unstable();
         if ranges.windows(2).any(|w| w[1].0 < w[0].1) {
             return Ok(()); // two slices write one slot: a race, no defined result
+        }
+        // Heads apart go through a slot list: a source row named twice is written once.
+        let rows = |h: usize, stride: usize, d: usize| h == 1 || stride == d;
+        if !rows(layout.num_heads, layout.head_stride, layout.head_dim)
+            || !rows(input.num_heads, input.head_stride, input.head_dim)
+        {
+            let mut read: Vec<(i64, i64)> = listed[..count as usize]
+                .iter()
+                .filter(|s| slice_copied(s, bs, num_slots, tokens))
+                .map(|s| (s.new_kv_start as i64, s.new_kv_start as i64 + s.len as i64))
+                .collect();
+            read.sort_unstable();
+            if read.windows(2).any(|w| w[1].0 < w[0].1) {
+                return Ok(());
+            }
         }
     }
     let mut want = before.1.clone();

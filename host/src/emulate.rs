@@ -88,6 +88,24 @@ unsafe fn run(plan: &Plan<'_>) {
                 unsafe { std::ptr::copy(s.src as *const u8, s.dst as *mut u8, s.bytes as usize) };
             }
         }
+        Plan::Expand {
+            expand,
+            update,
+            tokens,
+        } => {
+            // The slot list, as aligned as the runner's scratch (its planned alignment).
+            #[repr(C, align(256))]
+            struct Block([i32; 64]);
+            let mut list: Vec<Block> = (0..tokens.div_ceil(64).max(1))
+                .map(|_| Block([-1; 64]))
+                .collect();
+            let at = list.as_mut_ptr() as u64;
+            for l in std::iter::once(expand).chain(update) {
+                // SAFETY: forwarded; the list holds at least `tokens` i32 of host memory.
+                unsafe { emulate_launch(l.kernel.with_list(at), l) };
+            }
+            drop(list); // alive until the kernel bodies have run
+        }
         Plan::Kernel {
             upload,
             launch,
@@ -145,6 +163,7 @@ unsafe fn emulate_launch(kernel: Kernel, launch: &Launch) {
             Kernel::Tiles(a) if a.elem == 1 => ops::update_tiles_staged(a, g),
             Kernel::Tiles(a) => ops::update_tiles(a, g),
             Kernel::Slices(a) => ops::update_slices(a, g),
+            Kernel::Expand(a) => ops::slices_to_slots(a, g),
             Kernel::Copy(a) => ops::copy_blocks(a, g),
             Kernel::Transfer(a) => ops::transfer_blocks(a, g),
             Kernel::TransferTma(a) => ops::transfer_blocks_tma(a, g),

@@ -19,7 +19,9 @@ use crate::error::Result;
 pub struct ErrorCounts {
     /// Slot-mapping entries past the end of the cache (tokens skipped).
     pub bad_slots: u32,
-    /// Slices out of range, too long or crossing a page (slices skipped).
+    /// Slices out of range, too long or crossing a page (slices skipped); for slice updates
+    /// through a slot list (layouts other than contiguous rows, fp8) also each source row a
+    /// second slice names (that row written once).
     pub bad_slices: u32,
     /// Device-side counts outside their capacity (whole launches skipped).
     pub bad_counts: u32,

@@ -65,6 +65,8 @@ pub(crate) struct GridCap {
     pub(crate) pages: u32,
     /// `kvio_update_slices` at [`BLOCK_THREADS`].
     pub(crate) slices: u32,
+    /// `kvio_slices_to_slots` at [`BLOCK_THREADS`].
+    pub(crate) expand: u32,
     /// `kvio_copy_blocks` at [`BLOCK_THREADS`].
     pub(crate) copy: u32,
     /// `kvio_transfer_blocks` at [`TRANSFER_THREADS`].
@@ -94,6 +96,7 @@ impl GridCap {
             tiles_staged: cap,
             pages: cap,
             slices: cap,
+            expand: cap,
             copy: cap,
             transfer: cap,
             convert: cap,

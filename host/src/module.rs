@@ -44,6 +44,7 @@ pub struct Kvio {
     update_tiles_staged: cu::CUfunction,
     update_pages: cu::CUfunction,
     update_slices: cu::CUfunction,
+    slices_to_slots: cu::CUfunction,
     copy_blocks: cu::CUfunction,
     transfer_blocks: cu::CUfunction,
     transfer_blocks_tma: cu::CUfunction,
@@ -120,6 +121,7 @@ impl Kvio {
             update_tiles_staged: ptr::null_mut(),
             update_pages: ptr::null_mut(),
             update_slices: ptr::null_mut(),
+            slices_to_slots: ptr::null_mut(),
             copy_blocks: ptr::null_mut(),
             transfer_blocks: ptr::null_mut(),
             transfer_blocks_tma: ptr::null_mut(),
@@ -160,6 +162,7 @@ impl Kvio {
         })?;
         this.update_pages = this.function("kvio_update_pages")?;
         this.update_slices = this.function("kvio_update_slices")?;
+        this.slices_to_slots = this.function("kvio_slices_to_slots")?;
         this.copy_blocks = this.function("kvio_copy_blocks")?;
         this.transfer_blocks = this.function("kvio_transfer_blocks")?;
         this.transfer_blocks_tma = this.function("kvio_transfer_blocks_tma")?;
@@ -180,6 +183,7 @@ impl Kvio {
             tiles_staged: resident_ctas(this.update_tiles_staged, STAGED_THREADS, sms)?,
             pages: resident_ctas(this.update_pages, PAGE_THREADS, sms)?,
             slices: resident_ctas(this.update_slices, BLOCK_THREADS, sms)?,
+            expand: resident_ctas(this.slices_to_slots, BLOCK_THREADS, sms)?,
             copy: resident_ctas(this.copy_blocks, BLOCK_THREADS, sms)?,
             transfer: resident_ctas(this.transfer_blocks, TRANSFER_THREADS, sms)?,
             convert: resident_ctas(this.convert_blocks, BLOCK_THREADS, sms)?,
@@ -222,6 +226,7 @@ impl Kvio {
             Kernel::Tiles(a) if a.elem == 1 => self.update_tiles_staged,
             Kernel::Tiles(_) => self.update_tiles,
             Kernel::Slices(_) => self.update_slices,
+            Kernel::Expand(_) => self.slices_to_slots,
             Kernel::Copy(_) => self.copy_blocks,
             Kernel::Transfer(_) => self.transfer_blocks,
             Kernel::TransferTma(_) => self.transfer_blocks_tma,

@@ -130,10 +130,13 @@ pub fn update_slices(
             for h in 0..layout.num_heads {
                 for d in 0..layout.head_dim {
                     let si = (t * input.token_stride + h * input.head_stride + d) * e;
+                    // A head vector in pieces (v0 layout): piece d / pe, element d % pe.
+                    let pe = layout.piece_elems;
                     let di = (block * layout.block_stride
                         + off * layout.token_stride
                         + h * layout.head_stride
-                        + d)
+                        + (d / pe) * layout.piece_stride
+                        + d % pe)
                         * e;
                     copy_elem(new_kv, si, cache, di, e);
                 }

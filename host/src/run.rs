@@ -9,6 +9,9 @@
 //! - `update_slots`, `update_mla`, `update_slices`: one launch, `cuLaunchKernelEx` with
 //!   programmatic dependent launch where it is supported (the default, unless the
 //!   [`StreamRef`] says `pdl(false)`), else `cuLaunchKernel`.
+//! - `update_slices` of a layout the row copy does not write (pieces, heads apart, a value
+//!   part, fp8): `cuMemAllocFromPoolAsync` + `cuMemsetD32Async` + the expansion's plain
+//!   launch + the slot update's launch (as above) + `cuMemFreeAsync`.
 //! - `copy_blocks`, planning: one `cuPointerGetAttributes` per pool given as one strided
 //!   range (`blocks::plan::geometry`): whether it is device or pinned host memory decides the
 //!   entry point and CTA size, and refuses memory the kernels cannot reach. The answer cannot
@@ -26,9 +29,8 @@
 //!   `cuMemcpyAsync` per span.
 
 use cust::sys as cu;
-use kvio_kernels::args::{CopyArgs, SliceArgs, SlotArgs, TileArgs};
 
-use crate::driver::{capturing, check, LaunchKernelEx, Params, StreamRef};
+use crate::driver::{capturing, check, LaunchKernelEx, StreamRef};
 use crate::error::{Error, Result};
 use crate::module::Kvio;
 use crate::plan::{Kernel, Launch, Plan, Staging};
@@ -59,6 +61,42 @@ impl Kvio {
                     })?;
                 }
                 Ok(())
+            }
+            Plan::Expand {
+                expand,
+                update,
+                tokens,
+            } => {
+                let scratch = self.scratch().ok_or(Error::InvalidArgument {
+                    name: "layout",
+                    value: "slot list".into(),
+                    reason: "this device has no memory pools: slice updates of this layout \
+                             need one for their slot list",
+                })?;
+                let list = scratch.take(tokens.max(&1) * 4, stream)?;
+                // Every row no slice names stays -1 (skipped by the slot update).
+                // SAFETY: `list` holds `tokens` i32 for the work enqueued on `stream`.
+                let filled = check("cuMemsetD32Async", unsafe {
+                    cu::cuMemsetD32Async(list, u32::MAX, *tokens, stream.cu_stream())
+                });
+                // After a memset: the expansion launches plainly; the update after it is a
+                // kernel after a kernel.
+                let launched = filled.and_then(|()| {
+                    self.launch(expand.kernel.with_list(list), expand, stream, None)?;
+                    match update {
+                        Some(u) => self.launch(
+                            u.kernel.with_list(list),
+                            u,
+                            stream,
+                            self.launch_ex(stream, true),
+                        ),
+                        None => Ok(()),
+                    }
+                });
+                // Given back after the launches (or at once if nothing was enqueued).
+                let back = scratch.give_back(list, stream);
+                launched?;
+                back
             }
             Plan::Kernel {
                 upload,
@@ -131,14 +169,8 @@ impl Kvio {
         stream: StreamRef<'_>,
         ex: Option<LaunchKernelEx>,
     ) -> Result<()> {
-        let mut params = match &kernel {
-            Kernel::Slots(a) => Params::new(&a.to_words(), &SlotArgs::SIZES),
-            Kernel::Tiles(a) => Params::new(&a.to_words(), &TileArgs::SIZES),
-            Kernel::Slices(a) => Params::new(&a.to_words(), &SliceArgs::SIZES),
-            Kernel::Copy(a) | Kernel::Transfer(a) | Kernel::TransferTma(a) | Kernel::Convert(a) => {
-                Params::new(&a.to_words(), &CopyArgs::SIZES)
-            }
-        };
-        params.launch_with(self.entry(&kernel), launch.grid, launch.threads, stream, ex)
+        kernel
+            .params()
+            .launch_with(self.entry(&kernel), launch.grid, launch.threads, stream, ex)
     }
 }

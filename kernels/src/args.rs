@@ -304,13 +304,16 @@ impl TileArgs {
 }
 
 kernel! {
-    /// Arguments of the slice-based update (see [`crate::ops::update_slices`]).
-    kvio_update_slices(SliceArgs) => crate::ops::update_slices {
+    /// Arguments of the slice-based update (see [`crate::ops::update_slices`]), for two entry
+    /// points: `kvio_update_slices` (rows copied as they are) and `kvio_slices_to_slots` (the
+    /// slices turned into a slot list at `dst`, for the slot update to write layouts and
+    /// conversions the row copy does not: [`crate::ops::slices_to_slots`]).
+    kvio_update_slices | kvio_slices_to_slots [crate::ops::slices_to_slots] (SliceArgs) => crate::ops::update_slices {
         /// New K/V rows.
         src: *const u8,
         /// Bytes between source rows.
         src_row_stride: u64,
-        /// The cache.
+        /// The cache (`kvio_slices_to_slots`: the slot list, `num_tokens` i32 set to -1).
         dst: *mut u8,
         /// Bytes between cache pages.
         dst_page_stride: u64,

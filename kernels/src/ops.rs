@@ -3,7 +3,7 @@
 //! thread; on the CPU [`emulate`] calls them for every thread of a grid in turn, so the very
 //! same code is property-tested against the reference without a GPU.
 
-use core::sync::atomic::{AtomicU32, Ordering};
+use core::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
 use crate::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs, SpinArgs, TileArgs};
 use crate::bulk;
@@ -1471,6 +1471,76 @@ pub unsafe fn update_slices(a: &SliceArgs, g: Group) {
                                 r += 1;
                             }
                         }
+                    }
+                }
+            }
+        }
+        item += g.step;
+    }
+}
+
+/// The slice table as a slot list: for each valid slice (as [`update_slices`] checks it) and
+/// each of its rows `j`, `dst[src_start + j] = cache_start + j` as an `i32`, so that the slot
+/// update writes exactly the slices' rows into any layout, converting on the way (the host
+/// sets all `num_tokens` entries to -1 first: rows no slice names are skipped). A bad count
+/// skips everything (counted once); a bad slice is skipped and counted once; a source row
+/// that two slices name goes to one of their slots (whichever claims it first) and counts
+/// [`err::BAD_SLICE`] once per extra claim. One lane per (slice, row of a page) item.
+///
+/// # Safety
+/// As [`update_slices`]; `dst` holds `num_tokens` aligned `i32`.
+#[inline(always)]
+pub unsafe fn slices_to_slots(a: &SliceArgs, g: Group) {
+    // SAFETY: num_slices points at one i32.
+    let raw = unsafe { *a.num_slices };
+    let Some(n) = index::checked_count(raw, a.padded) else {
+        if g.first == 0 && g.lane == 0 {
+            // SAFETY: see count_error.
+            unsafe { count_error(a.errors, err::BAD_COUNT) };
+        }
+        return;
+    };
+    let page = a.page_size as u64;
+    let items = n as u64 * page;
+    let list = a.dst as *mut i32;
+    let mut item = g.first;
+    while item < items {
+        let i = index::div_u64(item, page);
+        let row = item - i * page;
+        // SAFETY: i < n <= padded, and `slices` holds 3 * padded i32.
+        let (start, from, len) = unsafe {
+            let p = a.padded as usize;
+            (
+                *a.slices.add(i as usize),
+                *a.slices.add(p + i as usize),
+                *a.slices.add(2 * p + i as usize),
+            )
+        };
+        match index::check_slice(start, from, len, a.page_size, a.num_slots, a.num_tokens) {
+            SliceCheck::Padding => {}
+            SliceCheck::Invalid => {
+                if row == 0 {
+                    // SAFETY: see count_error.
+                    unsafe { count_error(a.errors, err::BAD_SLICE) };
+                }
+            }
+            SliceCheck::Valid => {
+                if row < len as u64 {
+                    // SAFETY: a valid slice's rows lie in the source, whose `num_tokens` rows
+                    // the list covers; atomics make a row named twice sound.
+                    let claimed = unsafe {
+                        AtomicI32::from_ptr(list.add(from as usize + row as usize))
+                            .compare_exchange(
+                                -1,
+                                start + row as i32,
+                                Ordering::Relaxed,
+                                Ordering::Relaxed,
+                            )
+                            .is_ok()
+                    };
+                    if !claimed {
+                        // SAFETY: see count_error.
+                        unsafe { count_error(a.errors, err::BAD_SLICE) };
                     }
                 }
             }

@@ -11,15 +11,12 @@ use std::cell::Cell;
 use std::hint::black_box;
 use std::time::Instant;
 
-use kvio_kernels::args::{CopyArgs, SliceArgs, SlotArgs, TileArgs};
-
 use crate::alloc::MemoryKind;
 use crate::blocks::{self, Backend, BlockCopy, BlockMap, BlockPool};
-use crate::driver::Params;
 use crate::launch::GridCap;
 use crate::layout::{PagedLayout, TokenLayout};
 use crate::mem::{DeviceBytes, DeviceBytesMut};
-use crate::plan::{Kernel, Plan, Target};
+use crate::plan::{Plan, Target};
 use crate::write::{plan as write_plan, Fp8, MlaUpdate, Quantize, Scale, SliceUpdate};
 use crate::write::{SlotMapping, SlotUpdate, SrcType};
 
@@ -90,17 +87,13 @@ fn bytes_mut(ptr: u64, len: usize) -> DeviceBytesMut<'static> {
 fn pack(plan: &Plan<'_>) -> usize {
     match plan {
         Plan::Kernel { launch, .. } => {
-            let p = match &launch.kernel {
-                Kernel::Slots(a) => Params::new(&a.to_words(), &SlotArgs::SIZES),
-                Kernel::Tiles(a) => Params::new(&a.to_words(), &TileArgs::SIZES),
-                Kernel::Slices(a) => Params::new(&a.to_words(), &SliceArgs::SIZES),
-                Kernel::Copy(a)
-                | Kernel::Transfer(a)
-                | Kernel::TransferTma(a)
-                | Kernel::Convert(a) => Params::new(&a.to_words(), &CopyArgs::SIZES),
-            };
-            black_box(&p);
+            black_box(&launch.kernel.params());
             1
+        }
+        Plan::Expand { expand, update, .. } => {
+            black_box(&expand.kernel.params());
+            black_box(&update.map(|u| u.kernel.params()));
+            1 + update.is_some() as usize
         }
         Plan::Dma(spans) => spans.len(),
         Plan::Nothing => 0,

@@ -19,6 +19,7 @@ pub use lists::{
 };
 
 use crate::alloc::MemoryKind;
+use crate::driver::Params;
 use crate::inline::InlineVec;
 use crate::launch::GridCap;
 
@@ -41,6 +42,16 @@ pub(crate) enum Plan<'a> {
         /// A second launch after it, reading the same upload (V's part of a block copy
         /// between pools whose parts are laid out differently).
         then: Option<Launch>,
+    },
+    /// A slice update through a slot list: the runner takes `tokens` i32 of scratch, sets
+    /// them to -1, and points both launches at them ([`Kernel::with_list`]).
+    Expand {
+        /// `kvio_slices_to_slots` (the slices into the list).
+        expand: Launch,
+        /// The slot update reading the list (`None`: no token to write).
+        update: Option<Launch>,
+        /// Entries of the list (the source's rows).
+        tokens: usize,
     },
 }
 
@@ -99,6 +110,8 @@ pub(crate) enum Kernel {
     Tiles(TileArgs),
     /// `kvio_update_slices`.
     Slices(SliceArgs),
+    /// `kvio_slices_to_slots` (a slice table into a slot list).
+    Expand(SliceArgs),
     /// `kvio_copy_blocks` (device-side block copies).
     Copy(CopyArgs),
     /// `kvio_transfer_blocks` (block copies touching host memory, 512-thread CTAs).
@@ -118,7 +131,7 @@ impl Kernel {
     pub(crate) fn writes(&self) -> bool {
         matches!(
             self,
-            Kernel::Slots(_) | Kernel::Tiles(_) | Kernel::Slices(_)
+            Kernel::Slots(_) | Kernel::Tiles(_) | Kernel::Slices(_) | Kernel::Expand(_)
         )
     }
 
@@ -146,12 +159,44 @@ impl Kernel {
         }
     }
 
+    /// The same launch reading (a slot update) or writing (`kvio_slices_to_slots`) its slot
+    /// list at `list` (other kernels are returned unchanged).
+    pub(crate) fn with_list(self, list: u64) -> Kernel {
+        match self {
+            Kernel::Slots(a) => Kernel::Slots(SlotArgs {
+                slots: list as *const u8,
+                ..a
+            }),
+            Kernel::Tiles(a) => Kernel::Tiles(TileArgs {
+                slots: list as *const u8,
+                ..a
+            }),
+            Kernel::Expand(a) => Kernel::Expand(SliceArgs {
+                dst: list as *mut u8,
+                ..a
+            }),
+            k => k,
+        }
+    }
+
+    /// The launch parameters of this kernel's argument struct.
+    pub(crate) fn params(&self) -> Params {
+        match self {
+            Kernel::Slots(a) => Params::new(&a.to_words(), &SlotArgs::SIZES),
+            Kernel::Tiles(a) => Params::new(&a.to_words(), &TileArgs::SIZES),
+            Kernel::Slices(a) | Kernel::Expand(a) => Params::new(&a.to_words(), &SliceArgs::SIZES),
+            Kernel::Copy(a) | Kernel::Transfer(a) | Kernel::TransferTma(a) | Kernel::Convert(a) => {
+                Params::new(&a.to_words(), &CopyArgs::SIZES)
+            }
+        }
+    }
+
     /// log2 of the lanes per work item (the group size every entry point is launched with).
     pub(crate) fn shift(&self) -> u32 {
         match self {
             Kernel::Slots(a) => a.shift,
             Kernel::Tiles(a) => a.shift,
-            Kernel::Slices(a) => a.shift,
+            Kernel::Slices(a) | Kernel::Expand(a) => a.shift,
             Kernel::Copy(a) | Kernel::Transfer(a) | Kernel::TransferTma(a) | Kernel::Convert(a) => {
                 a.shift
             }

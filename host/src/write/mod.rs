@@ -401,6 +401,17 @@ impl<'a> MlaUpdate<'a> {
 /// graph with another count). A slice has `0 < len ≤ block_size` and stays inside one page;
 /// `len == 0` is padding.
 ///
+/// Any cache layout, converting on the way: with [`SliceUpdate::value`] the same slices also
+/// write V rows into a value cache (vLLM's v0 caches: [`PagedLayout::v0_key`] as `layout`
+/// and [`SliceUpdate::value_layout`] with [`PagedLayout::v0_value`]), and with
+/// [`SliceUpdate::quantize`] the rows are quantized to fp8 as in a slot update (per-head
+/// scales count the layout's heads: for TPU rows that mix K and V heads, one scale per row
+/// head). Rows copied as they are into a cache whose rows are contiguous (the TPU layout,
+/// NHD) take one launch of `kvio_update_slices`; every other update turns the slices into a
+/// slot list on the device first (kvio's scratch memory, so the device needs memory pools:
+/// a typed error otherwise) and runs the slot update ([`Kvio::update_slots`]) over it: there
+/// a source row that two slices name is written once and counted as a bad slice.
+///
 /// Run here through the CPU emulation on host memory; on a GPU the same value goes to
 /// [`Kvio::update_slices`] with device memory.
 ///
@@ -424,6 +435,9 @@ impl<'a> MlaUpdate<'a> {
 ///         padded: 4,
 ///         num_slices: DeviceBytes::from_raw(count.as_ptr() as u64, 4),
 ///         errors: None,
+///         value: None,
+///         value_layout: None,
+///         quantize: None,
 ///     }
 /// };
 /// // SAFETY: every view is live host memory of its length.
@@ -449,6 +463,14 @@ pub struct SliceUpdate<'a> {
     pub num_slices: DeviceBytes<'a>,
     /// Where to count refused slices and counts (`None`: skipped, not counted).
     pub errors: Option<&'a DeviceErrors>,
+    /// New values (laid out as `input`) and the value cache, written through the same slices
+    /// (`None`: `new_kv` only).
+    pub value: Option<CacheWrite<'a>>,
+    /// Layout of the value cache where it differs from `layout` (vLLM's v0 value cache);
+    /// `None`: as `layout`.
+    pub value_layout: Option<PagedLayout>,
+    /// fp8 quantize-on-write (`None`: the bytes are copied as they are).
+    pub quantize: Option<Quantize<'a>>,
 }
 
 impl<'a> SliceUpdate<'a> {
@@ -472,6 +494,9 @@ impl<'a> SliceUpdate<'a> {
             padded,
             num_slices,
             errors: None,
+            value: None,
+            value_layout: None,
+            quantize: None,
         }
     }
 
@@ -479,6 +504,59 @@ impl<'a> SliceUpdate<'a> {
     pub fn errors(self, errors: &'a DeviceErrors) -> Self {
         SliceUpdate {
             errors: Some(errors),
+            ..self
+        }
+    }
+
+    /// Also writes `value` (laid out as `new_kv`) through the same slices into `value_cache`
+    /// (laid out as the cache, or as [`SliceUpdate::value_layout`]).
+    pub fn value(self, value: DeviceBytes<'a>, value_cache: DeviceBytesMut<'a>) -> Self {
+        SliceUpdate {
+            value: Some(CacheWrite {
+                src: value,
+                dst: value_cache,
+            }),
+            ..self
+        }
+    }
+
+    /// Lays the value cache out as `layout` (vLLM's v0 value cache:
+    /// [`PagedLayout::v0_value`]).
+    ///
+    /// ```
+    /// use kvio::{DeviceBytes, DeviceBytesMut, PagedLayout, SliceUpdate, TokenLayout};
+    /// // Slices of new K and V tokens into mistral.rs / candle-vllm v0 caches (bf16).
+    /// let (t, h, d, nb, bs) = (64, 8, 128, 64, 16);
+    /// let len = nb * bs * h * d * 2;
+    /// // SAFETY: descriptions only.
+    /// let [k, v, table, count] = [0x1000u64, 0x4_0000, 0x8_0000, 0x9_0000]
+    ///     .map(|p| unsafe { DeviceBytes::from_raw(p, 1 << 16) });
+    /// let [kc, vc] = [1u64 << 32, 2 << 32].map(|p| unsafe { DeviceBytesMut::from_raw(p, len) });
+    /// let op = SliceUpdate::new(
+    ///     k,
+    ///     TokenLayout::contiguous(t, h, d, 2),
+    ///     kc,
+    ///     PagedLayout::v0_key(nb, bs, h, d, 2),
+    ///     table,
+    ///     16,
+    ///     count,
+    /// )
+    /// .value(v, vc)
+    /// .value_layout(PagedLayout::v0_value(nb, bs, h, d, 2));
+    /// assert!(op.value.is_some());
+    /// ```
+    pub fn value_layout(self, layout: PagedLayout) -> Self {
+        SliceUpdate {
+            value_layout: Some(layout),
+            ..self
+        }
+    }
+
+    /// Quantizes the rows to fp8 on the way into the caches (see [`Quantize`]; V's scale
+    /// given exactly when the update writes V).
+    pub fn quantize(self, quantize: Quantize<'a>) -> Self {
+        SliceUpdate {
+            quantize: Some(quantize),
             ..self
         }
     }

@@ -6,13 +6,16 @@ use kvio_kernels::ops::{PAGE_TOKENS, PAGE_UNITS};
 
 use kvio_kernels::convert;
 
-use super::{Fp8, MlaUpdate, Quantize, Scale, SliceUpdate, SlotMapping, SlotUpdate, SrcType};
+use super::{
+    CacheWrite, Fp8, MlaUpdate, Quantize, Scale, SliceUpdate, SlotMapping, SlotUpdate, SrcType,
+};
 use crate::error::{invalid, Error, Result};
 use crate::error_word::DeviceErrors;
 use crate::launch::{
     cta_threads, grid_for, BLOCK_THREADS, PAGE_THREADS, PER_LANE, SMALL_CTA_THREADS, STAGED_THREADS,
 };
 use crate::layout::{chunks_disjoint, PagedLayout, TokenLayout};
+use crate::mem::DeviceBytes;
 use crate::plan::{Kernel, Launch, Plan, Target};
 
 fn fits(name: &'static str, needed: u64, len: usize) -> Result<()> {
@@ -688,50 +691,27 @@ fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<P
 /// Bytes of rows one work item of the slice update copies (at most).
 const SLICE_ITEM_BYTES: usize = 8192;
 
-/// Validates a slice update into one launch of `kvio_update_slices` (the slice count lives on
-/// the device, so there is always a launch).
+/// Validates a slice update: rows copied as they are into a cache of contiguous rows are one
+/// launch of `kvio_update_slices`; every other update goes [`through_slots`]. The slice count
+/// lives on the device, so there is always a launch.
 pub(crate) fn slices<'a>(op: &SliceUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
+    let (l, i) = (&op.layout, &op.input);
+    slice_table(op)?;
+    let rows = |heads: usize, stride: usize, dim: usize| heads == 1 || stride == dim;
+    if op.value.is_some()
+        || op.value_layout.is_some()
+        || op.quantize.is_some()
+        || l.is_pieced()
+        || !rows(l.num_heads, l.head_stride, l.head_dim)
+        || !rows(i.num_heads, i.head_stride, i.head_dim)
+    {
+        return through_slots(op, target);
+    }
     let src_ext = op.input.extent("input")?;
     let dst_ext = op.layout.extent("layout")?;
-    op.layout.contiguous_heads("layout")?;
     same_shape(&op.input, &op.layout, None)?;
     fits("new_kv", src_ext, op.new_kv.len())?;
     fits("cache", dst_ext, op.cache.len())?;
-    let (l, i) = (&op.layout, &op.input);
-    if !(l.num_heads == 1 || l.head_stride == l.head_dim)
-        || !(i.num_heads == 1 || i.head_stride == i.head_dim)
-    {
-        return Err(invalid(
-            "layout",
-            (l.head_stride, i.head_stride),
-            "slice update needs each token's heads contiguous",
-        ));
-    }
-    if l.block_size > i32::MAX as usize {
-        return Err(invalid(
-            "layout.block_size",
-            l.block_size,
-            "must fit in i32",
-        ));
-    }
-    if op.padded > i32::MAX as usize {
-        return Err(invalid("padded", op.padded, "must fit in i32"));
-    }
-    let table = (op.padded as u64)
-        .checked_mul(12)
-        .ok_or(Error::Overflow { name: "slices" })?;
-    fits("slices", table, op.slices.len())?;
-    fits("num_slices", 4, op.num_slices.len())?;
-    if !op.slices.ptr().is_multiple_of(4) {
-        return Err(invalid("slices", op.slices.ptr(), "must be 4-byte aligned"));
-    }
-    if !op.num_slices.ptr().is_multiple_of(4) {
-        return Err(invalid(
-            "num_slices",
-            op.num_slices.ptr(),
-            "must be 4-byte aligned",
-        ));
-    }
     let row = l.num_heads * l.chunk_bytes();
     let e = l.elem_bytes;
     let merge = i.token_stride * e == row && l.token_stride * e == row;
@@ -784,6 +764,127 @@ pub(crate) fn slices<'a>(op: &SliceUpdate<'_>, target: &Target<'_>) -> Result<Pl
             threads: BLOCK_THREADS,
         },
     })
+}
+
+/// Where a slice update's slot list is planned ([`through_slots`]): an address aligned as
+/// kvio's scratch memory is, never dereferenced (the runner and the emulator point the
+/// launches at the real list first).
+const LIST_STAND_IN: u64 = 1 << 40;
+
+/// A slice update through a slot list: `kvio_slices_to_slots` turns the table into one `i32`
+/// slot per source row (-1 where no slice names it), then the slot update planned by
+/// [`slots`] (any layout, V with its own layout, fp8) writes the rows. Everything the slot
+/// update checks is checked here, before anything runs.
+fn through_slots<'a>(op: &SliceUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
+    if !target.scratch {
+        return Err(invalid(
+            "layout",
+            "slot list",
+            "this device has no memory pools: slice updates of this layout need one for \
+             their slot list",
+        ));
+    }
+    let l = &op.layout;
+    if l.num_slots() > 1 << 31 {
+        return Err(invalid(
+            "layout",
+            l.num_slots(),
+            "more slots than the slot list's i32 can name",
+        ));
+    }
+    let tokens = op.input.num_tokens;
+    let bytes = tokens
+        .checked_mul(4)
+        .ok_or(Error::Overflow { name: "input" })?;
+    // SAFETY: a description, never dereferenced: the plan's launches are pointed at the real
+    // list (`Kernel::with_list`) before they run.
+    let list = unsafe { DeviceBytes::from_raw(LIST_STAND_IN, bytes) };
+    let slot_op = SlotUpdate {
+        key: CacheWrite {
+            src: op.new_kv,
+            dst: op.cache,
+        },
+        value: op.value,
+        input: op.input,
+        cache: op.layout,
+        value_layout: op.value_layout,
+        slots: SlotMapping::I32(list),
+        errors: op.errors,
+        quantize: op.quantize,
+    };
+    let update = match slots(&slot_op, target)? {
+        Plan::Kernel {
+            upload: None,
+            launch,
+            then: None,
+        } => Some(launch),
+        other => {
+            // A slot update is one launch, or nothing without a token.
+            debug_assert!(matches!(other, Plan::Nothing));
+            None
+        }
+    };
+    let args = SliceArgs {
+        src: core::ptr::null(),
+        src_row_stride: 0,
+        dst: LIST_STAND_IN as *mut u8,
+        dst_page_stride: 0,
+        dst_row_stride: 0,
+        row_bytes: 0,
+        num_slots: l.num_slots() as u64,
+        num_tokens: tokens as u64,
+        page_size: l.block_size as u32,
+        slices: op.slices.ptr() as *const i32,
+        padded: op.padded as u32,
+        num_slices: op.num_slices.ptr() as *const i32,
+        rows_per_item: 1,
+        merge: 0,
+        width: 4,
+        shift: 0,
+        errors: err_ptr(op.errors) as *mut u32,
+    };
+    let items = (op.padded as u64) * l.block_size as u64;
+    Ok(Plan::Expand {
+        expand: Launch {
+            kernel: Kernel::Expand(args),
+            grid: grid_for(items, BLOCK_THREADS, 0, target.caps.expand),
+            threads: BLOCK_THREADS,
+        },
+        update,
+        tokens,
+    })
+}
+
+/// The checks of a slice table's description (the table and the count are read on the
+/// device): capacity, lengths, alignment, and page and table sizes that fit the kernels' i32.
+fn slice_table(op: &SliceUpdate<'_>) -> Result<()> {
+    let l = &op.layout;
+    if l.block_size > i32::MAX as usize {
+        return Err(invalid(
+            "layout.block_size",
+            l.block_size,
+            "must fit in i32",
+        ));
+    }
+    if op.padded > i32::MAX as usize {
+        return Err(invalid("padded", op.padded, "must fit in i32"));
+    }
+    let table = (op.padded as u64)
+        .checked_mul(12)
+        .ok_or(Error::Overflow { name: "slices" })?;
+    fits("slices", table, op.slices.len())?;
+    fits("num_slices", 4, op.num_slices.len())?;
+    if !op.slices.ptr().is_multiple_of(4) {
+        return Err(invalid("slices", op.slices.ptr(), "must be 4-byte aligned"));
+    }
+    if !op.num_slices.ptr().is_multiple_of(4) {
+        return Err(invalid(
+            "num_slices",
+            op.num_slices.ptr(),
+            "must be 4-byte aligned",
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -1067,6 +1168,9 @@ mod tests {
             padded,
             num_slices: bytes(0x3000_0000, 4),
             errors: None,
+            value: None,
+            value_layout: None,
+            quantize: None,
         }
     }
 
@@ -1085,14 +1189,112 @@ mod tests {
             Err(Error::BufferTooSmall { name: "slices", .. })
         ));
         let mut bad = op;
-        bad.layout = PagedLayout::hnd(8, 16, 16, 128, 2);
-        assert!(matches!(
-            plan_slices(&bad, 1),
-            Err(Error::InvalidArgument { name: "layout", .. })
-        ));
-        let mut bad = op;
         bad.num_slices = bytes(0x3000_0002, 4);
         assert!(plan_slices(&bad, 1).is_err());
+        // Heads apart: through a slot list, which needs memory pools.
+        let mut hnd = op;
+        hnd.layout = PagedLayout::hnd(8, 16, 16, 128, 2);
+        assert!(matches!(
+            slices(&hnd, &target(1)),
+            Err(Error::InvalidArgument { name: "layout", .. })
+        ));
+    }
+
+    /// The expansion and the slot update of a slice update through a slot list.
+    fn plan_expand(op: &SliceUpdate<'_>) -> Result<(SliceArgs, u32, Option<Kernel>, usize)> {
+        let t = Target {
+            scratch: true,
+            ..target(132)
+        };
+        match slices(op, &t)? {
+            Plan::Expand {
+                expand:
+                    Launch {
+                        kernel: Kernel::Expand(a),
+                        grid,
+                        threads: BLOCK_THREADS,
+                    },
+                update,
+                tokens,
+            } => Ok((a, grid, update.map(|u| u.kernel), tokens)),
+            other => panic!("not an expanding plan: {other:?}"),
+        }
+    }
+
+    /// Layouts the row copy does not write, V, and fp8 go through a slot list: the expansion
+    /// covers every (slice, row of a page) item and the source's rows, the slot update reads
+    /// the list as i32 slots of every token, with the cache's own kernel (tiles for v0, the
+    /// converting slot update for fp8).
+    #[test]
+    fn slices_of_other_layouts_go_through_a_slot_list() {
+        let (h, d, t, padded) = (4, 128, 100, 20);
+        let mut hnd = slice_op(PagedLayout::hnd(8, 16, h, d, 2), t, padded);
+        hnd.errors = None;
+        let (a, grid, update, tokens) = plan_expand(&hnd).unwrap();
+        assert_eq!((a.num_tokens, a.num_slots, a.page_size), (100, 128, 16));
+        assert_eq!((a.padded, a.shift, tokens), (20, 0, 100));
+        assert_eq!(grid, (20 * 16u32).div_ceil(BLOCK_THREADS));
+        let Some(Kernel::Slots(s)) = update else {
+            panic!("HND: {update:?}")
+        };
+        assert_eq!(
+            (s.slots as u64, s.slot_is_i64, s.num_tokens),
+            (LIST_STAND_IN, 0, 100)
+        );
+
+        // v0 K and V (two parts, their own layouts): the tiled update.
+        let mut v0 = slice_op(PagedLayout::v0_key(8, 16, h, d, 2), t, padded);
+        v0.value = Some(CacheWrite {
+            src: bytes(0x5000_0000, t * h * d * 2),
+            dst: bytes_mut(0x6000_0000, 8 * 16 * h * d * 2),
+        });
+        v0.value_layout = Some(PagedLayout::v0_value(8, 16, h, d, 2));
+        let (_, _, update, _) = plan_expand(&v0).unwrap();
+        let Some(Kernel::Tiles(s)) = update else {
+            panic!("v0: {update:?}")
+        };
+        assert!(!s.src_v.is_null() && s.slots as u64 == LIST_STAND_IN);
+        // A v0 slice update is refused where a v0 slot update is (D not a multiple of 8).
+        let odd = slice_op(PagedLayout::v0_key(8, 16, h, 12, 4), t, padded);
+        assert!(matches!(
+            plan_expand(&odd),
+            Err(Error::InvalidArgument { name: "cache", .. })
+        ));
+
+        // fp8 into the TPU layout (K and V heads in one row): the converting slot update.
+        let mut q = slice_op(PagedLayout::nhd(8, 16, 2 * h, d, 1), t, padded);
+        q.input = TokenLayout::contiguous(t, 2 * h, d, 2);
+        q.new_kv = bytes(0x1000_0000, t * 2 * h * d * 2);
+        let scale = bytes(0x7000_0000, 4 * 2 * h);
+        q.quantize = Some(Quantize::new(
+            SrcType::Bf16,
+            Fp8::E4m3,
+            Scale::PerHead(scale),
+        ));
+        let (_, _, update, _) = plan_expand(&q).unwrap();
+        let Some(Kernel::Slots(s)) = update else {
+            panic!("fp8: {update:?}")
+        };
+        assert!(s.converts() && s.scale_per_head == 1);
+        // V's scale without V, and per-head scales of the wrong length, are refused.
+        let mut bad = q;
+        bad.quantize = Some(
+            Quantize::new(SrcType::Bf16, Fp8::E4m3, Scale::PerHead(scale))
+                .value_scale(Scale::PerHead(scale)),
+        );
+        assert!(plan_expand(&bad).is_err());
+        let mut bad = q;
+        bad.quantize = Some(Quantize::new(
+            SrcType::Bf16,
+            Fp8::E4m3,
+            Scale::PerHead(bytes(0x7000_0000, 4 * h)),
+        ));
+        assert!(plan_expand(&bad).is_err());
+        // No token: the expansion still runs (it counts bad slices and counts).
+        let mut none = hnd;
+        none.input.num_tokens = 0;
+        let (_, _, update, tokens) = plan_expand(&none).unwrap();
+        assert!(update.is_none() && tokens == 0);
     }
 
     #[test]
