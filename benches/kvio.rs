@@ -1387,7 +1387,10 @@ fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream,
             let mut fp8_cache = Mem::new(false, fp8_layout.extent("l").unwrap() as usize);
             fp8_cache.fill(&random_bytes(fp8_cache.bytes().len(), 7));
             let scale = upload(&[0.75f32]);
+            // Activation-like bf16 values, as the fp8 group quantizes.
+            let acts = upload(&activations(src.len() / 2, 8));
             let q = SliceUpdate {
+                new_kv: DeviceBytes::of(&acts),
                 cache: fp8_cache.bytes_mut(),
                 layout: fp8_layout,
                 quantize: Some(kvio::Quantize::new(
@@ -1409,6 +1412,28 @@ fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream,
                 || {
                     g.kv.update_slices(&q, StreamRef::from(stream))
                         .expect("update_slices fp8")
+                },
+            );
+            let slots_dev = upload(&slots);
+            let q_slots = SlotUpdate::new(
+                q.new_kv,
+                input,
+                q.cache,
+                fp8_layout,
+                SlotMapping::I64(DeviceBytes::of(&slots_dev)),
+            )
+            .quantize(q.quantize.unwrap());
+            measure(
+                &mut grp,
+                rec,
+                name,
+                param,
+                "kvio-fp8-slots",
+                fp8_bytes,
+                stream,
+                || {
+                    g.kv.update_slots(&q_slots, StreamRef::from(stream))
+                        .expect("update_slots fp8")
                 },
             );
         }

@@ -517,8 +517,9 @@ fn v0_arguments_are_checked() {
             ),
         }
     }
-    // Slice updates and block pools refuse layouts with pieces.
-    let layout = PagedLayout::v0_value(8, 16, h, 64, 2);
+    // Slice updates into v0 caches check them as slot updates do: a value layout without
+    // values, and one of another shape, are refused before anything runs.
+    let layout = PagedLayout::v0_key(8, 16, h, 64, 2);
     // SAFETY: descriptions only.
     let (src, dst, table, count) = unsafe {
         (
@@ -537,12 +538,24 @@ fn v0_arguments_are_checked() {
         4,
         count,
     );
-    // SAFETY: rejected before anything is read.
-    let r = unsafe { kvio::emulate::update_slices(&op) };
-    assert!(
-        matches!(r, Err(Error::InvalidArgument { name: "layout", .. })),
-        "{r:?}"
-    );
+    let no_values = op.value_layout(PagedLayout::v0_value(8, 16, h, 64, 2));
+    let other_shape = op
+        .value(src, dst)
+        .value_layout(PagedLayout::v0_value(9, 16, h, 64, 2));
+    for op in [no_values, other_shape] {
+        // SAFETY: rejected before anything is read.
+        let r = unsafe { kvio::emulate::update_slices(&op) };
+        assert!(
+            matches!(
+                r,
+                Err(Error::InvalidArgument {
+                    name: "value_layout",
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+    }
 }
 
 // ---- Block copies of v0 pools ----------------------------------------------------------------

@@ -1326,7 +1326,7 @@ enum SliceMutation {
     CountShort,
     TableMisaligned,
     CountMisaligned,
-    HeadsSplit,
+    ValueLayoutAlone,
     ShapeMismatch,
     PaddedHuge,
     LayoutElem3,
@@ -1342,7 +1342,7 @@ fn slice_mutation() -> impl Strategy<Value = SliceMutation> {
         CountShort,
         TableMisaligned,
         CountMisaligned,
-        HeadsSplit,
+        ValueLayoutAlone,
         ShapeMismatch,
         PaddedHuge,
         LayoutElem3,
@@ -1559,10 +1559,14 @@ fn run_slice_case(c: &SliceCase, x: &Exec) {
                 op.num_slices = count_buf.view(1 + (c.seed % 3) as usize, 4);
                 Reject::Invalid("num_slices")
             }
-            // (With one slot per page, HND is NHD.)
-            HeadsSplit if s.heads > 1 && s.bs > 1 && matches!(c.cache, SliceCache::Nhd) => {
-                op.layout = PagedLayout::hnd(s.blocks, s.bs, s.heads, s.dim, s.elem);
-                Reject::Invalid("layout")
+            // A value layout (of another order) without values: the slot list's update refuses
+            // it, before the expansion runs.
+            ValueLayoutAlone => {
+                let mut other = PagedLayout::hnd(s.blocks, s.bs, s.heads, s.dim, s.elem);
+                other.token_stride += 1;
+                other.head_stride += 1;
+                op.value_layout = Some(other);
+                Reject::Invalid("value_layout")
             }
             ShapeMismatch => {
                 op.input.head_dim += 1;

@@ -296,7 +296,7 @@ impl PagedLayout {
             return Err(invalid(
                 name,
                 (self.piece_elems, self.head_dim),
-                "head vectors split into pieces (v0 layout) are written by slot updates only",
+                "head vectors split into pieces (v0 layout) are written by slot and slice updates only",
             ));
         }
         Ok(())

@@ -28,6 +28,7 @@ pub const KERNELS: &[&str] = &[
     "kvio_update_tiles_staged",
     "kvio_update_pages",
     "kvio_update_slices",
+    "kvio_slices_to_slots",
     "kvio_copy_blocks",
     "kvio_transfer_blocks",
     "kvio_transfer_blocks_tma",

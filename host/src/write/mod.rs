@@ -447,13 +447,14 @@ impl<'a> MlaUpdate<'a> {
 /// ```
 #[derive(Clone, Copy, Debug)]
 pub struct SliceUpdate<'a> {
-    /// New K/V rows, `[T, H', D]` (each token's heads contiguous).
+    /// New rows, `[T, H', D]` as `input` describes (the TPU layout: K and V heads of a token
+    /// in one row; with [`SliceUpdate::value`], the keys).
     pub new_kv: DeviceBytes<'a>,
     /// Layout of `new_kv`.
     pub input: TokenLayout,
     /// The cache, written in place.
     pub cache: DeviceBytesMut<'a>,
-    /// Layout of the cache (each slot's heads contiguous; page = block).
+    /// Layout of the cache (page = block): any layout; contiguous rows take the row copy.
     pub layout: PagedLayout,
     /// `[3, padded]` `i32` slice table on the device.
     pub slices: DeviceBytes<'a>,
