@@ -287,6 +287,20 @@ fn update_slots_calls() {
 /// 10,000 slice updates (one refused slice each: counted every launch).
 #[test]
 fn update_slices_calls() {
+    slices_calls(PagedLayout::nhd(NB, BS, H, D, E), "update_slices");
+}
+
+/// 10,000 slice updates into HND caches, through a slot list in kvio's scratch memory each
+/// (taken and given back on the stream every call).
+#[test]
+fn update_slices_through_slot_list_calls() {
+    slices_calls(
+        PagedLayout::hnd(NB, BS, H, D, E),
+        "update_slices (slot list)",
+    );
+}
+
+fn slices_calls(layout: PagedLayout, what: &str) {
     let Some(g) = gpu("leaks") else { return };
     let _serial = serial();
     let stream = g.stream();
@@ -294,7 +308,7 @@ fn update_slices_calls() {
     let input = TokenLayout::contiguous(T, H, D, E);
     let src_h = random_bytes(input.extent("input").unwrap() as usize, 5);
     let src = upload(&src_h);
-    let mut c = cache(PagedLayout::nhd(NB, BS, H, D, E), 6);
+    let mut c = cache(layout, 6);
     let slots: Vec<i64> = (0..T as i64).map(|i| 3 * BS as i64 + 5 + i).collect();
     let mut slices = slots_to_slices(&slots, BS).unwrap();
     slices.push(Slice {
@@ -320,7 +334,7 @@ fn update_slices_calls() {
         quantize: None,
     };
     let n = calls();
-    no_growth("update_slices", n, |_| {
+    no_growth(what, n, |_| {
         g.kv.update_slices(&op, sref).unwrap();
     });
     let mut want = c.init.clone();
@@ -334,7 +348,7 @@ fn update_slices_calls() {
         &all,
         slices.len() as i32,
     );
-    assert_same("slices", &download(&c.dev, &stream), &want);
+    assert_same(what, &download(&c.dev, &stream), &want);
     let counts = errors.read(sref).unwrap();
     assert_eq!(
         counts.bad_slices as usize,

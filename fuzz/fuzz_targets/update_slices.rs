@@ -144,29 +144,25 @@ fn run(u: &mut Unstructured) -> Result<()> {
         .collect();
     let count = i32::from_ne_bytes(before.3[..4].try_into().unwrap());
     if count >= 0 && (count as usize) <= padded {
-        let mut ranges: Vec<(i64, i64)> = listed[..count as usize]
-            .iter()
-            .filter(|s| slice_copied(s, bs, num_slots, tokens))
-            .map(|s| (s.cache_start as i64, s.cache_start as i64 + s.len as i64))
-            .collect();
-        ranges.sort_unstable();
-        if ranges.windows(2).any(|w| w[1].0 < w[0].1) {
+        // Whether two copied slices overlap in the rows `at` names (cache or source).
+        let overlap = |at: fn(&Slice) -> i32| {
+            let mut ranges: Vec<(i64, i64)> = listed[..count as usize]
+                .iter()
+                .filter(|s| slice_copied(s, bs, num_slots, tokens))
+                .map(|s| (at(s) as i64, at(s) as i64 + s.len as i64))
+                .collect();
+            ranges.sort_unstable();
+            ranges.windows(2).any(|w| w[1].0 < w[0].1)
+        };
+        if overlap(|s| s.cache_start) {
             return Ok(()); // two slices write one slot: a race, no defined result
         }
         // Heads apart go through a slot list: a source row named twice is written once.
         let rows = |h: usize, stride: usize, d: usize| h == 1 || stride == d;
-        if !rows(layout.num_heads, layout.head_stride, layout.head_dim)
-            || !rows(input.num_heads, input.head_stride, input.head_dim)
-        {
-            let mut read: Vec<(i64, i64)> = listed[..count as usize]
-                .iter()
-                .filter(|s| slice_copied(s, bs, num_slots, tokens))
-                .map(|s| (s.new_kv_start as i64, s.new_kv_start as i64 + s.len as i64))
-                .collect();
-            read.sort_unstable();
-            if read.windows(2).any(|w| w[1].0 < w[0].1) {
-                return Ok(());
-            }
+        let row_copy = rows(layout.num_heads, layout.head_stride, layout.head_dim)
+            && rows(input.num_heads, input.head_stride, input.head_dim);
+        if !row_copy && overlap(|s| s.new_kv_start) {
+            return Ok(());
         }
     }
     let mut want = before.1.clone();

@@ -1397,6 +1397,40 @@ unsafe fn staged_tile(
     }
 }
 
+/// The device-side slice count of a slice launch, or `None` when it is outside `0..=padded`
+/// (then counted once per launch, by its first lane).
+///
+/// # Safety
+/// `num_slices` points at one i32; `errors` as [`count_error`].
+#[inline(always)]
+unsafe fn slice_count(a: &SliceArgs, g: &Group) -> Option<u32> {
+    // SAFETY: forwarded.
+    let raw = unsafe { *a.num_slices };
+    let n = index::checked_count(raw, a.padded);
+    if n.is_none() && g.first == 0 && g.lane == 0 {
+        // SAFETY: see count_error.
+        unsafe { count_error(a.errors, err::BAD_COUNT) };
+    }
+    n
+}
+
+/// Entry `i` of the `[3, padded]` slice table: (cache start, source start, length).
+///
+/// # Safety
+/// `i < padded`, and `slices` holds `3 * padded` i32.
+#[inline(always)]
+unsafe fn slice_entry(a: &SliceArgs, i: u64) -> (i32, i32, i32) {
+    let (p, i) = (a.padded as usize, i as usize);
+    // SAFETY: forwarded.
+    unsafe {
+        (
+            *a.slices.add(i),
+            *a.slices.add(p + i),
+            *a.slices.add(2 * p + i),
+        )
+    }
+}
+
 /// Slice-based update (vLLM TPU `kv_cache_update` semantics): the first `*num_slices` entries
 /// of the `[3, padded]` table (cache start, source start, length) are copied; a bad count
 /// skips everything (counted once), a bad slice is skipped and counted. Slot `s` lives at
@@ -1407,13 +1441,8 @@ unsafe fn staged_tile(
 /// `3 * padded` entries and `num_slices` one.
 #[inline(always)]
 pub unsafe fn update_slices(a: &SliceArgs, g: Group) {
-    // SAFETY: num_slices points at one i32.
-    let raw = unsafe { *a.num_slices };
-    let Some(n) = index::checked_count(raw, a.padded) else {
-        if g.first == 0 && g.lane == 0 {
-            // SAFETY: see count_error.
-            unsafe { count_error(a.errors, err::BAD_COUNT) };
-        }
+    // SAFETY: forwarded.
+    let Some(n) = (unsafe { slice_count(a, &g) }) else {
         return;
     };
     let per = a.rows_per_item as u64;
@@ -1425,15 +1454,8 @@ pub unsafe fn update_slices(a: &SliceArgs, g: Group) {
         let mut piece = [0u64; 1];
         let i = index::split_n(item, [pieces], &mut piece);
         let piece = piece[0];
-        // SAFETY: i < n <= padded, and `slices` holds 3 * padded i32.
-        let (start, from, len) = unsafe {
-            let p = a.padded as usize;
-            (
-                *a.slices.add(i as usize),
-                *a.slices.add(p + i as usize),
-                *a.slices.add(2 * p + i as usize),
-            )
-        };
+        // SAFETY: i < n <= padded.
+        let (start, from, len) = unsafe { slice_entry(a, i) };
         match index::check_slice(start, from, len, a.page_size, a.num_slots, a.num_tokens) {
             SliceCheck::Padding => {}
             SliceCheck::Invalid => {
@@ -1491,13 +1513,8 @@ pub unsafe fn update_slices(a: &SliceArgs, g: Group) {
 /// As [`update_slices`]; `dst` holds `num_tokens` aligned `i32`.
 #[inline(always)]
 pub unsafe fn slices_to_slots(a: &SliceArgs, g: Group) {
-    // SAFETY: num_slices points at one i32.
-    let raw = unsafe { *a.num_slices };
-    let Some(n) = index::checked_count(raw, a.padded) else {
-        if g.first == 0 && g.lane == 0 {
-            // SAFETY: see count_error.
-            unsafe { count_error(a.errors, err::BAD_COUNT) };
-        }
+    // SAFETY: forwarded.
+    let Some(n) = (unsafe { slice_count(a, &g) }) else {
         return;
     };
     let page = a.page_size as u64;
@@ -1507,15 +1524,8 @@ pub unsafe fn slices_to_slots(a: &SliceArgs, g: Group) {
     while item < items {
         let i = index::div_u64(item, page);
         let row = item - i * page;
-        // SAFETY: i < n <= padded, and `slices` holds 3 * padded i32.
-        let (start, from, len) = unsafe {
-            let p = a.padded as usize;
-            (
-                *a.slices.add(i as usize),
-                *a.slices.add(p + i as usize),
-                *a.slices.add(2 * p + i as usize),
-            )
-        };
+        // SAFETY: i < n <= padded.
+        let (start, from, len) = unsafe { slice_entry(a, i) };
         match index::check_slice(start, from, len, a.page_size, a.num_slots, a.num_tokens) {
             SliceCheck::Padding => {}
             SliceCheck::Invalid => {
