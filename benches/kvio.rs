@@ -1373,6 +1373,7 @@ fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream,
             value: None,
             value_layout: None,
             quantize: None,
+            slot_list: None,
         };
         let bytes = 2 * (t * row) as u64;
         measure(&mut grp, rec, name, param, "kvio", bytes, stream, || {

@@ -332,6 +332,7 @@ fn cudarc_slice_update() {
                     value: None,
                     value_layout: None,
                     quantize: None,
+                    slot_list: None,
                 },
                 kc::stream(s),
             )

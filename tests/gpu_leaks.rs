@@ -332,6 +332,7 @@ fn slices_calls(layout: PagedLayout, what: &str) {
         value: None,
         value_layout: None,
         quantize: None,
+        slot_list: None,
     };
     let n = calls();
     no_growth(what, n, |_| {

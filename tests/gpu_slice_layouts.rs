@@ -57,6 +57,9 @@ struct Case {
     count: i32,
     /// K's cache then V's (V's empty for one-part cases), poisoned.
     poison: Vec<u8>,
+    /// The slot list goes to a buffer of the test's (`SliceUpdate::slot_list`), checked
+    /// afterwards, instead of kvio's scratch.
+    given_list: bool,
 }
 
 /// Real slices over random whole or partial pages in a random order (never two on one page,
@@ -198,6 +201,7 @@ fn case(
         slices,
         count,
         poison: random_bytes(parts * ext, seed ^ 0x0F),
+        given_list: seed % 2 == 1,
     }
 }
 
@@ -216,6 +220,43 @@ impl Case {
 
     fn table(&self) -> Vec<i32> {
         slices_to_table(&self.slices, self.padded()).unwrap()
+    }
+
+    /// Whether the update goes through a slot list: all but rows copied as they are into
+    /// contiguous rows (a v0 key cache whose head is one piece, HND on one-slot pages).
+    fn through_list(&self) -> bool {
+        let l = &self.key_layout;
+        two_parts(self.caches)
+            || matches!(self.format, Format::Quant(..))
+            || l.is_pieced()
+            || !(l.num_heads == 1 || l.head_stride == l.head_dim)
+    }
+
+    /// The slot list the expansion must leave: each valid slice's rows at their slots, -1
+    /// elsewhere (the tables here never name a row twice).
+    fn list(&self) -> Vec<i32> {
+        let (bs, t) = (
+            self.key_layout.block_size as i64,
+            self.input.num_tokens as i64,
+        );
+        let num_slots = self.key_layout.num_slots() as i64;
+        let mut list = vec![-1i32; t as usize];
+        for s in &self.slices[..self.count as usize] {
+            let (start, from, len) = (s.cache_start as i64, s.new_kv_start as i64, s.len as i64);
+            let valid = len > 0
+                && len <= bs
+                && start >= 0
+                && from >= 0
+                && start + len <= num_slots
+                && from + len <= t
+                && start / bs == (start + len - 1) / bs;
+            if valid {
+                for j in 0..len {
+                    list[(from + j) as usize] = (start + j) as i32;
+                }
+            }
+        }
+        list
     }
 
     /// Both caches as the reference computes them (rows quantized first for fp8), and the
@@ -334,7 +375,12 @@ fn emulate(c: &Case) {
     // SAFETY: host memory, exclusively ours for the call.
     let dst = unsafe { DeviceBytesMut::from_raw(caches.as_mut_ptr() as u64, caches.len()) };
     let (table, count) = (c.table(), [c.count]);
-    let op = c.op(
+    // A given list starts as garbage: the call must overwrite all of it.
+    let mut list: Vec<i32> = random_bytes(4 * c.input.num_tokens, 3)
+        .chunks_exact(4)
+        .map(|w| i32::from_le_bytes(w.try_into().unwrap()))
+        .collect();
+    let mut op = c.op(
         host_view(&c.keys),
         host_view(&c.values),
         dst,
@@ -342,9 +388,93 @@ fn emulate(c: &Case) {
         host_view(&count),
         (host_view(&c.scales_k), host_view(&c.scales_v)),
     );
+    if c.given_list {
+        // SAFETY: host memory, exclusively ours for the call.
+        op = op.slot_list(unsafe {
+            DeviceBytesMut::from_raw(list.as_mut_ptr() as u64, 4 * list.len())
+        });
+    }
     // SAFETY: every view is live host memory of its length.
     unsafe { kvio::emulate::update_slices(&op) }.unwrap_or_else(|e| panic!("{}: {e}", c.name));
     assert_same(&c.name, &caches, &c.expected().0);
+    if c.given_list && c.through_list() {
+        assert_eq!(list, c.list(), "{}: slot list", c.name);
+    }
+}
+
+/// A given slot list shorter than the source's rows, or misaligned, is refused before
+/// anything runs, and so is a list past the emulation's scratch; without one, a device
+/// without memory pools is refused too (plan test).
+#[test]
+fn slot_lists_are_checked() {
+    let c = case(Format::Copy(2), Caches::V0, 16, 2, 64, 40, 3);
+    let (table, count) = (c.table(), [c.count]);
+    let mut caches = c.poison.clone();
+    let mut list = vec![0i32; 41];
+    for (at, len, what) in [(0, 39 * 4, "short"), (1, 40 * 4, "misaligned")] {
+        // SAFETY: host memory, exclusively ours; refused before anything is read or written.
+        let (dst, l) = unsafe {
+            (
+                DeviceBytesMut::from_raw(caches.as_mut_ptr() as u64, caches.len()),
+                DeviceBytesMut::from_raw(list.as_mut_ptr() as u64 + at, len),
+            )
+        };
+        let op = c
+            .op(
+                host_view(&c.keys),
+                host_view(&c.values),
+                dst,
+                host_view(&table),
+                host_view(&count),
+                (host_view(&c.scales_k), host_view(&c.scales_v)),
+            )
+            .slot_list(l);
+        // SAFETY: as above.
+        let r = unsafe { kvio::emulate::update_slices(&op) };
+        assert!(
+            matches!(
+                r,
+                Err(kvio::Error::BufferTooSmall {
+                    name: "slot_list",
+                    ..
+                }) | Err(kvio::Error::InvalidArgument {
+                    name: "slot_list",
+                    ..
+                })
+            ),
+            "{what}: {r:?}"
+        );
+    }
+    assert_same("refused", &caches, &c.poison);
+    // The emulation's scratch holds lists of up to 1 Mi rows (every row the same one here).
+    let mut input = c.input;
+    input.num_tokens = kvio::emulate::SCRATCH_LIST_BYTES / 4 + 1;
+    input.token_stride = 0;
+    // SAFETY: host memory, exclusively ours; refused before anything is read or written.
+    let dst = unsafe { DeviceBytesMut::from_raw(caches.as_mut_ptr() as u64, caches.len()) };
+    let op = SliceUpdate {
+        input,
+        ..c.op(
+            host_view(&c.keys),
+            host_view(&c.values),
+            dst,
+            host_view(&table),
+            host_view(&count),
+            (host_view(&c.scales_k), host_view(&c.scales_v)),
+        )
+    };
+    // SAFETY: as above.
+    let r = unsafe { kvio::emulate::update_slices(&op) };
+    assert!(
+        matches!(
+            r,
+            Err(kvio::Error::InvalidArgument {
+                name: "slot_list",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
 }
 
 #[test]
@@ -387,6 +517,7 @@ proptest::proptest! {
 
 /// Device buffers of one case, and its update over them.
 struct OnGpu {
+    list: DeviceBuffer<i32>,
     k: DeviceBuffer<u8>,
     v: DeviceBuffer<u8>,
     table: DeviceBuffer<i32>,
@@ -401,6 +532,8 @@ impl OnGpu {
         // Copies have no scales: a dummy f32 keeps the buffers non-empty.
         let scales = |s: &[f32]| upload(if s.is_empty() { &[1f32][..] } else { s });
         OnGpu {
+            // Garbage the call must overwrite (used when the case gives its own list).
+            list: upload(&vec![0x5a5a_5a5a_i32; c.input.num_tokens.max(1)]),
             k: upload(&c.keys),
             v: upload(&c.values),
             table: upload(&c.table()),
@@ -412,15 +545,21 @@ impl OnGpu {
     }
 
     fn op<'a>(&'a mut self, c: &Case, errors: &'a DeviceErrors) -> SliceUpdate<'a> {
-        c.op(
-            DeviceBytes::of(&self.k),
-            DeviceBytes::of(&self.v),
-            DeviceBytesMut::of(&mut self.caches),
-            DeviceBytes::of(&self.table),
-            DeviceBytes::of(&self.count),
-            (DeviceBytes::of(&self.sk), DeviceBytes::of(&self.sv)),
-        )
-        .errors(errors)
+        let op = c
+            .op(
+                DeviceBytes::of(&self.k),
+                DeviceBytes::of(&self.v),
+                DeviceBytesMut::of(&mut self.caches),
+                DeviceBytes::of(&self.table),
+                DeviceBytes::of(&self.count),
+                (DeviceBytes::of(&self.sk), DeviceBytes::of(&self.sv)),
+            )
+            .errors(errors);
+        if c.given_list {
+            op.slot_list(DeviceBytesMut::of(&mut self.list))
+        } else {
+            op
+        }
     }
 }
 
@@ -448,6 +587,11 @@ fn gpu_slice_updates_of_other_layouts_match_reference() {
             c.name
         );
         bad_slices += counts.bad_slices;
+        if c.given_list && c.through_list() {
+            let mut list = download(&m.list, &stream);
+            list.truncate(c.input.num_tokens);
+            assert_eq!(list, c.list(), "{}: slot list", c.name);
+        }
     }
     assert!(bad_slices > 0, "the tables held bad slices");
     println!("{} slice updates through slot lists matched", all.len());
@@ -561,17 +705,27 @@ fn gpu_rows_named_twice_are_written_once_and_counted() {
     }
 }
 
-/// A v0 fp8 slice update captured in a graph (scratch list, memset, expansion, update as
-/// nodes) and replayed with a new table, count and rows.
+/// A v0 fp8 slice update captured in a graph (memset, expansion and update as nodes, with
+/// the list in kvio's scratch (allocation nodes) or in a given buffer) and replayed with a new
+/// table, count and rows.
 #[test]
 fn gpu_slice_update_graph_replays() {
     let Some(g) = kvio_suite::gpu("gpu_slice_update_graph_replays") else {
         return;
     };
+    for given_list in [false, true] {
+        graph_replays(g, given_list);
+    }
+}
+
+fn graph_replays(g: &kvio_suite::Gpu, given_list: bool) {
     let stream = g.stream();
     let errors = DeviceErrors::new().unwrap();
     let fmt = Format::Quant(SrcType::Bf16, Fp8::E5m2, false);
-    let first = case(fmt, Caches::V0, 16, 4, 128, 300, 5);
+    let first = Case {
+        given_list,
+        ..case(fmt, Caches::V0, 16, 4, 128, 300, 5)
+    };
     let mut m = OnGpu::new(&first);
     errors.reset(StreamRef::from(&stream)).unwrap();
     let op = m.op(&first, &errors);
@@ -594,7 +748,11 @@ fn gpu_slice_update_graph_replays() {
         errors.reset(StreamRef::from(&stream)).unwrap();
         graph.launch(&stream);
         let (want, counts) = next.expected();
-        assert_same("graph replay", &download(&m.caches, &stream), &want);
+        assert_same(
+            &format!("graph replay (given list: {given_list})"),
+            &download(&m.caches, &stream),
+            &want,
+        );
         assert_eq!(errors.read(StreamRef::from(&stream)).unwrap(), counts);
     }
 }

@@ -626,6 +626,7 @@ fn enqueue(
                 value: None,
                 value_layout: None,
                 quantize: None,
+                slot_list: None,
             };
             g.kv.update_slices(&up, sref)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));

@@ -602,6 +602,7 @@ fn graph_capture_replays_with_new_device_indices() {
         value: None,
         value_layout: None,
         quantize: None,
+        slot_list: None,
     };
     let graph = Graph::capture(&stream, |s| {
         g.kv.update_slots(&slot_op, s).unwrap();

@@ -1531,6 +1531,7 @@ fn run_slice_case(c: &SliceCase, x: &Exec) {
         value: None,
         value_layout: None,
         quantize: None,
+        slot_list: None,
     };
     let reject = c.mutation.and_then(|m| {
         use SliceMutation::*;

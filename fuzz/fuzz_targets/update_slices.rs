@@ -105,6 +105,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
         value: None,
         value_layout: None,
         quantize: None,
+        slot_list: None,
     };
     let before = (
         src.data().to_vec(),

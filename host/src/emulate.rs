@@ -11,7 +11,7 @@ use kvio_kernels::ops;
 
 use crate::alloc::MemoryKind;
 use crate::blocks::{self, Backend, BlockCopy};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::launch::GridCap;
 use crate::plan::{Kernel, Launch, Plan, Staging, Target};
 use crate::write::{plan as write_plan, MlaUpdate, SliceUpdate, SlotUpdate};
@@ -37,15 +37,36 @@ pub unsafe fn update_slots(op: &SlotUpdate<'_>) -> Result<()> {
     Ok(())
 }
 
-/// [`Kvio::update_slices`](crate::Kvio::update_slices) on host memory.
+/// Bytes of slot list the pretend device's scratch holds (1 Mi rows): a slice update through
+/// a slot list of more source rows needs [`SliceUpdate::slot_list`] here.
+pub const SCRATCH_LIST_BYTES: usize = 4 << 20;
+
+/// [`Kvio::update_slices`](crate::Kvio::update_slices) on host memory. A slot list in
+/// scratch holds at most [`SCRATCH_LIST_BYTES`] (a typed error beyond).
 ///
 /// See the example of [`crate::SliceUpdate`].
 ///
 /// # Safety
 /// As [`update_slots`].
 pub unsafe fn update_slices(op: &SliceUpdate<'_>) -> Result<()> {
+    let plan = write_plan::slices(op, &EMULATED)?;
+    if let Plan::Expand {
+        tokens,
+        list: Staging::Scratch,
+        ..
+    } = plan
+    {
+        if tokens > SCRATCH_LIST_BYTES / 4 {
+            return Err(Error::InvalidArgument {
+                name: "slot_list",
+                value: "None".into(),
+                reason: "the emulation's scratch holds slot lists of up to 1 Mi rows: pass a \
+                         slot list",
+            });
+        }
+    }
     // SAFETY: forwarded.
-    unsafe { run(&write_plan::slices(op, &EMULATED)?) };
+    unsafe { run(&plan) };
     Ok(())
 }
 
@@ -92,19 +113,30 @@ unsafe fn run(plan: &Plan<'_>) {
             expand,
             update,
             tokens,
+            list,
         } => {
-            // The slot list, as aligned as the runner's scratch (its planned alignment).
+            // Scratch for the slot list, as aligned as the runner's (its planned alignment).
             #[repr(C, align(256))]
             struct Block([i32; 64]);
-            let mut list: Vec<Block> = (0..tokens.div_ceil(64).max(1))
-                .map(|_| Block([-1; 64]))
-                .collect();
-            let at = list.as_mut_ptr() as u64;
+            let mut scratch: Vec<Block> = Vec::new();
+            let at = match list {
+                Staging::Given(ptr) => *ptr,
+                Staging::Scratch => {
+                    scratch = (0..tokens.div_ceil(64).max(1))
+                        .map(|_| Block([0; 64]))
+                        .collect();
+                    scratch.as_mut_ptr() as u64
+                }
+            };
+            // Every row no slice names stays -1, as the runner's memset leaves it.
+            // SAFETY: the list holds `tokens` i32 of host memory (the caller's checked
+            // buffer, or the scratch above).
+            unsafe { std::ptr::write_bytes(at as *mut u8, 0xFF, tokens * 4) };
             for l in std::iter::once(expand).chain(update) {
                 // SAFETY: forwarded; the list holds at least `tokens` i32 of host memory.
                 unsafe { emulate_launch(l.kernel.with_list(at), l) };
             }
-            drop(list); // alive until the kernel bodies have run
+            drop(scratch); // alive until the kernel bodies have run
         }
         Plan::Kernel {
             upload,

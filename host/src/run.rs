@@ -11,7 +11,8 @@
 //!   [`StreamRef`] says `pdl(false)`), else `cuLaunchKernel`.
 //! - `update_slices` of a layout the row copy does not write (pieces, heads apart, a value
 //!   part, fp8): `cuMemAllocFromPoolAsync` + `cuMemsetD32Async` + the expansion's plain
-//!   launch + the slot update's launch (as above) + `cuMemFreeAsync`.
+//!   launch + the slot update's launch (as above) + `cuMemFreeAsync`; the caller's
+//!   `SliceUpdate::slot_list` saves the allocation and the free.
 //! - `copy_blocks`, planning: one `cuPointerGetAttributes` per pool given as one strided
 //!   range (`blocks::plan::geometry`): whether it is device or pinned host memory decides the
 //!   entry point and CTA size, and refuses memory the kernels cannot reach. The answer cannot
@@ -66,19 +67,30 @@ impl Kvio {
                 expand,
                 update,
                 tokens,
+                list,
             } => {
-                let scratch = self.scratch().ok_or(Error::InvalidArgument {
-                    name: "layout",
-                    value: "slot list".into(),
-                    reason: "this device has no memory pools: slice updates of this layout \
-                             need one for their slot list",
-                })?;
-                let list = scratch.take(tokens.max(&1) * 4, stream)?;
+                let (list, scratch) = match list {
+                    Staging::Given(ptr) => (*ptr, None),
+                    Staging::Scratch => {
+                        let s = self.scratch().ok_or(Error::InvalidArgument {
+                            name: "slot_list",
+                            value: "None".into(),
+                            reason: "this device has no memory pools: pass a slot list for \
+                                     slice updates of this layout",
+                        })?;
+                        (s.take(tokens.max(&1) * 4, stream)?, Some(s))
+                    }
+                };
                 // Every row no slice names stays -1 (skipped by the slot update).
-                // SAFETY: `list` holds `tokens` i32 for the work enqueued on `stream`.
-                let filled = check("cuMemsetD32Async", unsafe {
-                    cu::cuMemsetD32Async(list, u32::MAX, *tokens, stream.cu_stream())
-                });
+                let filled = if *tokens == 0 {
+                    Ok(())
+                } else {
+                    // SAFETY: `list` holds `tokens` i32 for the work enqueued on `stream`
+                    // (the caller's checked buffer, or scratch of that size).
+                    check("cuMemsetD32Async", unsafe {
+                        cu::cuMemsetD32Async(list, u32::MAX, *tokens, stream.cu_stream())
+                    })
+                };
                 // After a memset: the expansion launches plainly; the update after it is a
                 // kernel after a kernel.
                 let launched = filled.and_then(|()| {
@@ -93,8 +105,8 @@ impl Kvio {
                         None => Ok(()),
                     }
                 });
-                // Given back after the launches (or at once if nothing was enqueued).
-                let back = scratch.give_back(list, stream);
+                // Scratch given back after the launches (or at once if nothing was enqueued).
+                let back = scratch.map_or(Ok(()), |s| s.give_back(list, stream));
                 launched?;
                 back
             }

@@ -43,8 +43,9 @@ pub(crate) enum Plan<'a> {
         /// between pools whose parts are laid out differently).
         then: Option<Launch>,
     },
-    /// A slice update through a slot list: the runner takes `tokens` i32 of scratch, sets
-    /// them to -1, and points both launches at them ([`Kernel::with_list`]).
+    /// A slice update through a slot list of `tokens` i32 in `list` (the caller's buffer, or
+    /// scratch the runner takes and gives back): the runner sets them to -1 and points both
+    /// launches at them ([`Kernel::with_list`]).
     Expand {
         /// `kvio_slices_to_slots` (the slices into the list).
         expand: Launch,
@@ -52,6 +53,8 @@ pub(crate) enum Plan<'a> {
         update: Option<Launch>,
         /// Entries of the list (the source's rows).
         tokens: usize,
+        /// Where the list lives.
+        list: Staging,
     },
 }
 
@@ -79,7 +82,7 @@ pub(crate) struct Upload<'a> {
     pub(crate) src: &'a [u8],
 }
 
-/// Device memory an upload lands in.
+/// Device memory an upload (or a slice update's slot list) lands in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Staging {
     /// The caller's staging buffer at this address (the launch's arguments already point

@@ -408,9 +408,10 @@ impl<'a> MlaUpdate<'a> {
 /// scales count the layout's heads: for TPU rows that mix K and V heads, one scale per row
 /// head). Rows copied as they are into a cache whose rows are contiguous (the TPU layout,
 /// NHD) take one launch of `kvio_update_slices`; every other update turns the slices into a
-/// slot list on the device first (kvio's scratch memory, so the device needs memory pools:
-/// a typed error otherwise) and runs the slot update ([`Kvio::update_slots`]) over it: there
-/// a source row that two slices name is written once and counted as a bad slice.
+/// slot list on the device first (in kvio's scratch memory, or in the caller's buffer given
+/// with [`SliceUpdate::slot_list`]; a device without memory pools needs that buffer) and runs
+/// the slot update ([`Kvio::update_slots`]) over it: there a source row that two slices name
+/// is written once and counted as a bad slice.
 ///
 /// Run here through the CPU emulation on host memory; on a GPU the same value goes to
 /// [`Kvio::update_slices`] with device memory.
@@ -438,6 +439,7 @@ impl<'a> MlaUpdate<'a> {
 ///         value: None,
 ///         value_layout: None,
 ///         quantize: None,
+///         slot_list: None,
 ///     }
 /// };
 /// // SAFETY: every view is live host memory of its length.
@@ -472,6 +474,10 @@ pub struct SliceUpdate<'a> {
     pub value_layout: Option<PagedLayout>,
     /// fp8 quantize-on-write (`None`: the bytes are copied as they are).
     pub quantize: Option<Quantize<'a>>,
+    /// Where the slot list goes when the update needs one (`4 * input.num_tokens` bytes,
+    /// 4-byte aligned, overwritten); `None`: kvio's scratch memory, taken and given back on
+    /// the stream.
+    pub slot_list: Option<DeviceBytesMut<'a>>,
 }
 
 impl<'a> SliceUpdate<'a> {
@@ -498,6 +504,7 @@ impl<'a> SliceUpdate<'a> {
             value: None,
             value_layout: None,
             quantize: None,
+            slot_list: None,
         }
     }
 
@@ -558,6 +565,17 @@ impl<'a> SliceUpdate<'a> {
     pub fn quantize(self, quantize: Quantize<'a>) -> Self {
         SliceUpdate {
             quantize: Some(quantize),
+            ..self
+        }
+    }
+
+    /// Builds the slot list (when the update needs one) in `list`: at least
+    /// `4 * input.num_tokens` bytes, 4-byte aligned, overwritten by every call. Without it
+    /// kvio takes the list from its scratch pool on the stream (an allocation node under
+    /// graph capture); with it the call allocates nothing.
+    pub fn slot_list(self, list: DeviceBytesMut<'a>) -> Self {
+        SliceUpdate {
+            slot_list: Some(list),
             ..self
         }
     }

@@ -16,7 +16,7 @@ use crate::launch::{
 };
 use crate::layout::{chunks_disjoint, PagedLayout, TokenLayout};
 use crate::mem::DeviceBytes;
-use crate::plan::{Kernel, Launch, Plan, Target};
+use crate::plan::{Kernel, Launch, Plan, Staging, Target};
 
 fn fits(name: &'static str, needed: u64, len: usize) -> Result<()> {
     if needed > len as u64 {
@@ -766,9 +766,9 @@ pub(crate) fn slices<'a>(op: &SliceUpdate<'_>, target: &Target<'_>) -> Result<Pl
     })
 }
 
-/// Where a slice update's slot list is planned ([`through_slots`]): an address aligned as
-/// kvio's scratch memory is, never dereferenced (the runner and the emulator point the
-/// launches at the real list first).
+/// Where a slice update's slot list in scratch is planned ([`through_slots`]): an address
+/// aligned as kvio's scratch memory is, never dereferenced (the runner and the emulator point
+/// the launches at the real list first).
 const LIST_STAND_IN: u64 = 1 << 40;
 
 /// A slice update through a slot list: `kvio_slices_to_slots` turns the table into one `i32`
@@ -776,14 +776,6 @@ const LIST_STAND_IN: u64 = 1 << 40;
 /// [`slots`] (any layout, V with its own layout, fp8) writes the rows. Everything the slot
 /// update checks is checked here, before anything runs.
 fn through_slots<'a>(op: &SliceUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
-    if !target.scratch {
-        return Err(invalid(
-            "layout",
-            "slot list",
-            "this device has no memory pools: slice updates of this layout need one for \
-             their slot list",
-        ));
-    }
     let l = &op.layout;
     if l.num_slots() > 1 << 31 {
         return Err(invalid(
@@ -796,9 +788,27 @@ fn through_slots<'a>(op: &SliceUpdate<'_>, target: &Target<'_>) -> Result<Plan<'
     let bytes = tokens
         .checked_mul(4)
         .ok_or(Error::Overflow { name: "input" })?;
-    // SAFETY: a description, never dereferenced: the plan's launches are pointed at the real
-    // list (`Kernel::with_list`) before they run.
-    let list = unsafe { DeviceBytes::from_raw(LIST_STAND_IN, bytes) };
+    let (at, staging) = match op.slot_list {
+        Some(given) => {
+            fits("slot_list", bytes as u64, given.len())?;
+            if !given.ptr().is_multiple_of(4) {
+                return Err(invalid("slot_list", given.ptr(), "must be 4-byte aligned"));
+            }
+            (given.ptr(), Staging::Given(given.ptr()))
+        }
+        None if target.scratch => (LIST_STAND_IN, Staging::Scratch),
+        None => {
+            return Err(invalid(
+                "slot_list",
+                "None",
+                "this device has no memory pools: pass a slot list for slice updates of this \
+                 layout",
+            ))
+        }
+    };
+    // SAFETY: a description of the list the launches are pointed at before they run
+    // (`Kernel::with_list`): the caller's, or a stand-in for scratch, never dereferenced.
+    let list = unsafe { DeviceBytes::from_raw(at, bytes) };
     let slot_op = SlotUpdate {
         key: CacheWrite {
             src: op.new_kv,
@@ -827,7 +837,7 @@ fn through_slots<'a>(op: &SliceUpdate<'_>, target: &Target<'_>) -> Result<Plan<'
     let args = SliceArgs {
         src: core::ptr::null(),
         src_row_stride: 0,
-        dst: LIST_STAND_IN as *mut u8,
+        dst: at as *mut u8,
         dst_page_stride: 0,
         dst_row_stride: 0,
         row_bytes: 0,
@@ -852,6 +862,7 @@ fn through_slots<'a>(op: &SliceUpdate<'_>, target: &Target<'_>) -> Result<Plan<'
         },
         update,
         tokens,
+        list: staging,
     })
 }
 
@@ -1171,6 +1182,7 @@ mod tests {
             value: None,
             value_layout: None,
             quantize: None,
+            slot_list: None,
         }
     }
 
@@ -1191,12 +1203,41 @@ mod tests {
         let mut bad = op;
         bad.num_slices = bytes(0x3000_0002, 4);
         assert!(plan_slices(&bad, 1).is_err());
-        // Heads apart: through a slot list, which needs memory pools.
+        // Heads apart: through a slot list, which needs memory pools or a given list of
+        // 4 bytes a source row, 4-byte aligned.
         let mut hnd = op;
         hnd.layout = PagedLayout::hnd(8, 16, 16, 128, 2);
         assert!(matches!(
             slices(&hnd, &target(1)),
-            Err(Error::InvalidArgument { name: "layout", .. })
+            Err(Error::InvalidArgument {
+                name: "slot_list",
+                ..
+            })
+        ));
+        hnd.slot_list = Some(bytes_mut(0x5000_0000, 400));
+        assert!(matches!(
+            slices(&hnd, &target(1)),
+            Ok(Plan::Expand {
+                list: Staging::Given(0x5000_0000),
+                tokens: 100,
+                ..
+            })
+        ));
+        hnd.slot_list = Some(bytes_mut(0x5000_0000, 399));
+        assert!(matches!(
+            slices(&hnd, &target(1)),
+            Err(Error::BufferTooSmall {
+                name: "slot_list",
+                ..
+            })
+        ));
+        hnd.slot_list = Some(bytes_mut(0x5000_0002, 400));
+        assert!(matches!(
+            slices(&hnd, &target(1)),
+            Err(Error::InvalidArgument {
+                name: "slot_list",
+                ..
+            })
         ));
     }
 
@@ -1216,6 +1257,7 @@ mod tests {
                     },
                 update,
                 tokens,
+                list: Staging::Scratch,
             } => Ok((a, grid, update.map(|u| u.kernel), tokens)),
             other => panic!("not an expanding plan: {other:?}"),
         }
