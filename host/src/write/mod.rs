@@ -475,8 +475,8 @@ pub struct SliceUpdate<'a> {
     /// fp8 quantize-on-write (`None`: the bytes are copied as they are).
     pub quantize: Option<Quantize<'a>>,
     /// Where the slot list goes when the update needs one (`4 * input.num_tokens` bytes,
-    /// 4-byte aligned, overwritten); `None`: kvio's scratch memory, taken and given back on
-    /// the stream.
+    /// 4-byte aligned, sharing no byte with the update's other buffers, overwritten);
+    /// `None`: kvio's scratch memory, taken and given back on the stream.
     pub slot_list: Option<DeviceBytesMut<'a>>,
 }
 

@@ -794,6 +794,29 @@ fn through_slots<'a>(op: &SliceUpdate<'_>, target: &Target<'_>) -> Result<Plan<'
             if !given.ptr().is_multiple_of(4) {
                 return Err(invalid("slot_list", given.ptr(), "must be 4-byte aligned"));
             }
+            // The list is set to -1 and rewritten before the update reads it: it must share
+            // no byte with anything else the update reads or writes.
+            let (lo, hi) = (given.ptr(), given.ptr() + bytes as u64);
+            let v = op
+                .value
+                .map(|v| [(v.src.ptr(), v.src.len()), (v.dst.ptr(), v.dst.len())]);
+            let others = [
+                (op.new_kv.ptr(), op.new_kv.len()),
+                (op.cache.ptr(), op.cache.len()),
+                (op.slices.ptr(), op.slices.len()),
+                (op.num_slices.ptr(), op.num_slices.len()),
+            ];
+            if others
+                .iter()
+                .chain(v.iter().flatten())
+                .any(|&(p, n)| n > 0 && p < hi && lo < p.saturating_add(n as u64))
+            {
+                return Err(invalid(
+                    "slot_list",
+                    given.ptr(),
+                    "overlaps another buffer of the update",
+                ));
+            }
             (given.ptr(), Staging::Given(given.ptr()))
         }
         None if target.scratch => (LIST_STAND_IN, Staging::Scratch),
@@ -1239,6 +1262,20 @@ mod tests {
                 ..
             })
         ));
+        // Sharing a byte with the cache, the rows or the table is refused.
+        for at in [0x4000_0000u64, 0x1000_0000, 0x2000_0000 - 4] {
+            hnd.slot_list = Some(bytes_mut(at, 400));
+            assert!(
+                matches!(
+                    slices(&hnd, &target(1)),
+                    Err(Error::InvalidArgument {
+                        name: "slot_list",
+                        ..
+                    })
+                ),
+                "{at:#x}"
+            );
+        }
     }
 
     /// The expansion and the slot update of a slice update through a slot list.
