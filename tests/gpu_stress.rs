@@ -1,7 +1,8 @@
 //! Reliability under load (GPU).
 //!
 //! 1. `many_streams_random_ops_nothing_lost`: 8 streams, each fed by its own host thread,
-//!    run 10,000 random operations in total (slot updates, slice updates, block copies by
+//!    run 10,000 random operations in total (slot updates, slice updates (a third of them K
+//!    and V in one call, through a slot list in kvio's scratch on the stream), block copies by
 //!    kernel with device maps, by kernel with staged host maps, by DMA, by `Auto`; inside the
 //!    GPU, GPU → pinned host, pinned host → GPU, pinned → pinned (kernel); layout-converting
 //!    and not) on four shared pools, two on the device and two in pinned host memory. Every
@@ -203,6 +204,9 @@ enum Op {
         layer: usize,
         part: usize,
         from_value: bool,
+        /// Keys into K and values into V in one call (through a slot list in kvio's scratch,
+        /// taken and given back on the stream); `part` and `from_value` unused.
+        both: bool,
         tok0: usize,
         n: usize,
         padded: usize,
@@ -376,6 +380,7 @@ fn plan_ops(plan: &mut Plan, s: usize, n_ops: usize, owners: &[Owners], model: &
             let layer = rng.below(LAYERS as u64) as usize;
             let part = rng.below(2) as usize;
             let from_value = rng.below(2) == 0;
+            let both = rng.below(3) == 0;
             let n = 1 + rng.below(MAX_TOKENS as u64) as usize;
             let tok0 = rng.below((INPUT_TOKENS - n) as u64) as usize;
             let own = &owners[0].own[s];
@@ -427,21 +432,35 @@ fn plan_ops(plan: &mut Plan, s: usize, n_ops: usize, owners: &[Owners], model: &
             let mut padded_slices = slices;
             padded_slices.resize(padded, Slice::default());
             let input = TokenLayout::contiguous(n, HEADS, DIM, ELEM);
-            let at = layer * w.layer_stride + part * w.part_stride;
-            let src = if from_value { &model.val } else { &model.key };
-            let c = reference::update_slices(
-                &src[tok0 * ROW..(tok0 + n) * ROW],
-                &input,
-                &mut model.imgs[0][at..],
-                &w.layout,
-                &padded_slices,
-                count,
-            );
-            add_counts(&mut plan.counts, c);
+            let rows = tok0 * ROW..(tok0 + n) * ROW;
+            let mut writes = vec![if from_value {
+                (&model.val, part)
+            } else {
+                (&model.key, part)
+            }];
+            if both {
+                writes = vec![(&model.key, 0), (&model.val, 1)];
+            }
+            // Bad slices and counts are counted once per call, whatever it writes.
+            let mut counted = None;
+            for (src, p) in writes {
+                let at = layer * w.layer_stride + p * w.part_stride;
+                let c = reference::update_slices(
+                    &src[rows.clone()],
+                    &input,
+                    &mut model.imgs[0][at..],
+                    &w.layout,
+                    &padded_slices,
+                    count,
+                );
+                counted.get_or_insert(c);
+            }
+            add_counts(&mut plan.counts, counted.unwrap());
             Op::Slices {
                 layer,
                 part,
                 from_value,
+                both,
                 tok0,
                 n,
                 padded,
@@ -607,6 +626,7 @@ fn enqueue(
             layer,
             part,
             from_value,
+            both,
             tok0,
             n,
             padded,
@@ -614,6 +634,22 @@ fn enqueue(
             count_at,
         } => {
             let (k, v, layout) = sh.pools[0].pool().layer_view_mut(layer).unwrap();
+            if both {
+                let up = SliceUpdate::new(
+                    rows(sh.key, tok0, n),
+                    TokenLayout::contiguous(n, HEADS, DIM, ELEM),
+                    k,
+                    layout,
+                    arena.slice(table_at, padded * 12).unwrap(),
+                    padded,
+                    arena.slice(count_at, 4).unwrap(),
+                )
+                .value(rows(sh.val, tok0, n), v.unwrap())
+                .errors(sh.errors);
+                g.kv.update_slices(&up, sref)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                return;
+            }
             let up = SliceUpdate {
                 new_kv: rows(if from_value { sh.val } else { sh.key }, tok0, n),
                 input: TokenLayout::contiguous(n, HEADS, DIM, ELEM),
