@@ -210,7 +210,7 @@ kernel! {
     /// thread (decode sizes) runs `kvio_update_tiles_one`, caches of 4-byte elements
     /// `kvio_update_tiles_wide`, prefill sizes into fp8 caches `kvio_update_tiles_staged`, and
     /// prefill sizes that fill v0 pages of 2-byte elements `kvio_update_pages` (a whole CTA
-    /// per sixteen tokens of one or more heads: [`crate::ops::update_pages`]).
+    /// per sixteen tokens of one or more heads: `crate::ops::update_pages`).
     kvio_update_tiles | kvio_update_tiles_one [crate::ops::update_tiles_one] | kvio_update_tiles_wide [crate::ops::update_tiles_wide] | kvio_update_tiles_staged [crate::ops::update_tiles_staged] | kvio_update_pages [crate::ops::update_pages] (TileArgs) => crate::ops::update_tiles {
         /// New keys.
         src_k: *const u8,
@@ -355,7 +355,7 @@ kernel! {
     /// one-warp CTAs: [`crate::ops::transfer_blocks_tma`]; launched on `sm_90` only), and
     /// `kvio_convert_blocks` (conversions to and from vLLM's v0 layout, a head page per group:
     /// [`crate::ops::convert_blocks`]), and `kvio_convert_pages` (the same conversions through
-    /// a CTA's shared tile, 16-byte accesses on both sides: [`crate::ops::convert_pages`]).
+    /// a CTA's shared tile, 16-byte accesses on both sides: `crate::ops::convert_pages`).
     kvio_copy_blocks | kvio_transfer_blocks [crate::ops::transfer_blocks] | kvio_transfer_blocks_tma [crate::ops::transfer_blocks_tma] | kvio_convert_blocks [crate::ops::convert_blocks] | kvio_convert_pages [crate::ops::convert_pages] (CopyArgs) => crate::ops::copy_blocks {
         /// Source pool base (strided pools).
         src_base: *mut u8,

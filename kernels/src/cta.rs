@@ -6,7 +6,7 @@
 //! and read it in another without synchronising itself.
 //!
 //! Bodies stay written one thread at a time: [`Phases`] gives the two phases as functions of
-//! `(item, thread)`. On the GPU [`run`] calls them for the calling thread with `bar.red.and`
+//! `(item, thread)`. On the GPU `run` calls them for the calling thread with `bar.red.and`
 //! and `bar.sync` in between; on the CPU [`emulate`] calls phase one for every thread of a CTA,
 //! then phase two for every thread, item after item, which is one valid schedule of the same
 //! program. Phase one also returns a vote: phase two learns whether every thread voted `true`

@@ -120,7 +120,7 @@ pub unsafe fn update_slots_general(a: &SlotArgs, g: Group) {
 }
 
 /// [`update_slots`] for one row per token (`a.rows`: an MLA row, latent part `K` then rope part
-/// `V`, one head), copied: [`rows_body`] with the access width dispatched once.
+/// `V`, one head), copied: `rows_body` with the access width dispatched once.
 ///
 /// # Safety
 /// As [`update_slots`], with `rows`.
@@ -231,7 +231,7 @@ unsafe fn rows_body<T: Unit>(a: &SlotArgs, g: Group) {
 }
 
 /// [`update_slots`] for converting updates (`a.convert` set) of separate K and V items:
-/// [`slots_convert_body`] compiled once per conversion code (dispatched here, once), so the
+/// `slots_convert_body` compiled once per conversion code (dispatched here, once), so the
 /// source type and the fp8 format are constants in each copy. One-row items (`a.rows`) are
 /// [`update_rows_convert`]'s (the host routes them there: [`SlotArgs::converts_rows`]).
 ///
@@ -245,7 +245,7 @@ pub unsafe fn update_slots_convert(a: &SlotArgs, g: Group) {
 }
 
 /// [`update_slots`] for converting updates of one row per token (`a.rows`: an MLA row, latent
-/// part `K` then rope part `V`, one head, K's per-tensor scale): [`rows_convert_body`] compiled
+/// part `K` then rope part `V`, one head, K's per-tensor scale): `rows_convert_body` compiled
 /// once per conversion code, with the unit a lane loads per 8 elements (one 16-byte access of
 /// bf16/f16, two of f32) and [`convert::batch`] units per part and lane in a round.
 ///
@@ -588,7 +588,7 @@ pub unsafe fn update_tiles_wide(a: &TileArgs, g: Group) {
     unsafe { tiles_body::<4, true>(a, g) }
 }
 
-/// Tokens of one [`update_pages`] work item: a whole page of 16 slots, or 16 aligned slots of
+/// Tokens of one `update_pages` work item: a whole page of 16 slots, or 16 aligned slots of
 /// a larger page.
 pub const PAGE_TOKENS: u64 = 16;
 
@@ -627,10 +627,10 @@ pub unsafe fn update_pages(a: &TileArgs, _g: Group) {
     unsafe { cta::run(&Pages(a)) }
 }
 
-/// [`update_pages`] on the CPU, for a grid of `grid` CTAs ([`cta::emulate`]).
+/// `update_pages` on the CPU, for a grid of `grid` CTAs ([`cta::emulate`]).
 ///
 /// # Safety
-/// As [`update_pages`], on host memory.
+/// As `update_pages`, on host memory.
 #[cfg(not(target_arch = "nvptx64"))]
 pub unsafe fn emulate_pages(a: &TileArgs, grid: u32) {
     // SAFETY: forwarded.
@@ -644,7 +644,7 @@ struct Pages<'a>(&'a TileArgs);
 const PAGE_ELEM: u64 = 2;
 
 /// Units (two tokens × 8 elements of one head) a thread loads per item of
-/// [`update_pages`], all issued before any is used: the host sizes items (heads per item) so
+/// `update_pages`, all issued before any is used: the host sizes items (heads per item) so
 /// that they have at most `PAGE_UNITS * cta::THREADS` units.
 pub const PAGE_UNITS: u64 = 4;
 const _: () = assert!(PAGE_UNITS == 4, "Pages::first unrolls four units");
@@ -1697,10 +1697,10 @@ pub unsafe fn convert_pages(a: &CopyArgs, _g: Group) {
     unsafe { cta::run(&ConvertPages(a)) }
 }
 
-/// [`convert_pages`] on the CPU, for a grid of `grid` CTAs ([`cta::emulate`]).
+/// `convert_pages` on the CPU, for a grid of `grid` CTAs ([`cta::emulate`]).
 ///
 /// # Safety
-/// As [`convert_pages`], on host memory.
+/// As `convert_pages`, on host memory.
 #[cfg(not(target_arch = "nvptx64"))]
 pub unsafe fn emulate_convert_pages(a: &CopyArgs, grid: u32) {
     // SAFETY: forwarded.
@@ -1988,7 +1988,7 @@ unsafe fn transfer_body<T: Unit>(a: &CopyArgs, g: Group) {
 /// [`copy_blocks`] for transfers touching pinned host memory with Hopper bulk copies
 /// (`kvio_transfer_blocks_tma`, one-warp CTAs, [`crate::bulk`]): the warp of CTA `c` takes
 /// batches `c`, `c + grid`, ... of [`bulk::lanes_for`]`(piece)` consecutive items, lane `k`
-/// item `k` of each batch ([`tma_item`]). On `sm_90` every lane pipelines its pieces through
+/// item `k` of each batch (`tma_item`). On `sm_90` every lane pipelines its pieces through
 /// [`bulk::STAGES`] shared-memory slots: bulk load (global → shared, completing on the slot's
 /// `mbarrier`), then bulk store (shared → global), with [`bulk::LOOKAHEAD`] loads in flight
 /// ahead of the one it waits for and up to `STAGES - 1 - LOOKAHEAD` stores still reading
