@@ -369,6 +369,26 @@ fn cases(full: bool) -> Vec<Case> {
     v
 }
 
+impl Case {
+    /// The update over the case's host rows and scales, `table` and `count` (the CPU
+    /// emulation's views), writing `caches`.
+    fn host_op<'a>(
+        &'a self,
+        caches: DeviceBytesMut<'a>,
+        table: &'a [i32],
+        count: &'a [i32],
+    ) -> SliceUpdate<'a> {
+        self.op(
+            host_view(&self.keys),
+            host_view(&self.values),
+            caches,
+            host_view(table),
+            host_view(count),
+            (host_view(&self.scales_k), host_view(&self.scales_v)),
+        )
+    }
+}
+
 /// Runs one case on the CPU (the kernels' own code, through the same plan).
 fn emulate(c: &Case) {
     let mut caches = c.poison.clone();
@@ -380,14 +400,7 @@ fn emulate(c: &Case) {
         .chunks_exact(4)
         .map(|w| i32::from_le_bytes(w.try_into().unwrap()))
         .collect();
-    let mut op = c.op(
-        host_view(&c.keys),
-        host_view(&c.values),
-        dst,
-        host_view(&table),
-        host_view(&count),
-        (host_view(&c.scales_k), host_view(&c.scales_v)),
-    );
+    let mut op = c.host_op(dst, &table, &count);
     if c.given_list {
         // SAFETY: host memory, exclusively ours for the call.
         op = op.slot_list(unsafe {
@@ -419,16 +432,7 @@ fn slot_lists_are_checked() {
                 DeviceBytesMut::from_raw(list.as_mut_ptr() as u64 + at, len),
             )
         };
-        let op = c
-            .op(
-                host_view(&c.keys),
-                host_view(&c.values),
-                dst,
-                host_view(&table),
-                host_view(&count),
-                (host_view(&c.scales_k), host_view(&c.scales_v)),
-            )
-            .slot_list(l);
+        let op = c.host_op(dst, &table, &count).slot_list(l);
         // SAFETY: as above.
         let r = unsafe { kvio::emulate::update_slices(&op) };
         assert!(
@@ -454,14 +458,7 @@ fn slot_lists_are_checked() {
     let dst = unsafe { DeviceBytesMut::from_raw(caches.as_mut_ptr() as u64, caches.len()) };
     let op = SliceUpdate {
         input,
-        ..c.op(
-            host_view(&c.keys),
-            host_view(&c.values),
-            dst,
-            host_view(&table),
-            host_view(&count),
-            (host_view(&c.scales_k), host_view(&c.scales_v)),
-        )
+        ..c.host_op(dst, &table, &count)
     };
     // SAFETY: as above.
     let r = unsafe { kvio::emulate::update_slices(&op) };

@@ -18,6 +18,12 @@ use crate::layout::{chunks_disjoint, PagedLayout, TokenLayout};
 use crate::mem::DeviceBytes;
 use crate::plan::{Kernel, Launch, Plan, Staging, Target};
 
+/// Whether the byte ranges `[a, a + a_len)` and `[b, b + b_len)` share a byte (empty ranges
+/// share none).
+fn shares_bytes((a, a_len): (u64, u64), (b, b_len): (u64, u64)) -> bool {
+    a_len > 0 && b_len > 0 && a < b.saturating_add(b_len) && b < a.saturating_add(a_len)
+}
+
 fn fits(name: &'static str, needed: u64, len: usize) -> Result<()> {
     if needed > len as u64 {
         Err(Error::BufferTooSmall {
@@ -310,7 +316,7 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     kv_fit(op, src_ext, k_ext, v_ext)?;
     if let Some(v) = op.value {
         let (k, vp) = (op.key.dst.ptr(), v.dst.ptr());
-        if k < vp + v_ext && vp < k + k_ext {
+        if shares_bytes((k, k_ext), (vp, v_ext)) {
             return Err(invalid(
                 "value_cache",
                 vp,
@@ -796,7 +802,7 @@ fn through_slots<'a>(op: &SliceUpdate<'_>, target: &Target<'_>) -> Result<Plan<'
             }
             // The list is set to -1 and rewritten before the update reads it: it must share
             // no byte with anything else the update reads or writes.
-            let (lo, hi) = (given.ptr(), given.ptr() + bytes as u64);
+            let list = (given.ptr(), bytes as u64);
             let v = op
                 .value
                 .map(|v| [(v.src.ptr(), v.src.len()), (v.dst.ptr(), v.dst.len())]);
@@ -809,7 +815,7 @@ fn through_slots<'a>(op: &SliceUpdate<'_>, target: &Target<'_>) -> Result<Plan<'
             if others
                 .iter()
                 .chain(v.iter().flatten())
-                .any(|&(p, n)| n > 0 && p < hi && lo < p.saturating_add(n as u64))
+                .any(|&(p, n)| shares_bytes(list, (p, n as u64)))
             {
                 return Err(invalid(
                     "slot_list",
