@@ -214,6 +214,17 @@ pub fn split3(item: u64, n_mid: u64, n_inner: u64) -> (u64, u64, u64) {
     (outer, ix[0], ix[1])
 }
 
+/// `(n / d, n % d)` in 32 bits: a shift and a mask when `d` is a power of two. `d` must be
+/// non-zero.
+#[inline(always)]
+pub fn split_u32(n: u32, d: u32) -> (u32, u32) {
+    if d.is_power_of_two() {
+        (n >> d.trailing_zeros(), n & (d - 1))
+    } else {
+        (n / d, n % d)
+    }
+}
+
 /// Division that takes the cheap 32-bit path when both operands fit (64-bit division is a
 /// long software sequence on the GPU). `d` must be non-zero.
 #[inline(always)]

@@ -538,7 +538,7 @@ unsafe fn slots_convert_body<const C: u32>(a: &SlotArgs, g: Group) {
 #[inline(always)]
 pub unsafe fn update_tiles(a: &TileArgs, g: Group) {
     // SAFETY: forwarded.
-    unsafe { tiles_body::<2, true>(a, g) }
+    unsafe { tiles_body::<2>(a, g) }
 }
 
 /// [`update_tiles`] for fp8 caches (1-byte elements, copied or quantized), eight tokens per
@@ -561,19 +561,22 @@ pub unsafe fn update_tiles_staged(a: &TileArgs, g: Group) {
 }
 
 /// [`update_tiles`] for one token per thread (`a.tile == 1`, decode sizes), 1- and 2-byte
-/// elements: without the runs' unrolled code, so the short path a decode step takes stays
-/// small and contiguous (an update of a few tokens lands on cold instruction caches).
+/// elements. A decode step is latency-bound: each warp runs its few items alone on its
+/// scheduler, so every instruction on the way to the stores counts. One thread writes both
+/// parts of one (token, head, group) item: one index split and one slot read for K and V,
+/// 32-bit index arithmetic, shifts and masks for power-of-two extents, pieces and block sizes,
+/// and K's and V's stores each compiled for their own part (not selected at run time).
 ///
 /// # Safety
-/// As [`update_tiles`], with `a.tile == 1`.
+/// As [`update_tiles`], with `a.tile == 1` and `num_tokens * heads * groups` below 2^32.
 #[inline(always)]
 pub unsafe fn update_tiles_one(a: &TileArgs, g: Group) {
     // SAFETY: forwarded.
     unsafe {
         if a.elem == 1 {
-            tiles_body::<1, false>(a, g)
+            tiles_one_body::<1>(a, g)
         } else {
-            tiles_body::<2, false>(a, g)
+            tiles_one_body::<2>(a, g)
         }
     }
 }
@@ -585,7 +588,7 @@ pub unsafe fn update_tiles_one(a: &TileArgs, g: Group) {
 #[inline(always)]
 pub unsafe fn update_tiles_wide(a: &TileArgs, g: Group) {
     // SAFETY: forwarded.
-    unsafe { tiles_body::<4, true>(a, g) }
+    unsafe { tiles_body::<4>(a, g) }
 }
 
 /// Tokens of one `update_pages` work item: a whole page of 16 slots, or 16 aligned slots of
@@ -994,13 +997,12 @@ unsafe fn tile_store_row<const E: usize>(p: &TilePart, d: *mut u8, row: &Row, e0
     }
 }
 
-/// [`update_tiles`] for caches of `E`-byte elements; `RUNS`: with the code for runs (tiles
-/// of eight tokens).
+/// [`update_tiles`] for caches of `E`-byte elements.
 ///
 /// # Safety
-/// As [`update_tiles`]; without `RUNS`, `a.tile == 1`.
+/// As [`update_tiles`].
 #[inline(always)]
-unsafe fn tiles_body<const E: usize, const RUNS: bool>(a: &TileArgs, g: Group) {
+unsafe fn tiles_body<const E: usize>(a: &TileArgs, g: Group) {
     let parts = if a.src_v.is_null() { 1 } else { 2 };
     let (subs, tile) = (a.subs as u64, a.tile as u64);
     let outer = a.num_tokens.div_ceil(tile * subs);
@@ -1022,17 +1024,7 @@ unsafe fn tiles_body<const E: usize, const RUNS: bool>(a: &TileArgs, g: Group) {
         }
         let n = (a.num_tokens - t0).min(tile);
         let p = TilePart::of(a, part);
-        // One token per thread into a part of one element per piece (V of the v0 layout:
-        // element e of a head is a whole piece, `bs` elements after e - 1): the `groups`
-        // threads of a head take elements `grp, grp + groups, ..` instead of eight consecutive
-        // ones, so each store instruction of a warp writes consecutive pieces (4 sectors per
-        // 128-byte line at 16 bf16 slots a page) rather than one piece per line.
-        let strided = !RUNS && p.piece == 1;
-        let (e0, step) = if strided {
-            (grp, a.groups)
-        } else {
-            (grp * TILE as u64, 1)
-        };
+        let (e0, step) = (grp * TILE as u64, 1);
         // SAFETY: t0 < num_tokens, head < heads, grp < groups: inside the validated source.
         let src = unsafe { tile_src(a, part, t0, head, e0, se) };
         let scale = tile_scale(a, part, head);
@@ -1040,7 +1032,7 @@ unsafe fn tiles_body<const E: usize, const RUNS: bool>(a: &TileArgs, g: Group) {
         // A full tile whose eight tokens fill eight aligned consecutive slots of one block is
         // one run: rows at consecutive slots (K), or transposed columns (one element per
         // piece: V). Anything else goes token by token.
-        if RUNS && p.runs && n == TILE as u64 {
+        if p.runs && n == TILE as u64 {
             // All sixteen loads (rows and slots) issued before any is used.
             let mut rows: [Row; TILE] = [[0; 8]; TILE];
             let mut slots = [0i64; TILE];
@@ -1099,11 +1091,122 @@ unsafe fn tiles_body<const E: usize, const RUNS: bool>(a: &TileArgs, g: Group) {
             head,
             e0,
             step,
-            vec: a.src_vec != 0 && !strided,
+            vec: a.src_vec != 0,
             counting,
         };
         // SAFETY: forwarded: the item's tokens, inside the source and the slot array.
         unsafe { tile_tokens::<E>(a, &p, src, &tokens, &scale) };
+    }
+}
+
+/// [`update_tiles_one`]'s body for caches of `E`-byte elements: item `((t * heads) + head) *
+/// groups + grp` loads K's group `grp` (elements `8 grp .. 8 grp + 7`) and V's (elements `grp,
+/// grp + groups, ..` when V has one element per piece, so the `groups` threads of a head store
+/// consecutive pieces; else `8 grp ..`), then reads the token's slot (both latencies overlap)
+/// and stores each part in its pieces.
+///
+/// # Safety
+/// As [`update_tiles_one`].
+#[inline(always)]
+unsafe fn tiles_one_body<const E: usize>(a: &TileArgs, g: Group) {
+    let items = a.num_tokens * a.heads * a.groups;
+    let (heads, groups) = (a.heads as u32, a.groups as u32);
+    let se = if a.convert != convert::NONE {
+        convert::src_bytes(a.convert)
+    } else {
+        E as u64
+    };
+    let (k, v) = (TilePart::of(a, 0), TilePart::of(a, 1));
+    let with_v = !a.src_v.is_null();
+    let strided = v.piece == 1;
+    let (vec, bs_shift) = (a.src_vec != 0, index::pow2_shift(a.block_size));
+    let mut item = g.first;
+    while item < items {
+        // items < 2^32 (host-checked): the split is 32-bit.
+        let (th, grp) = index::split_u32(item as u32, groups);
+        let (t, head) = index::split_u32(th, heads);
+        item += g.step;
+        let (t, head, grp) = (t as u64, head as u64, grp as u64);
+        let at = t * a.src_token_stride + head * a.src_head_stride;
+        let (ve0, vstep) = if strided {
+            (grp, a.groups)
+        } else {
+            (8 * grp, 1)
+        };
+        // SAFETY: t < num_tokens, head < heads, grp < groups: both groups lie in the
+        // validated sources (V's elements grp + j * groups < 8 * groups too).
+        let (row_k, row_v) = unsafe {
+            let s = a.src_k.add((at + 8 * grp * se) as usize);
+            let row_k = tile_row::<E>(a, s, vec, 1, &tile_scale(a, 0, head));
+            let row_v = if with_v {
+                let s = a.src_v.add((at + ve0 * se) as usize);
+                tile_row::<E>(a, s, vec && !strided, vstep, &tile_scale(a, 1, head))
+            } else {
+                [0; 8]
+            };
+            (row_k, row_v)
+        };
+        // SAFETY: t < num_tokens, the length of the slot array.
+        let slot = unsafe { tile_slot(a, t) };
+        if slot < 0 {
+            continue;
+        }
+        let (block, offset) = index::split_slot(slot as u64, a.block_size, bs_shift);
+        if block >= a.num_blocks {
+            if head == 0 && grp == 0 {
+                // SAFETY: see count_error.
+                unsafe { count_error(a.errors, err::BAD_SLOT) };
+            }
+            continue;
+        }
+        // SAFETY: a valid target (block < num_blocks, offset < block_size, head < heads).
+        unsafe {
+            store_part::<E>(&k, block, offset, head, &row_k, 8 * grp, 1);
+            if with_v {
+                store_part::<E>(&v, block, offset, head, &row_v, ve0, vstep);
+            }
+        }
+    }
+}
+
+/// Stores one token's group of part `p` at its target (`block`, `offset`, `head`): elements
+/// `e0, e0 + step, .., e0 + 7 * step` of the head, in the part's pieces (found by a shift and
+/// a mask when pieces hold a power of two of elements, as every v0 layout's do).
+///
+/// # Safety
+/// The target is valid; the host checked the alignment of the part's stores.
+#[inline(always)]
+unsafe fn store_part<const E: usize>(
+    p: &TilePart,
+    block: u64,
+    offset: u64,
+    head: u64,
+    row: &Row,
+    e0: u64,
+    step: u64,
+) {
+    let e = E as u64;
+    // SAFETY: every element stored belongs to the target's head (forwarded).
+    unsafe {
+        let d = p
+            .dst
+            .add((block * p.block + offset * p.token + head * p.head) as usize);
+        if !p.piece.is_power_of_two() {
+            tile_store_row::<E>(p, d, row, e0, step);
+            return;
+        }
+        let (sh, mask) = (p.piece.trailing_zeros(), p.piece - 1);
+        let off = |x: u64| ((x >> sh) * p.piece_stride + (x & mask) * e) as usize;
+        if p.unit == 8 {
+            tile::store::<E>(d.add(off(e0)), row, 0, 8);
+        } else if p.unit == 4 {
+            tile::store::<E>(d.add(off(e0)), row, 0, 4);
+            tile::store::<E>(d.add(off(e0 + 4)), row, 4, 4);
+        } else {
+            unroll8!(j => {
+                tile::store::<E>(d.add(off(e0 + j as u64 * step)), row, j, 1);
+            });
+        }
     }
 }
 

@@ -349,8 +349,19 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         }
     }
     // Prefill sizes: tiles of eight tokens (runs of whole pages stored wide); decode sizes:
-    // one token per thread, as latency-bound as the NHD update.
-    let tile: u64 = if n >= TILE_FROM { 8 } else { 1 };
+    // one token per thread, as latency-bound as the NHD update, K and V of one (token, head,
+    // group) in one item, split in 32 bits (so fewer than 2^32 items).
+    let groups = kl.head_dim as u64 / 8;
+    let one_items = (n as u64)
+        .checked_mul(kl.num_heads as u64 * groups)
+        .filter(|&v| v <= u32::MAX as u64);
+    // (Caches of 4-byte elements run `kvio_update_tiles_wide`, one part per item.)
+    let one = n < TILE_FROM && e <= 2 && one_items.is_some();
+    let tile: u64 = if one || (n < TILE_FROM && e == 4) {
+        1
+    } else {
+        8
+    };
     let subs: u64 = match (tile, e) {
         (1, _) => 1,
         (_, 1) => 4,
@@ -384,8 +395,9 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         (tile, subs)
     };
     let parts = 1 + op.value.is_some() as u64;
-    let groups = kl.head_dim as u64 / 8;
-    let items = if pages {
+    let items = if let (true, Some(items)) = (one, one_items) {
+        items
+    } else if pages {
         (n as u64)
             .div_ceil(tile)
             .checked_mul(parts * (kl.num_heads as u64).div_ceil(subs))
