@@ -80,6 +80,74 @@ fn touches_memory(op: &str) -> bool {
         || op.starts_with("call")
 }
 
+/// One PTX instruction of an entry's body, as the control-flow check needs it.
+struct Inst<'a> {
+    /// The instruction without its predicate (`@%p1 bra $L__BB0_2;` -> `bra $L__BB0_2;`).
+    op: &'a str,
+    /// Whether it runs under a predicate.
+    predicated: bool,
+}
+
+/// The instructions of `body` (one per `;`-terminated line; directives, braces and comments
+/// dropped) and the index each label names.
+fn instructions(body: &str) -> (Vec<Inst<'_>>, std::collections::HashMap<&str, usize>) {
+    let (mut insts, mut labels) = (Vec::new(), std::collections::HashMap::new());
+    // Skip the parameter list and declarations: the body starts after the opening brace.
+    let body = &body[body.find("\n{").expect("entry body")..];
+    for l in body.lines().map(str::trim) {
+        if let Some(label) = l.strip_suffix(':') {
+            labels.insert(label, insts.len());
+        } else if l.ends_with(';') && !l.starts_with('.') && !l.starts_with("//") {
+            let (op, predicated) = match l.strip_prefix('@') {
+                Some(rest) => (rest.split_once(' ').map_or(rest, |(_, op)| op.trim()), true),
+                None => (l, false),
+            };
+            insts.push(Inst { op, predicated });
+        }
+    }
+    (insts, labels)
+}
+
+/// Walks every path from the entry of `body` until it passes an unpredicated
+/// `griddepcontrol.wait`, and returns the first instruction found on such a path that
+/// touches memory or signals dependents (`griddepcontrol.launch_dependents`), if any.
+fn before_wait<'a>(name: &str, body: &'a str) -> Option<&'a str> {
+    let (insts, labels) = instructions(body);
+    let mut seen = vec![false; insts.len() + 1];
+    let mut todo = vec![0usize];
+    while let Some(i) = todo.pop() {
+        if i >= insts.len() || std::mem::replace(&mut seen[i], true) {
+            continue;
+        }
+        let Inst { op, predicated } = insts[i];
+        if op.starts_with("griddepcontrol.wait") && !predicated {
+            continue;
+        }
+        if touches_memory(op) || op.starts_with("griddepcontrol.launch_dependents") {
+            return Some(op);
+        }
+        let jump = op.starts_with("bra");
+        if jump {
+            let target = op
+                .split_whitespace()
+                .last()
+                .map(|t| t.trim_end_matches(';'))
+                .unwrap_or_else(|| panic!("{name}: branch without target: {op}"));
+            let at = *labels
+                .get(target)
+                .unwrap_or_else(|| panic!("{name}: unknown label {target}"));
+            todo.push(at);
+        }
+        let ends =
+            (jump || op.starts_with("ret") || op.starts_with("exit") || op.starts_with("trap"))
+                && !predicated;
+        if !ends {
+            todo.push(i + 1);
+        }
+    }
+    None
+}
+
 #[test]
 fn sm90_entry_points_wait_before_touching_memory() {
     let entries = [
@@ -92,39 +160,22 @@ fn sm90_entry_points_wait_before_touching_memory() {
     .concat();
     for name in entries {
         let body = entry_body(kvio::PTX_SM90, name);
-        let lines: Vec<&str> = body
-            .lines()
-            .map(|l| {
-                // Predicated instructions: `@%p1 ld.global...` -> `ld.global...`.
-                let l = l.trim_start();
-                match l.strip_prefix('@') {
-                    Some(rest) => rest.split_once(' ').map_or(rest, |(_, op)| op),
-                    None => l,
-                }
-            })
-            .collect();
-        let wait = lines
-            .iter()
-            .position(|l| l.starts_with("griddepcontrol.wait;"))
-            .unwrap_or_else(|| panic!("sm_90 {name}: no griddepcontrol.wait"));
-        let signal = lines
-            .iter()
-            .position(|l| l.starts_with("griddepcontrol.launch_dependents;"));
+        assert!(
+            body.contains("griddepcontrol.wait;"),
+            "sm_90 {name}: no griddepcontrol.wait"
+        );
+        let signals = body.contains("griddepcontrol.launch_dependents;");
         // Block copies never signal (their dependents are scheduled as their CTAs exit); the
-        // write path signals right after it waits.
+        // write path signals once it has waited.
         if CopyArgs::ENTRIES.contains(&name) {
-            assert!(signal.is_none(), "sm_90 {name}: a block copy signals early");
+            assert!(!signals, "sm_90 {name}: a block copy signals early");
         } else {
-            let signal = signal
-                .unwrap_or_else(|| panic!("sm_90 {name}: no griddepcontrol.launch_dependents"));
-            assert!(wait < signal, "sm_90 {name}: signals before it waits");
+            assert!(signals, "sm_90 {name}: no griddepcontrol.launch_dependents");
         }
-        if let Some(first) = lines.iter().position(|l| touches_memory(l)) {
-            assert!(
-                wait < first,
-                "sm_90 {name}: `{}` comes before griddepcontrol.wait",
-                lines[first]
-            );
+        // On every path from the entry: no memory access and no signal before the wait
+        // (bodies may do argument-only arithmetic first: `pdl::Signal::BODY_WAITS`).
+        if let Some(op) = before_wait(name, body) {
+            panic!("sm_90 {name}: `{op}` can run before griddepcontrol.wait");
         }
     }
     // The producer signals (it is launched plainly, so it has nothing to wait for).

@@ -65,7 +65,10 @@ macro_rules! entry_point {
         pub unsafe extern "ptx-kernel" fn $entry($($field: $ty),*) {
             // Before the first read of any argument's memory (inputs, slots, scales, tables)
             // and the first write.
-            $crate::pdl::prologue(<$args as $crate::pdl::Signal>::EARLY);
+            // (Unless the body does so itself, after its argument-only arithmetic.)
+            if !<$args as $crate::pdl::Signal>::BODY_WAITS {
+                $crate::pdl::prologue(<$args as $crate::pdl::Signal>::EARLY);
+            }
             let a = $args { $($field),* };
             // SAFETY: forwarded from the launcher's validation.
             unsafe { $body(&a, $crate::ops::Group::this_thread(a.shift)) }
@@ -462,8 +465,12 @@ kernel! {
 
 // Write-path kernels and the benchmarks' own signal early; block copies do not (see
 // [`crate::pdl`]).
-impl crate::pdl::Signal for SlotArgs {}
-impl crate::pdl::Signal for TileArgs {}
+impl crate::pdl::Signal for SlotArgs {
+    const BODY_WAITS: bool = true;
+}
+impl crate::pdl::Signal for TileArgs {
+    const BODY_WAITS: bool = true;
+}
 impl crate::pdl::Signal for SliceArgs {}
 impl crate::pdl::Signal for NaiveArgs {}
 impl crate::pdl::Signal for SpinArgs {}

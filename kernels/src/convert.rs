@@ -76,10 +76,13 @@ pub const fn code(src: u32, to: u32) -> u32 {
 
 /// Bytes of one source element of `code` (0 for an invalid source).
 pub const fn src_bytes(code: u32) -> u64 {
-    match code & 0xf {
-        SRC_BF16 | SRC_F16 => 2,
-        SRC_F32 => 4,
-        _ => 0,
+    // Arithmetic rather than a `match`, which LLVM turns into a table in global memory: a load
+    // that may be placed before `griddepcontrol.wait` (see `pdl::Signal::BODY_WAITS`).
+    let c = code & 0xf;
+    if c == 0 || c > SRC_F32 {
+        0
+    } else {
+        2 << (c == SRC_F32) as u64
     }
 }
 

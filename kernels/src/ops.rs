@@ -11,6 +11,7 @@ use crate::convert::{self, Span};
 use crate::cta;
 use crate::fp8::Divider;
 use crate::index::{self, chunk_at, err, PairCheck, PoolSide, SliceCheck, SlotTarget, TablePtr};
+use crate::pdl;
 use crate::span::{
     self, copy_span, copy_spans, load_round, load_staged, store_round, store_staged, Unit,
     BATCH_UNITS, STAGE_UNITS, V16,
@@ -126,6 +127,7 @@ pub unsafe fn update_slots_general(a: &SlotArgs, g: Group) {
 /// As [`update_slots`], with `rows`.
 #[inline(always)]
 pub unsafe fn update_rows(a: &SlotArgs, g: Group) {
+    pdl::ready::<SlotArgs>();
     // SAFETY: forwarded (the width divides every address and chunk: host-checked).
     unsafe { span::by_width!(a.width, rows_body(a, g)) }
 }
@@ -253,6 +255,7 @@ pub unsafe fn update_slots_convert(a: &SlotArgs, g: Group) {
 /// As [`update_slots`], with `rows`; `a.convert` is a valid conversion code.
 #[inline(always)]
 pub unsafe fn update_rows_convert(a: &SlotArgs, g: Group) {
+    pdl::ready::<SlotArgs>();
     // SAFETY: forwarded. `C` is a constant in each arm: the branch not taken is dropped.
     convert::by_code!(a.convert, C => unsafe {
         if convert::src_bytes(C) == 4 {
@@ -357,8 +360,12 @@ unsafe fn slots_body<const GENERAL: bool>(a: &SlotArgs, g: Group) {
     // streaming path.
     let staged = a.width == 16 && units <= STAGE_UNITS * g.lanes && items <= g.step;
     let mut item = g.first;
+    // The first item's split only reads arguments: done before waiting for the grid this one
+    // depends on (each iteration splits the next one, if any, after its own stores).
+    let mut next = index::split3(item, parts, a.heads);
+    pdl::ready::<SlotArgs>();
     while item < items {
-        let (tok, part, head) = index::split3(item, parts, a.heads);
+        let (tok, part, head) = next;
         // In the general entry K and V may differ in width and input stride; the copying
         // entry keeps one of each.
         let (src, dst, chunk, sts) = if part == 0 {
@@ -404,6 +411,10 @@ unsafe fn slots_body<const GENERAL: bool>(a: &SlotArgs, g: Group) {
             }
         }
         item += g.step;
+        if item >= items {
+            break;
+        }
+        next = index::split3(item, parts, a.heads);
     }
 }
 
@@ -447,8 +458,11 @@ unsafe fn slots_convert_body<const C: u32>(a: &SlotArgs, g: Group) {
     let per = if vec { convert::VEC } else { 1 };
     let (lane, lanes) = (g.lane as u32, g.lanes as u32);
     let mut item = g.first;
+    // As in `slots_body`: the first item's split before the wait.
+    let mut next = index::split3(item, parts, a.heads);
+    pdl::ready::<SlotArgs>();
     while item < items {
-        let (tok, part, head) = index::split3(item, parts, a.heads);
+        let (tok, part, head) = next;
         // K and V may differ in width and input stride (as in the general copying entry).
         let (src, dst, chunk, sts, scales) = if part == 0 {
             (
@@ -517,6 +531,10 @@ unsafe fn slots_convert_body<const C: u32>(a: &SlotArgs, g: Group) {
             }
         }
         item += g.step;
+        if item >= items {
+            break;
+        }
+        next = index::split3(item, parts, a.heads);
     }
 }
 
@@ -537,6 +555,7 @@ unsafe fn slots_convert_body<const C: u32>(a: &SlotArgs, g: Group) {
 /// its own register budget).
 #[inline(always)]
 pub unsafe fn update_tiles(a: &TileArgs, g: Group) {
+    pdl::ready::<TileArgs>();
     // SAFETY: forwarded.
     unsafe { tiles_body::<2>(a, g) }
 }
@@ -556,6 +575,7 @@ pub unsafe fn update_tiles(a: &TileArgs, g: Group) {
 /// 16-byte copy, aligned to its size where runs are allowed).
 #[inline(always)]
 pub unsafe fn update_tiles_staged(a: &TileArgs, g: Group) {
+    pdl::ready::<TileArgs>();
     // SAFETY: forwarded.
     unsafe { staged_body(a, g) }
 }
@@ -587,6 +607,7 @@ pub unsafe fn update_tiles_one(a: &TileArgs, g: Group) {
 /// As [`update_tiles`].
 #[inline(always)]
 pub unsafe fn update_tiles_wide(a: &TileArgs, g: Group) {
+    pdl::ready::<TileArgs>();
     // SAFETY: forwarded.
     unsafe { tiles_body::<4>(a, g) }
 }
@@ -626,6 +647,7 @@ pub const PAGE_TOKENS: u64 = 16;
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn update_pages(a: &TileArgs, _g: Group) {
+    pdl::ready::<TileArgs>();
     // SAFETY: forwarded.
     unsafe { cta::run(&Pages(a)) }
 }
@@ -1120,52 +1142,71 @@ unsafe fn tiles_one_body<const E: usize>(a: &TileArgs, g: Group) {
     let with_v = !a.src_v.is_null();
     let strided = v.piece == 1;
     let (vec, bs_shift) = (a.src_vec != 0, index::pow2_shift(a.block_size));
-    let mut item = g.first;
-    while item < items {
-        // items < 2^32 (host-checked): the split is 32-bit.
-        let (th, grp) = index::split_u32(item as u32, groups);
+    // Item `i`'s (token, head, group) and source offset (items < 2^32, host-checked: the
+    // split is 32-bit).
+    let locate = |i: u64| {
+        let (th, grp) = index::split_u32(i as u32, groups);
         let (t, head) = index::split_u32(th, heads);
-        item += g.step;
         let (t, head, grp) = (t as u64, head as u64, grp as u64);
-        let at = t * a.src_token_stride + head * a.src_head_stride;
-        let (ve0, vstep) = if strided {
-            (grp, a.groups)
-        } else {
-            (8 * grp, 1)
-        };
-        // SAFETY: t < num_tokens, head < heads, grp < groups: both groups lie in the
-        // validated sources (V's elements grp + j * groups < 8 * groups too).
-        let (row_k, row_v) = unsafe {
-            let s = a.src_k.add((at + 8 * grp * se) as usize);
-            let row_k = tile_row::<E>(a, s, vec, 1, &tile_scale(a, 0, head));
-            let row_v = if with_v {
-                let s = a.src_v.add((at + ve0 * se) as usize);
-                tile_row::<E>(a, s, vec && !strided, vstep, &tile_scale(a, 1, head))
+        (
+            t,
+            head,
+            grp,
+            t * a.src_token_stride + head * a.src_head_stride,
+        )
+    };
+    let mut item = g.first;
+    // The first item's place only reads arguments: found before waiting for the grid this
+    // one depends on (each iteration locates the next one, if any, after its own stores).
+    let mut next = locate(item);
+    pdl::ready::<TileArgs>();
+    while item < items {
+        let (t, head, grp, at) = next;
+        'item: {
+            let (ve0, vstep) = if strided {
+                (grp, a.groups)
             } else {
-                [0; 8]
+                (8 * grp, 1)
             };
-            (row_k, row_v)
-        };
-        // SAFETY: t < num_tokens, the length of the slot array.
-        let slot = unsafe { tile_slot(a, t) };
-        if slot < 0 {
-            continue;
-        }
-        let (block, offset) = index::split_slot(slot as u64, a.block_size, bs_shift);
-        if block >= a.num_blocks {
-            if head == 0 && grp == 0 {
-                // SAFETY: see count_error.
-                unsafe { count_error(a.errors, err::BAD_SLOT) };
+            // SAFETY: t < num_tokens, head < heads, grp < groups: both groups lie in the
+            // validated sources (V's elements grp + j * groups < 8 * groups too).
+            let (row_k, row_v) = unsafe {
+                let s = a.src_k.add((at + 8 * grp * se) as usize);
+                let row_k = tile_row::<E>(a, s, vec, 1, &tile_scale(a, 0, head));
+                let row_v = if with_v {
+                    let s = a.src_v.add((at + ve0 * se) as usize);
+                    tile_row::<E>(a, s, vec && !strided, vstep, &tile_scale(a, 1, head))
+                } else {
+                    [0; 8]
+                };
+                (row_k, row_v)
+            };
+            // SAFETY: t < num_tokens, the length of the slot array.
+            let slot = unsafe { tile_slot(a, t) };
+            if slot < 0 {
+                break 'item;
             }
-            continue;
-        }
-        // SAFETY: a valid target (block < num_blocks, offset < block_size, head < heads).
-        unsafe {
-            store_part::<E>(&k, block, offset, head, &row_k, 8 * grp, 1);
-            if with_v {
-                store_part::<E>(&v, block, offset, head, &row_v, ve0, vstep);
+            let (block, offset) = index::split_slot(slot as u64, a.block_size, bs_shift);
+            if block >= a.num_blocks {
+                if head == 0 && grp == 0 {
+                    // SAFETY: see count_error.
+                    unsafe { count_error(a.errors, err::BAD_SLOT) };
+                }
+                break 'item;
+            }
+            // SAFETY: a valid target (block < num_blocks, offset < block_size, head < heads).
+            unsafe {
+                store_part::<E>(&k, block, offset, head, &row_k, 8 * grp, 1);
+                if with_v {
+                    store_part::<E>(&v, block, offset, head, &row_v, ve0, vstep);
+                }
             }
         }
+        item += g.step;
+        if item >= items {
+            break;
+        }
+        next = locate(item);
     }
 }
 
@@ -1202,6 +1243,12 @@ unsafe fn store_part<const E: usize>(
         } else if p.unit == 4 {
             tile::store::<E>(d.add(off(e0)), row, 0, 4);
             tile::store::<E>(d.add(off(e0 + 4)), row, 4, 4);
+        } else if p.piece == 1 {
+            // One element per piece (v0 V): the eight stores are `step` pieces apart.
+            let (d0, by) = (d.add(off(e0)), (step * p.piece_stride) as usize);
+            unroll8!(j => {
+                tile::store::<E>(d0.add(j * by), row, j, 1);
+            });
         } else {
             unroll8!(j => {
                 tile::store::<E>(d.add(off(e0 + j as u64 * step)), row, j, 1);

@@ -13,9 +13,11 @@
 //!   dependent still sees this grid's writes only through its own `griddepcontrol.wait`,
 //!   which waits for this grid to *complete*.
 //!
-//! kvio's entry points run `wait` first (nothing is read or written before the producer of
-//! their inputs and the previous user of their outputs has finished), then
-//! `launch_dependents` (a dependent launched with the attribute may be scheduled while this
+//! kvio's entry points run `wait` before they read or write memory (nothing is touched before
+//! the producer of their inputs and the previous user of their outputs has finished): first
+//! thing, or, for the write path's bodies ([`Signal::BODY_WAITS`]), after the arithmetic that
+//! reads only their arguments (the first item's index split), which then overlaps the grid
+//! they wait for. Then `launch_dependents` (a dependent launched with the attribute may be scheduled while this
 //! grid runs; it waits for its completion before touching memory, so an early signal is safe
 //! for every dependent that waits, and a dependent that does not wait is unsafe whatever the
 //! signal's position). Signalling after the wait rather than before it keeps a chain of
@@ -64,6 +66,19 @@ pub trait Signal {
     /// scheduled at once); `false`: never, so dependents are scheduled as the grid's CTAs
     /// exit (block copies).
     const EARLY: bool = true;
+    /// `true`: the bodies taking these arguments run [`ready`] themselves, after the work that
+    /// reads nothing but the arguments and the thread's indices (their first item's index
+    /// split and addresses), so under programmatic dependent launch that work overlaps the
+    /// grid they wait for; their entry points do not run [`prologue`]. `tests/ptx_abi.rs`
+    /// checks, on the control-flow graph of every sm_90 entry, that no path reaches a memory
+    /// access without passing `griddepcontrol.wait`.
+    const BODY_WAITS: bool = false;
+}
+
+/// The prologue a body of arguments `A` runs itself ([`Signal::BODY_WAITS`]).
+#[inline(always)]
+pub fn ready<A: Signal>() {
+    prologue(A::EARLY);
 }
 
 /// The entry-point prologue: [`wait`], then [`launch_dependents`] when `early`.
