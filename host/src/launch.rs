@@ -8,8 +8,28 @@ use crate::error::Result;
 
 /// Threads per CTA of the write-path kernels and of device-side block copies.
 pub(crate) const BLOCK_THREADS: u32 = 256;
-/// Threads per CTA of the one-token-per-thread tiled update (`kvio_update_tiles_one`).
+/// Threads per CTA of decode-size write-path kernels at their smallest (see [`cta_threads`]).
 pub(crate) const SMALL_CTA_THREADS: u32 = 64;
+/// Threads per CTA of the one-token-per-thread tiled update (`kvio_update_tiles_one`): one
+/// warp, so a decode step's items spread over as many multiprocessors as there are warps (half
+/// a warp where even that grid fits on the multiprocessors: [`one_cta_threads`]). Its v0 V
+/// stores are one sector per element, and each multiprocessor's load/store unit takes a warp's
+/// stores line by line: on the H100, in a graph, 32-thread CTAs wrote T = 1 / 16 in 1.30 /
+/// 1.47 µs against 1.43 / 1.56 µs with 64, 16-thread CTAs T = 1 in 1.25 µs (but T = 256 in
+/// 5.8 µs against 4.5 µs: a grid larger than the machine; BENCHMARKS.md, session 14).
+pub(crate) const ONE_CTA_THREADS: u32 = 32;
+
+/// Threads per CTA of `kvio_update_tiles_one` for `items` items (one thread each) on `sms`
+/// multiprocessors: [`ONE_CTA_THREADS`], or half of it when the grid of half-warp CTAs still
+/// fits on the multiprocessors (one CTA each).
+pub(crate) fn one_cta_threads(items: u64, sms: u32) -> u32 {
+    let half = ONE_CTA_THREADS / 2;
+    if items.div_ceil(half as u64) <= sms as u64 {
+        half
+    } else {
+        ONE_CTA_THREADS
+    }
+}
 /// Threads per CTA of block copies touching host memory: few CTAs, many bytes in flight. The
 /// build gives that entry point `.maxntid 512`, so ptxas may use 128 registers per thread:
 /// each group holds three items' loads at once (`kvio_kernels::ops::TRANSFER_BATCH`), which
@@ -55,7 +75,7 @@ pub(crate) struct GridCap {
     pub(crate) rows_convert: u32,
     /// `kvio_update_tiles` at [`BLOCK_THREADS`].
     pub(crate) tiles: u32,
-    /// `kvio_update_tiles_one` at [`SMALL_CTA_THREADS`].
+    /// `kvio_update_tiles_one` at [`ONE_CTA_THREADS`].
     pub(crate) tiles_one: u32,
     /// `kvio_update_tiles_wide` at [`BLOCK_THREADS`].
     pub(crate) tiles_wide: u32,
@@ -160,5 +180,8 @@ mod tests {
         assert_eq!(cta_threads(4, 7, 132), 128);
         // A device with few multiprocessors keeps full CTAs sooner.
         assert_eq!(cta_threads(16 * 16, 2, 2), BLOCK_THREADS);
+        // v0 decode, 8 heads of 16 groups: T = 1 and 16 on half warps, T = 64 on warps.
+        let v0 = |t: u64| super::one_cta_threads(t * 8 * 16, 132);
+        assert_eq!((v0(1), v0(16), v0(64)), (16, 16, 32));
     }
 }

@@ -11,7 +11,7 @@ use crate::driver::{
 };
 use crate::error::{Error, Result};
 use crate::launch::{
-    resident_ctas, GridCap, BLOCK_THREADS, PAGE_THREADS, SMALL_CTA_THREADS, STAGED_THREADS,
+    resident_ctas, GridCap, BLOCK_THREADS, ONE_CTA_THREADS, PAGE_THREADS, STAGED_THREADS,
     TMA_THREADS, TRANSFER_THREADS,
 };
 use crate::plan::{Kernel, Target};
@@ -178,7 +178,7 @@ impl Kvio {
             slots_convert: resident_ctas(this.update_slots_convert, BLOCK_THREADS, sms)?,
             rows_convert: resident_ctas(this.update_rows_convert, BLOCK_THREADS, sms)?,
             tiles: resident_ctas(this.update_tiles, BLOCK_THREADS, sms)?,
-            tiles_one: resident_ctas(this.update_tiles_one, SMALL_CTA_THREADS, sms)?,
+            tiles_one: resident_ctas(this.update_tiles_one, ONE_CTA_THREADS, sms)?,
             tiles_wide: resident_ctas(this.update_tiles_wide, BLOCK_THREADS, sms)?,
             tiles_staged: resident_ctas(this.update_tiles_staged, STAGED_THREADS, sms)?,
             pages: resident_ctas(this.update_pages, PAGE_THREADS, sms)?,

@@ -12,7 +12,7 @@ use super::{
 use crate::error::{invalid, Error, Result};
 use crate::error_word::DeviceErrors;
 use crate::launch::{
-    cta_threads, grid_for, BLOCK_THREADS, PAGE_THREADS, PER_LANE, SMALL_CTA_THREADS, STAGED_THREADS,
+    cta_threads, grid_for, one_cta_threads, BLOCK_THREADS, PAGE_THREADS, PER_LANE, STAGED_THREADS,
 };
 use crate::layout::{chunks_disjoint, PagedLayout, TokenLayout};
 use crate::mem::DeviceBytes;
@@ -458,7 +458,10 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     } else if tile == 8 && e == 1 {
         (target.caps.tiles_staged, STAGED_THREADS)
     } else if tile == 1 {
-        (target.caps.tiles_one, SMALL_CTA_THREADS)
+        (
+            target.caps.tiles_one,
+            one_cta_threads(items, target.caps.sms),
+        )
     } else {
         (target.caps.tiles, BLOCK_THREADS)
     };
