@@ -362,10 +362,18 @@ unsafe fn slots_body<const GENERAL: bool>(a: &SlotArgs, g: Group) {
     let mut item = g.first;
     // The first item's split only reads arguments: done before waiting for the grid this one
     // depends on (each iteration splits the next one, if any, after its own stores).
-    let mut next = index::split3(item, parts, a.heads);
+    let mut next = if pdl::SPLIT_EARLY {
+        index::split3(item, parts, a.heads)
+    } else {
+        (0, 0, 0)
+    };
     pdl::ready::<SlotArgs>();
     while item < items {
-        let (tok, part, head) = next;
+        let (tok, part, head) = if pdl::SPLIT_EARLY {
+            next
+        } else {
+            index::split3(item, parts, a.heads)
+        };
         // In the general entry K and V may differ in width and input stride; the copying
         // entry keeps one of each.
         let (src, dst, chunk, sts) = if part == 0 {
@@ -411,10 +419,12 @@ unsafe fn slots_body<const GENERAL: bool>(a: &SlotArgs, g: Group) {
             }
         }
         item += g.step;
-        if item >= items {
-            break;
+        if pdl::SPLIT_EARLY {
+            if item >= items {
+                break;
+            }
+            next = index::split3(item, parts, a.heads);
         }
-        next = index::split3(item, parts, a.heads);
     }
 }
 
@@ -461,12 +471,22 @@ unsafe fn slots_convert_body<const C: u32>(a: &SlotArgs, g: Group) {
     // As in `slots_body`: the first item's split before the wait; but here each iteration
     // splits the next item as soon as it has taken its own (splitting it after the stores, as
     // `slots_body` does, cost 1.6-2.9% of this entry's prefill throughput on the H100).
-    let mut next = index::split3(item, parts, a.heads);
+    let mut next = if pdl::SPLIT_EARLY {
+        index::split3(item, parts, a.heads)
+    } else {
+        (0, 0, 0)
+    };
     pdl::ready::<SlotArgs>();
     while item < items {
-        let (tok, part, head) = next;
+        let (tok, part, head) = if pdl::SPLIT_EARLY {
+            next
+        } else {
+            index::split3(item, parts, a.heads)
+        };
         item += g.step;
-        next = index::split3(item, parts, a.heads);
+        if pdl::SPLIT_EARLY {
+            next = index::split3(item, parts, a.heads);
+        }
         // K and V may differ in width and input stride (as in the general copying entry).
         let (src, dst, chunk, sts, scales) = if part == 0 {
             (

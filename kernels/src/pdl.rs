@@ -75,6 +75,13 @@ pub trait Signal {
     const BODY_WAITS: bool = false;
 }
 
+/// Whether a body gains from splitting its first item before [`ready`]: on sm_90 PTX (where
+/// the wait overlaps the previous grid) and in the CPU emulation (which runs the same code,
+/// so the emulated tests cover it); not on earlier architectures, which have no
+/// `griddepcontrol` and where the split kept across the wait cost registers (the slot update
+/// on sm_80: 80 -> 115).
+pub const SPLIT_EARLY: bool = !cfg!(all(target_arch = "nvptx64", not(target_feature = "sm_90")));
+
 /// The prologue a body of arguments `A` runs itself ([`Signal::BODY_WAITS`]).
 #[inline(always)]
 pub fn ready<A: Signal>() {
