@@ -262,6 +262,20 @@ const FORMATS: [Format; 7] = [
 /// Every format × page size (1, 16, 128, and 8 and 32) × head dim (64, 128, 256), decode and
 /// prefill sizes (one token per thread below 1,024 tokens, tiles of eight from there),
 /// scattered and page-filling slots; `full` adds the larger and rarer ones.
+/// [`case_h`] (3 heads of 48 elements, 16-token pages) with a key cache of the v0 form whose
+/// pieces hold 24 elements instead of `x`.
+fn pieces_of_24(format: Format, t: usize, mode: Slots, seed: u64) -> Case {
+    let mut c = case_h(format, 16, 3, 48, t, mode, seed);
+    c.key_layout = PagedLayout {
+        token_stride: 24,
+        piece_elems: 24,
+        piece_stride: 16 * 24,
+        ..c.key_layout
+    };
+    c.data.name = format!("{} keys in pieces of 24", c.data.name);
+    c
+}
+
 fn cases(full: bool) -> Vec<Case> {
     let mut v = Vec::new();
     let mut seed = 100;
@@ -278,6 +292,18 @@ fn cases(full: bool) -> Vec<Case> {
         // Keys only (one part) at prefill size.
         v.push(k_only(format, 16, 3, 128, 1030, seed + 4000));
         seed += 1;
+        if format == Format::Copy(2) {
+            // Keys in pieces of 24 elements (not a power of two: the stores' division path)
+            // at decode and prefill sizes.
+            for (t, mode) in [
+                (1, Slots::Random),
+                (37, Slots::Random),
+                (1030, Slots::Pages),
+            ] {
+                v.push(pieces_of_24(format, t, mode, seed + 5000));
+                seed += 1;
+            }
+        }
         for bs in [1, 16, 128, 8, 32] {
             for d in [64, 128, 256] {
                 if !full && (d == 256 || bs == 8) {
