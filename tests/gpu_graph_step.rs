@@ -167,13 +167,14 @@ fn graph_serving_step_replays() {
         staging: None,
         errors: Some(&errors),
     };
-    let graph = Graph::capture(&stream, |s| {
-        errors.reset(s).unwrap();
+    let graph = Graph::retrying(&stream, |s| {
+        errors.reset(s)?;
         for op in &ops {
-            g.kv.update_slots(op, s).unwrap();
+            g.kv.update_slots(op, s)?;
         }
-        let used = g.kv.copy_blocks(&offload, s).unwrap();
+        let used = g.kv.copy_blocks(&offload, s)?;
         assert_eq!(used, Backend::Kernel);
+        Ok(())
     });
 
     let mut rng = Rng::new(2024);
@@ -255,4 +256,30 @@ fn graph_serving_step_replays() {
             "replay {replay}: error word"
         );
     }
+}
+
+/// `Graph::retrying` takes a capture again when it was invalidated: here by the capturing
+/// thread itself, which synchronizes the stream inside its first try (CUDA refuses that and
+/// invalidates the capture, as it does when another thread synchronizes the device).
+#[test]
+fn capture_retries_an_invalidated_capture() {
+    let Some(g) = gpu("capture retry") else {
+        return;
+    };
+    let stream = g.stream();
+    let errors = DeviceErrors::new().unwrap();
+    let mut tries = 0;
+    let graph = Graph::retrying(&stream, |s| {
+        tries += 1;
+        if tries == 1 {
+            // SAFETY: a valid stream; the call fails (the stream is capturing).
+            let r = unsafe { cu::cuStreamSynchronize(stream.cu_stream()) };
+            assert_ne!(r, cu::CUresult::CUDA_SUCCESS, "a sync inside a capture");
+        }
+        errors.reset(s)
+    });
+    assert_eq!(tries, 2, "one invalidated capture, one retry");
+    graph.launch(&stream);
+    stream.synchronize().unwrap();
+    assert!(errors.read(StreamRef::from(&stream)).unwrap().is_clean());
 }

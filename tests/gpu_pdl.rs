@@ -104,13 +104,12 @@ impl Setup {
     }
 
     /// Enqueues the `PAIRS` producer → update pairs on `s`.
-    fn enqueue(&self, g: &Gpu, s: StreamRef<'_>, iters: u32) {
+    fn enqueue(&self, g: &Gpu, s: StreamRef<'_>, iters: u32) -> kvio::Result<()> {
         for p in 0..PAIRS {
-            g.kv.bench_produce(self.kv[p].bytes_mut(), iters, 0x1234 + p as u32, true, s)
-                .expect("producer");
-            g.kv.update_slots(&self.op(p), s.pdl(true))
-                .expect("update_slots with PDL");
+            g.kv.bench_produce(self.kv[p].bytes_mut(), iters, 0x1234 + p as u32, true, s)?;
+            g.kv.update_slots(&self.op(p), s.pdl(true))?;
         }
+        Ok(())
     }
 
     /// Checks what the producers wrote and the caches against the reference.
@@ -190,7 +189,7 @@ fn pdl_update_waits_for_its_producer_eagerly() {
         let mut w = Setup::new(t, 11 + i as u64);
         for round in 0..2 {
             let poison = w.reset(round);
-            w.enqueue(g, stream.sref(), iters());
+            w.enqueue(g, stream.sref(), iters()).expect("enqueue");
             stream
                 .synchronize()
                 .expect("sync (a kernel fault shows here)");
@@ -251,7 +250,7 @@ fn pdl_update_waits_for_its_producer_in_a_graph() {
     let stream = g.stream();
     for (i, t) in [1usize, 64, 256].into_iter().enumerate() {
         let mut w = Setup::new(t, 101 + i as u64);
-        let graph = Graph::capture(&stream, |s| w.enqueue(g, s, iters()));
+        let graph = Graph::retrying(&stream, |s| w.enqueue(g, s, iters()));
         let edges = programmatic_edges(&graph);
         eprintln!("T={t}: programmatic edges in the captured graph: {edges:?}");
         if let Some(e) = edges {

@@ -726,7 +726,7 @@ fn graph_replays(g: &kvio_suite::Gpu, given_list: bool) {
     let mut m = OnGpu::new(&first);
     errors.reset(StreamRef::from(&stream)).unwrap();
     let op = m.op(&first, &errors);
-    let graph = Graph::capture(&stream, |s| g.kv.update_slices(&op, s).unwrap());
+    let graph = Graph::retrying(&stream, |s| g.kv.update_slices(&op, s));
     for seed in [6u64, 7] {
         // The same shapes (so the same buffers), new rows, scales, table and count.
         let mut next = case(fmt, Caches::V0, 16, 4, 128, 300, seed);

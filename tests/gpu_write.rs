@@ -604,9 +604,9 @@ fn graph_capture_replays_with_new_device_indices() {
         quantize: None,
         slot_list: None,
     };
-    let graph = Graph::capture(&stream, |s| {
-        g.kv.update_slots(&slot_op, s).unwrap();
-        g.kv.update_slices(&slice_op, s).unwrap();
+    let graph = Graph::retrying(&stream, |s| {
+        g.kv.update_slots(&slot_op, s)?;
+        g.kv.update_slices(&slice_op, s)
     });
 
     let mut rng = Rng::new(77);

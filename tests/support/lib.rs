@@ -244,6 +244,9 @@ pub fn assert_same(what: &str, got: &[u8], want: &[u8]) {
     }
 }
 
+/// Tries of [`Graph::retrying`] when another thread invalidates its capture.
+pub const CAPTURE_TRIES: u32 = 3;
+
 /// A captured CUDA graph, instantiated and ready to replay.
 pub struct Graph {
     graph: cu::CUgraph,
@@ -255,34 +258,77 @@ fn ok(call: &str, r: cu::CUresult) {
 }
 
 impl Graph {
-    /// Captures what `body` enqueues on `stream` into a graph.
+    /// Captures what `body` enqueues on `stream` into a graph (once: see [`Graph::retrying`]
+    /// for a capture that other threads may invalidate).
     pub fn capture(stream: &Stream, body: impl FnOnce(StreamRef<'_>)) -> Graph {
+        let mut body = Some(body);
+        Self::capture_tries(stream, 1, |s| {
+            (body.take().expect("one try"))(s);
+            Ok(())
+        })
+    }
+
+    /// Captures what `body` enqueues on `stream` into a graph.
+    ///
+    /// CUDA invalidates a capture when another thread synchronizes the same device (the tests
+    /// of one binary run in parallel threads; a buffer's `cuMemFree` may synchronize). A
+    /// capture invalidated that way (`body` failing with, or the capture ending in,
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`) is ended and taken again, up to
+    /// [`CAPTURE_TRIES`] times, each retry reported on stderr; any other failure panics, and so
+    /// does an invalidation on every try.
+    pub fn retrying(stream: &Stream, body: impl FnMut(StreamRef<'_>) -> kvio::Result<()>) -> Graph {
+        Self::capture_tries(stream, CAPTURE_TRIES, body)
+    }
+
+    fn capture_tries(
+        stream: &Stream,
+        tries: u32,
+        mut body: impl FnMut(StreamRef<'_>) -> kvio::Result<()>,
+    ) -> Graph {
         let raw = stream.cu_stream();
-        // SAFETY: valid stream; capture mode relaxed so other threads' tests are unaffected.
-        unsafe {
-            ok(
-                "cuStreamBeginCapture",
-                cu::cuStreamBeginCapture_v2(
-                    raw,
-                    cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-                ),
-            )
-        };
-        body(StreamRef::from(stream));
-        let mut graph = std::ptr::null_mut();
-        let mut exec = std::ptr::null_mut();
-        // SAFETY: ends the capture begun above; out-pointers to locals.
-        unsafe {
-            ok(
-                "cuStreamEndCapture",
-                cu::cuStreamEndCapture(raw, &mut graph),
-            );
-            ok(
-                "cuGraphInstantiateWithFlags",
-                cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0),
-            );
+        let invalidated = cu::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        for attempt in 1..=tries {
+            // SAFETY: valid stream; capture mode relaxed so other threads' tests are unaffected.
+            unsafe {
+                ok(
+                    "cuStreamBeginCapture",
+                    cu::cuStreamBeginCapture_v2(
+                        raw,
+                        cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+                    ),
+                )
+            };
+            let enqueued = body(StreamRef::from(stream));
+            let mut graph = std::ptr::null_mut();
+            // SAFETY: ends the capture begun above (also an invalidated one, which must be
+            // ended to leave capture mode); out-pointer to a local.
+            let ended = unsafe { cu::cuStreamEndCapture(raw, &mut graph) };
+            let from_outside = ended == invalidated
+                || matches!(enqueued, Err(kvio::Error::Driver { code, .. }) if code == invalidated as u32);
+            if from_outside && attempt < tries {
+                eprintln!(
+                    "Graph::retrying: capture invalidated ({enqueued:?}, end: {ended:?}); try {} of {tries}",
+                    attempt + 1
+                );
+                if !graph.is_null() {
+                    // SAFETY: the graph the failed capture returned, not used again.
+                    unsafe { ok("cuGraphDestroy", cu::cuGraphDestroy(graph)) };
+                }
+                continue;
+            }
+            enqueued.expect("enqueueing inside the capture");
+            ok("cuStreamEndCapture", ended);
+            let mut exec = std::ptr::null_mut();
+            // SAFETY: a graph the capture returned; out-pointer to a local.
+            unsafe {
+                ok(
+                    "cuGraphInstantiateWithFlags",
+                    cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0),
+                );
+            }
+            return Graph { graph, exec };
         }
-        Graph { graph, exec }
+        unreachable!("the last try returns or panics")
     }
 
     /// The captured (not instantiated) graph, for queries of its nodes and edges.
