@@ -72,12 +72,7 @@ impl Kvio {
                 let (list, scratch) = match list {
                     Staging::Given(ptr) => (*ptr, None),
                     Staging::Scratch => {
-                        let s = self.scratch().ok_or(Error::InvalidArgument {
-                            name: "slot_list",
-                            value: "None".into(),
-                            reason: "this device has no memory pools: pass a slot list for \
-                                     slice updates of this layout",
-                        })?;
+                        let s = self.scratch_for("slot_list")?;
                         (s.take(tokens.max(&1) * 4, stream)?, Some(s))
                     }
                 };
@@ -129,14 +124,7 @@ impl Kvio {
                 };
                 let to = match u.dst {
                     Staging::Given(ptr) => ptr,
-                    Staging::Scratch => {
-                        let scratch = self.scratch().ok_or(Error::InvalidArgument {
-                            name: "staging",
-                            value: "None".into(),
-                            reason: "this device has no memory pools: pass a staging buffer",
-                        })?;
-                        scratch.take(u.src.len(), stream)?
-                    }
+                    Staging::Scratch => self.scratch_for("staging")?.take(u.src.len(), stream)?,
                 };
                 // SAFETY: `to` holds `src.len()` bytes (checked staging, or scratch of that
                 // size); the driver stages pageable host memory before returning, so `src`
@@ -170,6 +158,17 @@ impl Kvio {
                 launched
             }
         }
+    }
+
+    /// kvio's scratch pool, for a plan that put `name` (the caller's buffer it stands in for)
+    /// there; a typed error naming `name` on a device without memory pools (the planner
+    /// checks this first, from the same [`Target`](crate::plan::Target)).
+    fn scratch_for(&self, name: &'static str) -> Result<&crate::scratch::Scratch> {
+        self.scratch().ok_or(Error::InvalidArgument {
+            name,
+            value: "None".into(),
+            reason: "this device has no memory pools: pass the buffer",
+        })
     }
 
     /// Launches `kernel` with `launch`'s grid and CTA size, programmatically through `ex`

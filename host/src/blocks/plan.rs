@@ -512,6 +512,12 @@ fn access_width_of(op: &BlockCopy<'_>, geo: &Geometry) -> u32 {
     ])
 }
 
+/// Rows of a head vector (`geo.chunk` bytes and a 16-byte pad each) the CTA tile of
+/// `kvio_convert_pages` holds.
+fn tile_rows(geo: &Geometry) -> u64 {
+    kvio_kernels::cta::BYTES as u64 / (geo.chunk + 16)
+}
+
 /// Tokens per CTA item of `kvio_convert_pages` for conversion `op` (`None`: it runs on
 /// `kvio_convert_blocks`): 1-, 2- or 4-byte elements, head vectors of a multiple of 16 bytes,
 /// every base and stride 16-byte aligned except a columns side's token stride (a side whose
@@ -542,7 +548,7 @@ fn page_tile(op: &BlockCopy<'_>, geo: &Geometry, p: &Pieces) -> Option<u64> {
     }
     let min = if columns { 16 / e } else { 1 };
     let page = l.block_size as u64;
-    let fit = kvio_kernels::cta::BYTES as u64 / (geo.chunk + 16);
+    let fit = tile_rows(geo);
     (0..=page.trailing_zeros())
         .rev()
         .map(|k| 1u64 << k)
@@ -608,35 +614,25 @@ fn launch(
     } else {
         group_shift(piece / width as u64, PER_LANE)
     };
-    let (threads, cap, default_budget) = if tma {
-        let budget = if geo.host_involved {
-            DEFAULT_TMA_TRANSFER_CTAS
-        } else {
-            u32::MAX
-        };
-        (TMA_THREADS, caps.transfer_tma, budget)
+    let (threads, cap) = if tma {
+        (TMA_THREADS, caps.transfer_tma)
     } else if tile.is_some() {
-        // A conversion through the tile: with host memory, as many threads as the transfer
-        // entry's default budget has.
-        let budget = if geo.host_involved {
-            DEFAULT_TRANSFER_CTAS * (TRANSFER_THREADS / PAGE_THREADS)
-        } else {
-            u32::MAX
-        };
-        (PAGE_THREADS, caps.convert_pages, budget)
+        // A conversion through the tile.
+        (PAGE_THREADS, caps.convert_pages)
     } else if geo.pieces.is_some() {
-        // A conversion, on its own entry: with host memory, as many threads as the transfer
-        // entry's default budget has.
-        let budget = if geo.host_involved {
-            DEFAULT_TRANSFER_CTAS * (TRANSFER_THREADS / BLOCK_THREADS)
-        } else {
-            u32::MAX
-        };
-        (BLOCK_THREADS, caps.convert, budget)
+        // A conversion, on its own entry.
+        (BLOCK_THREADS, caps.convert)
     } else if geo.host_involved {
-        (TRANSFER_THREADS, caps.transfer, DEFAULT_TRANSFER_CTAS)
+        (TRANSFER_THREADS, caps.transfer)
     } else {
-        (BLOCK_THREADS, caps.copy, u32::MAX)
+        (BLOCK_THREADS, caps.copy)
+    };
+    // With host memory, the bulk-copy path's own default, else as many threads as the transfer
+    // entry's default budget has; device to device, the whole device.
+    let default_budget = match (geo.host_involved, tma) {
+        (false, _) => u32::MAX,
+        (true, true) => DEFAULT_TMA_TRANSFER_CTAS,
+        (true, false) => DEFAULT_TRANSFER_CTAS * (TRANSFER_THREADS / threads),
     };
     let budget = op.max_ctas.unwrap_or(default_budget).min(cap.max(1)).max(1);
     let [layers, parts, mut tokens, heads] = geo.ext;
@@ -645,8 +641,7 @@ fn launch(
     let mut subs = 1;
     if let Some(t) = tile {
         if t == tokens {
-            let rows = kvio_kernels::cta::BYTES as u64 / (geo.chunk + 16);
-            subs = (rows / t).clamp(1, heads);
+            subs = (tile_rows(geo) / t).clamp(1, heads);
         }
         tokens /= t;
     }

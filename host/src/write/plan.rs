@@ -352,12 +352,12 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     // one token per thread, as latency-bound as the NHD update, K and V of one (token, head,
     // group) in one item, split in 32 bits (so fewer than 2^32 items).
     let groups = kl.head_dim as u64 / 8;
-    let one_items = (n as u64)
+    // `kvio_update_tiles_one`'s items, where it takes the update (caches of 4-byte elements
+    // run `kvio_update_tiles_wide`, one part per item).
+    let one = (n as u64)
         .checked_mul(kl.num_heads as u64 * groups)
-        .filter(|&v| v <= u32::MAX as u64);
-    // (Caches of 4-byte elements run `kvio_update_tiles_wide`, one part per item.)
-    let one = n < TILE_FROM && e <= 2 && one_items.is_some();
-    let tile: u64 = if one || (n < TILE_FROM && e == 4) {
+        .filter(|&v| n < TILE_FROM && e <= 2 && v <= u32::MAX as u64);
+    let tile: u64 = if one.is_some() || (n < TILE_FROM && e == 4) {
         1
     } else {
         8
@@ -395,7 +395,7 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         (tile, subs)
     };
     let parts = 1 + op.value.is_some() as u64;
-    let items = if let (true, Some(items)) = (one, one_items) {
+    let items = if let Some(items) = one {
         items
     } else if pages {
         (n as u64)
