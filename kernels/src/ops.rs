@@ -362,18 +362,10 @@ unsafe fn slots_body<const GENERAL: bool>(a: &SlotArgs, g: Group) {
     let mut item = g.first;
     // The first item's split only reads arguments: done before waiting for the grid this one
     // depends on (each iteration splits the next one, if any, after its own stores).
-    let mut next = if pdl::SPLIT_EARLY {
-        index::split3(item, parts, a.heads)
-    } else {
-        (0, 0, 0)
-    };
+    let mut next = pdl::split_first(|| index::split3(item, parts, a.heads));
     pdl::ready::<SlotArgs>();
     while item < items {
-        let (tok, part, head) = if pdl::SPLIT_EARLY {
-            next
-        } else {
-            index::split3(item, parts, a.heads)
-        };
+        let (tok, part, head) = pdl::split_now(next, || index::split3(item, parts, a.heads));
         // In the general entry K and V may differ in width and input stride; the copying
         // entry keeps one of each.
         let (src, dst, chunk, sts) = if part == 0 {
@@ -471,18 +463,10 @@ unsafe fn slots_convert_body<const C: u32>(a: &SlotArgs, g: Group) {
     // As in `slots_body`: the first item's split before the wait; but here each iteration
     // splits the next item as soon as it has taken its own (splitting it after the stores, as
     // `slots_body` does, cost 1.6-2.9% of this entry's prefill throughput on the H100).
-    let mut next = if pdl::SPLIT_EARLY {
-        index::split3(item, parts, a.heads)
-    } else {
-        (0, 0, 0)
-    };
+    let mut next = pdl::split_first(|| index::split3(item, parts, a.heads));
     pdl::ready::<SlotArgs>();
     while item < items {
-        let (tok, part, head) = if pdl::SPLIT_EARLY {
-            next
-        } else {
-            index::split3(item, parts, a.heads)
-        };
+        let (tok, part, head) = pdl::split_now(next, || index::split3(item, parts, a.heads));
         item += g.step;
         if pdl::SPLIT_EARLY {
             next = index::split3(item, parts, a.heads);
@@ -896,7 +880,6 @@ impl cta::Phases for Pages<'_> {
                     n: 1,
                     head,
                     e0: g * 8,
-                    step: 1,
                     vec: a.src_vec != 0,
                     counting: part == 0 && head == 0 && g == 0,
                 };
@@ -1005,14 +988,13 @@ unsafe fn tile_row<const E: usize>(
     }
 }
 
-/// Stores one token's group (elements `e0, e0 + step, .., e0 + 7 * step` of its head; `step`
-/// is 1 unless the part has one element per piece) at `d`, the token's head in the cache, in
-/// the part's pieces.
+/// Stores one token's group (elements `e0 .. e0 + 7` of its head) at `d`, the token's head in
+/// the cache, in the part's pieces.
 ///
 /// # Safety
 /// `d` is a valid target's head; the host checked the alignment of the part's stores.
 #[inline(always)]
-unsafe fn tile_store_row<const E: usize>(p: &TilePart, d: *mut u8, row: &Row, e0: u64, step: u64) {
+unsafe fn tile_store_row<const E: usize>(p: &TilePart, d: *mut u8, row: &Row, e0: u64) {
     let e = E as u64;
     // SAFETY: every element stored belongs to the target's head (forwarded).
     unsafe {
@@ -1026,7 +1008,7 @@ unsafe fn tile_store_row<const E: usize>(p: &TilePart, d: *mut u8, row: &Row, e0
             tile::store::<E>(d.add(off as usize), row, 4, 4);
         } else {
             unroll8!(j => {
-                let x = e0 + j as u64 * step;
+                let x = e0 + j as u64;
                 let off = if p.piece == 1 {
                     x * p.piece_stride
                 } else {
@@ -1065,7 +1047,7 @@ unsafe fn tiles_body<const E: usize>(a: &TileArgs, g: Group) {
         }
         let n = (a.num_tokens - t0).min(tile);
         let p = TilePart::of(a, part);
-        let (e0, step) = (grp * TILE as u64, 1);
+        let e0 = grp * TILE as u64;
         // SAFETY: t0 < num_tokens, head < heads, grp < groups: inside the validated source.
         let src = unsafe { tile_src(a, part, t0, head, e0, se) };
         let scale = tile_scale(a, part, head);
@@ -1131,7 +1113,6 @@ unsafe fn tiles_body<const E: usize>(a: &TileArgs, g: Group) {
             n,
             head,
             e0,
-            step,
             vec: a.src_vec != 0,
             counting,
         };
@@ -1231,7 +1212,8 @@ unsafe fn tiles_one_body<const E: usize>(a: &TileArgs, g: Group) {
 
 /// Stores one token's group of part `p` at its target (`block`, `offset`, `head`): elements
 /// `e0, e0 + step, .., e0 + 7 * step` of the head, in the part's pieces (found by a shift and
-/// a mask when pieces hold a power of two of elements, as every v0 layout's do).
+/// a mask when pieces hold a power of two of elements, as every v0 layout's do). `step` is 1
+/// unless the part has one element per piece.
 ///
 /// # Safety
 /// The target is valid; the host checked the alignment of the part's stores.
@@ -1252,7 +1234,7 @@ unsafe fn store_part<const E: usize>(
             .dst
             .add((block * p.block + offset * p.token + head * p.head) as usize);
         if !p.piece.is_power_of_two() {
-            tile_store_row::<E>(p, d, row, e0, step);
+            tile_store_row::<E>(p, d, row, e0);
             return;
         }
         let (sh, mask) = (p.piece.trailing_zeros(), p.piece - 1);
@@ -1270,20 +1252,19 @@ unsafe fn store_part<const E: usize>(
             });
         } else {
             unroll8!(j => {
-                tile::store::<E>(d.add(off(e0 + j as u64 * step)), row, j, 1);
+                tile::store::<E>(d.add(off(e0 + j as u64)), row, j, 1);
             });
         }
     }
 }
 
 /// The token-by-token path's view of an item: tokens `t0 .. t0 + n` of head `head`,
-/// elements `e0, e0 + step, ..` of each.
+/// elements `e0 .. e0 + 7` of each.
 struct Tokens {
     t0: u64,
     n: u64,
     head: u64,
     e0: u64,
-    step: u64,
     /// Vector loads of each token's group (see [`tile::load_copy`]).
     vec: bool,
     /// This item counts its tokens' out-of-range slots (one item per token does).
@@ -1310,7 +1291,7 @@ unsafe fn tile_tokens<const E: usize>(
         // before the slot is read, so both latencies overlap.
         let row = unsafe {
             let s = src.add((i * a.src_token_stride) as usize);
-            tile_row::<E>(a, s, k.vec, k.step, scale)
+            tile_row::<E>(a, s, k.vec, 1, scale)
         };
         // SAFETY: as above.
         let slot = unsafe { tile_slot(a, k.t0 + i) };
@@ -1325,7 +1306,7 @@ unsafe fn tile_tokens<const E: usize>(
             SlotTarget::At { block, offset } => {
                 let at = block * p.block + offset * p.token + k.head * p.head;
                 // SAFETY: a valid target's head.
-                unsafe { tile_store_row::<E>(p, p.dst.add(at as usize), &row, k.e0, k.step) };
+                unsafe { tile_store_row::<E>(p, p.dst.add(at as usize), &row, k.e0) };
             }
         }
         i += 1;
@@ -1442,7 +1423,6 @@ unsafe fn staged_body(a: &TileArgs, g: Group) {
             n,
             head,
             e0,
-            step: 1,
             vec: a.src_vec != 0,
             counting,
         };

@@ -82,6 +82,28 @@ pub trait Signal {
 /// on sm_80: 80 -> 115).
 pub const SPLIT_EARLY: bool = !cfg!(all(target_arch = "nvptx64", not(target_feature = "sm_90")));
 
+/// A body's first item split before [`ready`]: `split()` where [`SPLIT_EARLY`], else a
+/// placeholder that [`split_now`] never returns.
+#[inline(always)]
+pub fn split_first<T: Default>(split: impl FnOnce() -> T) -> T {
+    if SPLIT_EARLY {
+        split()
+    } else {
+        T::default()
+    }
+}
+
+/// The split of the item a body takes: `early` (split ahead: [`split_first`] or the loop's
+/// previous iteration) where [`SPLIT_EARLY`], else `split()` now.
+#[inline(always)]
+pub fn split_now<T>(early: T, split: impl FnOnce() -> T) -> T {
+    if SPLIT_EARLY {
+        early
+    } else {
+        split()
+    }
+}
+
 /// The prologue a body of arguments `A` runs itself ([`Signal::BODY_WAITS`]).
 #[inline(always)]
 pub fn ready<A: Signal>() {
