@@ -145,7 +145,10 @@ fn build_ptx(kernels: &Path, out: &Path) {
 ///   (ptxas 12.9, since wide rows share the one-round path's conversion code.)
 /// - `kvio_transfer_blocks_tma` runs one-warp CTAs (`kvio_kernels::bulk::THREADS`).
 /// - `kvio_update_tiles_staged` runs CTAs of `kvio_kernels::stage::THREADS` (128) threads, each
-///   with 48 KiB of staging: four per multiprocessor.
+///   with 48 KiB of staging (four fit a multiprocessor's shared memory), at least three per
+///   multiprocessor (≤ 168 registers). Compiled once per conversion it takes 222 uncapped (two
+///   CTAs; sm_90); at three, 168 with 36 B of spills; at four, 128 with 676 B. On the H100
+///   (BENCHMARKS.md, session 15) three beat two by 10 points and four lost to three.
 /// - `kvio_update_pages` runs CTAs of `kvio_kernels::cta::THREADS` (128) threads.
 /// - `kvio_convert_blocks` runs 256-thread CTAs (`BLOCK_THREADS`), a head page per group;
 ///   `kvio_convert_pages` CTAs of `kvio_kernels::cta::THREADS` (128), a page's heads per CTA
@@ -161,7 +164,10 @@ const DIRECTIVES: [(&str, &str); 9] = [
         ".maxntid 128, 1, 1\n.minnctapersm 5\n",
     ),
     ("kvio_update_tiles", ".maxntid 256, 1, 1\n.minnctapersm 2\n"),
-    ("kvio_update_tiles_staged", ".maxntid 128, 1, 1\n"),
+    (
+        "kvio_update_tiles_staged",
+        ".maxntid 128, 1, 1\n.minnctapersm 3\n",
+    ),
     ("kvio_update_pages", ".maxntid 128, 1, 1\n"),
     (
         "kvio_update_slots_convert",

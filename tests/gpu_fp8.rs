@@ -283,8 +283,8 @@ fn qcase(
                 if hnd { "HND" } else { "NHD" }
             ),
             input,
-            keys: quantize_source(t * h * d, src, &mut rng),
-            values: quantize_source(t * h * d, src, &mut rng),
+            keys: quantize_source(t * h * d, h * d, src, &mut rng),
+            values: quantize_source(t * h * d, h * d, src, &mut rng),
             scales_k,
             scales_v,
             slots,

@@ -177,8 +177,8 @@ fn case(
             let mut scale = || 0.01 + rng.below(10_000) as f32 / 1000.0;
             let (sk, sv): (Vec<f32>, Vec<f32>) = (0..k).map(|_| (scale(), scale())).unzip();
             (
-                quantize_source(n, src, &mut rng),
-                quantize_source(n, src, &mut rng),
+                quantize_source(n, rows * d, src, &mut rng),
+                quantize_source(n, rows * d, src, &mut rng),
                 sk,
                 sv,
             )

@@ -100,8 +100,8 @@ fn case_h(format: Format, bs: usize, h: usize, d: usize, t: usize, mode: Slots, 
             let mut scale = || 0.01 + rng.below(10_000) as f32 / 1000.0;
             let (sk, sv): (Vec<f32>, Vec<f32>) = (0..n).map(|_| (scale(), scale())).unzip();
             (
-                quantize_source(t * h * d, src, &mut rng),
-                quantize_source(t * h * d, src, &mut rng),
+                quantize_source(t * h * d, h * d, src, &mut rng),
+                quantize_source(t * h * d, h * d, src, &mut rng),
                 sk,
                 sv,
             )

@@ -335,10 +335,66 @@ impl Span {
     }
 }
 
+/// Whether every element of the units `raws` of conversion `C` (as loaded) is finite and of
+/// magnitude at most 2^80 ([`crate::fp8::FP8_FAST_MAX`], checked on the raw bits) and `div`
+/// has a fast path ([`Divider::has_fast`]): then [`unit_fast`] converts each of them exactly
+/// as [`unit`] would.
+///
+/// For bf16 and f16 the two elements of a 32-bit word are tested at once: with `m` a 16-bit
+/// magnitude (below `0x8000`), `(max | 0x8000) - m` has bit 15 set exactly when `m <= max`,
+/// without borrowing from the other half. A bf16's f32 bits are its bits shifted up by 16, so
+/// its bound is the f32 one shifted down; every finite f16 lies below 2^80, so its bound is
+/// the largest finite f16, `0x7bff`.
+#[inline(always)]
+pub(crate) fn fast<const C: u32, const N: usize>(raws: &[Raw; N], div: &Divider) -> bool {
+    div.has_fast() && in_fast_range::<C, N>(raws)
+}
+
+/// [`fast`]'s test of the elements (see there), without the divider's.
+#[inline(always)]
+fn in_fast_range<const C: u32, const N: usize>(raws: &[Raw; N]) -> bool {
+    const HALF: u32 = 0x8000_8000;
+    let max = crate::fp8::FP8_FAST_MAX;
+    let max16 = if C & 0xf == SRC_BF16 {
+        max >> 16
+    } else {
+        0x7bff
+    };
+    let max2 = (max16 | 0x8000) * 0x1_0001;
+    let mut ok = HALF;
+    let mut wide = true;
+    let mut n = 0;
+    while n < N {
+        let (a, b) = (raws[n][0].to_array(), raws[n][1].to_array());
+        let mut k = 0;
+        while k < 4 {
+            if C & 0xf == SRC_F32 {
+                wide &= (a[k] & 0x7fff_ffff <= max) & (b[k] & 0x7fff_ffff <= max);
+            } else {
+                ok &= max2.wrapping_sub(a[k] & !HALF);
+            }
+            k += 1;
+        }
+        n += 1;
+    }
+    wide && ok & HALF == HALF
+}
+
+/// [`unit`] for a unit whose elements [`fast`] accepted: the same bytes.
+#[inline(always)]
+pub(crate) fn unit_fast<const C: u32>(raw: &Raw, div: &Divider) -> u64 {
+    pack8_with(&div.div8_fp8(&widen(raw, C)), format(C))
+}
+
 /// Eight elements quantized, as the little-endian bytes of one u64 (element 0 first).
 #[inline(always)]
 pub(crate) fn pack8(x: &[f32; 8], fmt: Fp8, div: &Divider) -> u64 {
-    let q = div.div8(x);
+    pack8_with(&div.div8(x), fmt)
+}
+
+/// Eight quotients converted to `fmt`, as the little-endian bytes of one u64.
+#[inline(always)]
+fn pack8_with(q: &[f32; 8], fmt: Fp8) -> u64 {
     let mut packed = 0u64;
     let mut k = 0;
     while k < 4 {
@@ -416,5 +472,81 @@ mod tests {
         check::<{ code(SRC_BF16, TO_E5M2) }>(p);
         check::<{ code(SRC_F16, TO_E5M2) }>(p);
         check::<{ code(SRC_F32, TO_E5M2) }>(p);
+    }
+
+    /// Whether `x` lies in the fast range of the fp8 division, by its float value.
+    fn in_range(x: f32) -> bool {
+        x.abs() <= f32::from_bits(crate::fp8::FP8_FAST_MAX)
+    }
+
+    /// The packed test of 16-bit sources agrees with the float test for every bf16 and f16
+    /// bit pattern at every position of a unit (the others ordinary values), in one unit and
+    /// as the last of two.
+    #[test]
+    fn fast_range_matches_the_float_test_for_every_16_bit_pattern() {
+        fn check<const C: u32>(one: u16, wide: fn(u16) -> f32) {
+            for p in 0..=u16::MAX {
+                for k in 0..8 {
+                    let mut h = [one; 8];
+                    h[k] = p;
+                    let w: [u32; 4] =
+                        core::array::from_fn(|j| h[2 * j] as u32 | (h[2 * j + 1] as u32) << 16);
+                    let raw = [V16::from_array(w), V16::splat(0)];
+                    let want = in_range(wide(p));
+                    assert_eq!(
+                        in_fast_range::<C, 1>(&[raw]),
+                        want,
+                        "{C:#x} {p:#06x} at {k}"
+                    );
+                    let ok = [V16::from_array([one as u32 * 0x1_0001; 4]), V16::splat(0)];
+                    assert_eq!(in_fast_range::<C, 2>(&[ok, raw]), want, "{C:#x} {p:#06x}");
+                }
+            }
+        }
+        check::<{ code(SRC_BF16, TO_E4M3) }>(0x3f80, crate::fp8::bf16_to_f32);
+        check::<{ code(SRC_F16, TO_E5M2) }>(0x3c00, crate::fp8::f16_to_f32);
+    }
+
+    /// The test of f32 sources agrees with the float test at the range's edges, for specials
+    /// and for random patterns, at every position of a unit.
+    #[test]
+    fn fast_range_matches_the_float_test_for_f32() {
+        let max = crate::fp8::FP8_FAST_MAX;
+        let edges = [
+            0,
+            1,
+            0x7f80_0000,
+            0x7fc0_0000,
+            0x7f80_0001,
+            0x3f80_0000,
+            u32::MAX >> 1,
+        ];
+        let bounds = [max - 1, max, max + 1, 0x1780_0000, 0x177f_ffff];
+        let mut r = 0x9e37_79b9_7f4a_7c15u64;
+        let random = core::iter::repeat_with(move || {
+            r ^= r << 13;
+            r ^= r >> 7;
+            r ^= r << 17;
+            r as u32
+        });
+        for b in edges.into_iter().chain(bounds).chain(random.take(4096)) {
+            for sign in [0, 0x8000_0000] {
+                let x = b | sign;
+                for k in 0..8 {
+                    let mut w = [0x3f80_0000u32; 8];
+                    w[k] = x;
+                    let raw = [
+                        V16::from_array([w[0], w[1], w[2], w[3]]),
+                        V16::from_array([w[4], w[5], w[6], w[7]]),
+                    ];
+                    let want = in_range(f32::from_bits(x));
+                    assert_eq!(
+                        in_fast_range::<{ code(SRC_F32, TO_E4M3) }, 1>(&[raw]),
+                        want,
+                        "{x:#010x} at {k}"
+                    );
+                }
+            }
+        }
     }
 }

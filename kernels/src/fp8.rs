@@ -115,7 +115,16 @@ pub struct Divider {
 const FAST_SCALE: (f32, f32) = (f32::from_bits(0x2f80_0000), f32::from_bits(0x4f80_0000));
 /// `|x|` range of the fast path: 2^-80 ..= 2^80.
 #[cfg(target_arch = "nvptx64")]
-const FAST_X: (f32, f32) = (f32::from_bits(0x1780_0000), f32::from_bits(0x6780_0000));
+const FAST_X: (f32, f32) = (f32::from_bits(FAST_X_BITS.0), f32::from_bits(FAST_X_BITS.1));
+
+/// The bits of [`Divider`]'s fast `|x|` range (2^-80 ..= 2^80) as f32 magnitudes (sign bit
+/// clear): a value's magnitude bits lie in it exactly when its magnitude does (NaN's lie
+/// above).
+const FAST_X_BITS: (u32, u32) = (0x1780_0000, 0x6780_0000);
+
+/// The largest magnitude bits (sign bit clear) of a value [`Divider::div8_fp8`] takes: 2^80
+/// (infinities and NaNs lie above).
+pub const FP8_FAST_MAX: u32 = FAST_X_BITS.1;
 
 impl Divider {
     /// A placeholder for code that does not divide (a divider by 1 without the fast path).
@@ -154,6 +163,40 @@ impl Divider {
             k += 1;
         }
         ok
+    }
+
+    /// Whether [`Divider::div8_fp8`] may be used for values whose magnitude bits the caller
+    /// checked against [`FP8_FAST_MAX`]: on the GPU when `|scale|` lies in the fast range; on
+    /// the CPU always (there it divides), so that the emulation runs the same branches.
+    #[inline(always)]
+    pub fn has_fast(&self) -> bool {
+        cfg!(not(target_arch = "nvptx64")) || self.recip != 0.0
+    }
+
+    /// `x[k] / scale` for eight values on their way to fp8, by the fast path alone, where
+    /// [`Divider::has_fast`] and every `|x[k]|`'s bits are at most [`FP8_FAST_MAX`] (2^80; the
+    /// caller checks both). From 2^-80 up each quotient is rounded as IEEE division (the fast
+    /// path of [`Divider::div8`]); below (zeros included) it is a value of magnitude below
+    /// 2^-47 with the exact quotient's sign (the sign of `x * (1 / scale)`, copied onto the
+    /// result), which every fp8 format rounds to the same signed zero as the exact quotient
+    /// (the smallest fp8 magnitude is 2^-16). `tests/gpu_fp8.rs` checks the fp8 codes against
+    /// those of IEEE division for every f32 bit pattern. On the CPU it divides.
+    #[inline(always)]
+    pub fn div8_fp8(&self, x: &[f32; 8]) -> [f32; 8] {
+        let mut q = [0f32; 8];
+        let mut k = 0;
+        while k < 8 {
+            #[cfg(target_arch = "nvptx64")]
+            {
+                q[k] = gpu::refine_signed(x[k], self.scale, self.recip);
+            }
+            #[cfg(not(target_arch = "nvptx64"))]
+            {
+                q[k] = x[k] / self.scale;
+            }
+            k += 1;
+        }
+        q
     }
 
     /// `x[k] / scale` for eight values, each rounded as IEEE division.
@@ -211,6 +254,30 @@ mod gpu {
             );
         }
         y
+    }
+
+    /// [`refine`] with the sign of `x * y` copied onto the result: the exact quotient's sign
+    /// also where `x` is zero or tiny (see [`super::Divider::div8_fp8`]).
+    #[inline(always)]
+    pub(super) fn refine_signed(x: f32, s: f32, y: f32) -> f32 {
+        let q: f32;
+        // SAFETY: register-only arithmetic.
+        unsafe {
+            core::arch::asm!(
+                "{{ .reg .f32 q0, q1, e, n;",
+                "mul.rn.f32 q0, {x}, {y};",
+                "neg.f32 n, {s};",
+                "fma.rn.f32 e, q0, n, {x};",
+                "fma.rn.f32 q1, {y}, e, q0;",
+                "copysign.f32 {q}, q0, q1; }}",
+                x = in(reg32) x,
+                s = in(reg32) s,
+                y = in(reg32) y,
+                q = out(reg32) q,
+                options(pure, nomem, nostack),
+            );
+        }
+        q
     }
 
     /// `x / s` from the refined reciprocal `y`: quotient estimate and one correction.
@@ -485,6 +552,21 @@ pub fn kvio_divider_probe(first: u32, count: u32, scale: f32) -> u32 {
             k += 1;
         }
         bad += (d.fast8(&x) as u32 * 8) << 16;
+        // The fp8 codes of `div8_fp8`'s quotients against those of IEEE division, both formats,
+        // where it may be used.
+        if d.has_fast() {
+            let q = d.div8_fp8(&x);
+            let mut k = 0;
+            while k < 8 {
+                if x[k].to_bits() & 0x7fff_ffff <= FP8_FAST_MAX {
+                    let want = divide(x[k], scale);
+                    for f in [Fp8::E4m3, Fp8::E5m2] {
+                        bad += (f.from_f32(q[k]) != f.from_f32(want)) as u32;
+                    }
+                }
+                k += 1;
+            }
+        }
         i += 8;
     }
     bad

@@ -572,6 +572,13 @@ pub unsafe fn update_tiles(a: &TileArgs, g: Group) {
 /// of the copy ceiling against its 60.5%. Quantizing to e4m3 went from 39.9% to 45.9% at
 /// 16,384 tokens and from 43.7% to 53.2% at 65,536; BENCHMARKS.md, session 10.)
 ///
+/// The body is compiled once per conversion code (dispatched here, once), so that the loop
+/// holds one straight-line conversion for one source type and format: with the code chosen at
+/// run time inside the unrolled tile, the loop's code outgrew the instruction cache and a
+/// quarter of the warps' cycles went to instruction fetch. On the H100 (BENCHMARKS.md,
+/// session 15) that, one fast-path test per tile (`convert::fast`) and one split per item
+/// took e4m3 from 46% to 70% of the copy ceiling at 16,384 tokens (53% to 75% at 65,536).
+///
 /// # Safety
 /// As [`update_tiles`], and: `a.elem == 1`, `a.tile == 8`; with `a.staged`, the slot array is
 /// 16-byte aligned and source elements are of at most 2 bytes (a row's group is one 8- or
@@ -579,8 +586,14 @@ pub unsafe fn update_tiles(a: &TileArgs, g: Group) {
 #[inline(always)]
 pub unsafe fn update_tiles_staged(a: &TileArgs, g: Group) {
     pdl::ready::<TileArgs>();
-    // SAFETY: forwarded.
-    unsafe { staged_body(a, g) }
+    // SAFETY: forwarded. `C` is a constant in each arm.
+    unsafe {
+        if a.convert == convert::NONE {
+            staged_body::<{ convert::NONE }>(a, g)
+        } else {
+            convert::by_code!(a.convert, C => staged_body::<C>(a, g))
+        }
+    }
 }
 
 /// [`update_tiles`] for one token per thread (`a.tile == 1`, decode sizes), 1- and 2-byte
@@ -886,7 +899,7 @@ impl cta::Phases for Pages<'_> {
                 // SAFETY: token t0 + i < num_tokens, head < heads, g < groups.
                 unsafe {
                     let src = self.src(part, t0 + i, head, g);
-                    tile_tokens::<2>(a, &p, src, &tokens, &Divider::UNUSED);
+                    tile_tokens::<2>(a, convert::NONE, &p, src, &tokens, &Divider::UNUSED);
                 }
                 u += cta::THREADS as u64;
             }
@@ -971,7 +984,7 @@ unsafe fn tile_slot(a: &TileArgs, t: u64) -> i64 {
 /// `src` holds the group (see [`tile::load_copy`], [`tile::load_convert`]).
 #[inline(always)]
 unsafe fn tile_row<const E: usize>(
-    a: &TileArgs,
+    code: u32,
     src: *const u8,
     vec: bool,
     step: u64,
@@ -980,8 +993,8 @@ unsafe fn tile_row<const E: usize>(
     // SAFETY: forwarded.
     unsafe {
         // Conversions produce fp8: only the 1-byte instance converts.
-        if E == 1 && a.convert != convert::NONE {
-            tile::load_convert(src, vec, step as usize, a.convert, div)
+        if E == 1 && code != convert::NONE {
+            tile::load_convert(src, vec, step as usize, code, div)
         } else {
             tile::load_copy::<E>(src, vec, step as usize)
         }
@@ -1050,7 +1063,7 @@ unsafe fn tiles_body<const E: usize>(a: &TileArgs, g: Group) {
         let e0 = grp * TILE as u64;
         // SAFETY: t0 < num_tokens, head < heads, grp < groups: inside the validated source.
         let src = unsafe { tile_src(a, part, t0, head, e0, se) };
-        let scale = tile_scale(a, part, head);
+        let scale = tile_scale(a, a.convert, part, head);
         let counting = part == 0 && head == 0 && grp == 0;
         // A full tile whose eight tokens fill eight aligned consecutive slots of one block is
         // one run: rows at consecutive slots (K), or transposed columns (one element per
@@ -1064,7 +1077,7 @@ unsafe fn tiles_body<const E: usize>(a: &TileArgs, g: Group) {
                 // imply vector-aligned sources) and its slot in the slot array.
                 unsafe {
                     let s = src.add((i as u64 * a.src_token_stride) as usize);
-                    rows[i] = tile_row::<E>(a, s, true, 1, &scale);
+                    rows[i] = tile_row::<E>(a.convert, s, true, 1, &scale);
                     slots[i] = tile_slot(a, t0 + i as u64);
                 }
             });
@@ -1117,7 +1130,7 @@ unsafe fn tiles_body<const E: usize>(a: &TileArgs, g: Group) {
             counting,
         };
         // SAFETY: forwarded: the item's tokens, inside the source and the slot array.
-        unsafe { tile_tokens::<E>(a, &p, src, &tokens, &scale) };
+        unsafe { tile_tokens::<E>(a, a.convert, &p, src, &tokens, &scale) };
     }
 }
 
@@ -1172,10 +1185,16 @@ unsafe fn tiles_one_body<const E: usize>(a: &TileArgs, g: Group) {
             // validated sources (V's elements grp + j * groups < 8 * groups too).
             let (row_k, row_v) = unsafe {
                 let s = a.src_k.add((at + 8 * grp * se) as usize);
-                let row_k = tile_row::<E>(a, s, vec, 1, &tile_scale(a, 0, head));
+                let row_k = tile_row::<E>(a.convert, s, vec, 1, &tile_scale(a, a.convert, 0, head));
                 let row_v = if with_v {
                     let s = a.src_v.add((at + ve0 * se) as usize);
-                    tile_row::<E>(a, s, vec && !strided, vstep, &tile_scale(a, 1, head))
+                    tile_row::<E>(
+                        a.convert,
+                        s,
+                        vec && !strided,
+                        vstep,
+                        &tile_scale(a, a.convert, 1, head),
+                    )
                 } else {
                     [0; 8]
                 };
@@ -1280,6 +1299,7 @@ struct Tokens {
 #[inline(always)]
 unsafe fn tile_tokens<const E: usize>(
     a: &TileArgs,
+    code: u32,
     p: &TilePart,
     src: *const u8,
     k: &Tokens,
@@ -1291,7 +1311,7 @@ unsafe fn tile_tokens<const E: usize>(
         // before the slot is read, so both latencies overlap.
         let row = unsafe {
             let s = src.add((i * a.src_token_stride) as usize);
-            tile_row::<E>(a, s, k.vec, 1, scale)
+            tile_row::<E>(code, s, k.vec, 1, scale)
         };
         // SAFETY: as above.
         let slot = unsafe { tile_slot(a, k.t0 + i) };
@@ -1315,8 +1335,8 @@ unsafe fn tile_tokens<const E: usize>(
 
 /// The divider of part `part`'s scale for head `head` (unused without a conversion).
 #[inline(always)]
-fn tile_scale(a: &TileArgs, part: u64, head: u64) -> Divider {
-    if a.convert != convert::NONE {
+fn tile_scale(a: &TileArgs, code: u32, part: u64, head: u64) -> Divider {
+    if code != convert::NONE {
         let scales = if part == 0 { a.k_scale } else { a.v_scale };
         let at = if a.scale_per_head != 0 { head } else { 0 };
         // SAFETY: the host checked one scale (or one per head) for each part written.
@@ -1340,44 +1360,56 @@ fn tile_scale(a: &TileArgs, part: u64, head: u64) -> Divider {
 /// split into three (since fixed in [`tile::load_copy`]); whether that was all of the loss was
 /// not measured apart.
 ///
+/// `C` is the conversion code ([`convert::NONE`] for a copy). A run's tile is converted in one
+/// straight-line copy when every element lies on the division's fast path
+/// (`convert::fast`; zeros and tiny values do); a tile that does not goes token by token,
+/// as non-runs do. (Converting such a tile row by row instead, behind a cold-path hint, took
+/// 222 registers uncapped and spilled 772 B at the 168 cap; sending tiles holding a zero token
+/// by token, before zeros joined the fast path, cost 17 points at 16,384 tokens: the bench's
+/// activations hold about thirty exact zeros, and each such tile's warp ran 8 dependent
+/// token steps past the others.)
+///
 /// # Safety
 /// As [`update_tiles_staged`].
 #[inline(always)]
-unsafe fn staged_body(a: &TileArgs, g: Group) {
+unsafe fn staged_body<const C: u32>(a: &TileArgs, g: Group) {
     const E: usize = 1;
     let parts = if a.src_v.is_null() { 1 } else { 2 };
     let subs = a.subs as u64;
     let outer = a.num_tokens.div_ceil(TILE as u64 * subs);
     let items = outer * parts * a.heads * a.groups * subs;
-    let se = if a.convert != convert::NONE {
-        convert::src_bytes(a.convert)
-    } else {
-        E as u64
-    };
+    let se = staged_src_bytes::<C>();
     let bs_shift = index::pow2_shift(a.block_size);
     let staged = a.staged != 0;
     let mut st = Stage::new();
     // The stage the current item's copies went to (the next item's go to the other one).
     let mut cur = 0;
+    // Each item is split once: the next item's split serves its staging now and its work in
+    // the next round.
+    let mut next = StagedItem::of(a, g.first, items);
     if staged {
         // SAFETY: forwarded.
-        unsafe { stage_item(a, &mut st, cur, g.first, items, se) };
+        unsafe { stage_item(a, &mut st, cur, &next, se) };
     }
     let mut item = g.first;
-    let mut ix = [0u64; 4];
     while item < items {
+        let StagedItem {
+            part,
+            head,
+            grp,
+            t0,
+            ..
+        } = next;
         let s = cur;
+        item += g.step;
+        next = StagedItem::of(a, item, items);
         if staged {
             // The next item's copies go out before this one's cells are read.
             // SAFETY: forwarded.
-            unsafe { stage_item(a, &mut st, s ^ 1, item + g.step, items, se) };
+            unsafe { stage_item(a, &mut st, s ^ 1, &next, se) };
             st.wait_older();
             cur ^= 1;
         }
-        let o = index::split_n(item, [parts, a.heads, a.groups, subs], &mut ix);
-        let [part, head, grp, sub] = ix;
-        item += g.step;
-        let t0 = (o * subs + sub) * TILE as u64;
         if t0 >= a.num_tokens {
             continue;
         }
@@ -1386,31 +1418,49 @@ unsafe fn staged_body(a: &TileArgs, g: Group) {
         let e0 = grp * TILE as u64;
         // SAFETY: t0 < num_tokens, head < heads, grp < groups: inside the validated source.
         let src = unsafe { tile_src(a, part, t0, head, e0, se) };
-        let scale = tile_scale(a, part, head);
-        let counting = part == 0 && head == 0 && grp == 0;
+        let scale = tile_scale(a, C, part, head);
         if p.runs && n == TILE as u64 {
-            let mut rows: [Row; TILE] = [[0; 8]; TILE];
+            // The tile's groups as loaded (from the stage or from the source), then converted
+            // by one copy of the conversion code for both.
+            let mut raw = [[V16::splat(0); 2]; TILE];
             let mut slots = [0i64; TILE];
-            if staged {
+            // f32 sources are never staged (their groups do not fit a cell).
+            if convert::src_bytes(C) <= 2 && staged {
                 // SAFETY: stage_item copied this full tile's rows and slots into stage s (< 2),
                 // and wait_older let them land.
-                unsafe { staged_tile(a, &st, s, &scale, &mut rows, &mut slots) };
+                unsafe { staged_tile(a, &st, s, &mut raw, &mut slots) };
             } else {
                 unroll8!(i => {
                     // SAFETY: the tile is full: token t0 + i's group lies in the source (runs
                     // imply vector-aligned sources) and its slot in the slot array.
                     unsafe {
                         let r = src.add((i as u64 * a.src_token_stride) as usize);
-                        rows[i] = tile_row::<E>(a, r, true, 1, &scale);
+                        raw[i] = load_group::<C>(r);
                         slots[i] = tile_slot(a, t0 + i as u64);
                     }
                 });
             }
+            // A tile whose every element lies on the division's fast path (finite, at most
+            // 2^80: `convert::fast`) converts in one straight-line copy of the conversion; any
+            // other goes token by token below, as tiles that are not runs do, so the loop
+            // holds no second copy (instruction fetch stalled the warps when every row carried
+            // its own fallback; BENCHMARKS.md, session 15).
+            let fast = C == convert::NONE || convert::fast::<C, TILE>(&raw, &scale);
             let s0 = slots[0];
             let (block, offset) = index::split_slot(s0 as u64, a.block_size, bs_shift);
             // Consecutive slots of one block: slot i = slot 0 + i, and slot 0 starts an
             // aligned group of eight (block sizes are multiples of 8), so all stay inside.
-            if s0 >= 0 && index::consecutive8(&slots) && block < a.num_blocks {
+            if fast && s0 >= 0 && index::consecutive8(&slots) && block < a.num_blocks {
+                let mut rows: [Row; TILE] = [[0; 8]; TILE];
+                unroll8!(i => {
+                    rows[i] = if C == convert::NONE {
+                        // Copied fp8: the group's 8 bytes.
+                        let w = raw[i][0].to_array();
+                        [w[0], w[1], 0, 0, 0, 0, 0, 0]
+                    } else {
+                        tile::row_of(convert::unit_fast::<C>(&raw[i], &scale))
+                    };
+                });
                 let at0 = block * p.block + offset * p.token + head * p.head;
                 // SAFETY: the eight targets are valid consecutive slots of one block; the host
                 // checked the alignment of runs.
@@ -1418,16 +1468,93 @@ unsafe fn staged_body(a: &TileArgs, g: Group) {
                 continue;
             }
         }
-        let tokens = Tokens {
-            t0,
-            n,
+        core::hint::cold_path();
+        // SAFETY: forwarded: the item's tokens lie in the source and the slot array.
+        unsafe { staged_tokens::<C>(a, part, head, grp, t0, n) };
+    }
+}
+
+/// The token-by-token path of [`staged_body`] ([`tile_tokens`]: a partial tile, a part
+/// without runs, slots that do not form a run, or a tile with an element off the division's
+/// fast path: an infinity, a NaN or a magnitude past 2^80). Inlined behind a cold-path hint, which
+/// places it after the loop: a call would take the address of the kernel's arguments, which
+/// then live in local memory for the whole kernel.
+///
+/// # Safety
+/// As [`update_tiles_staged`]; `t0 + n <= num_tokens`, `head < heads`, `grp < groups`, and
+/// `C` is the update's conversion.
+#[inline(always)]
+unsafe fn staged_tokens<const C: u32>(
+    a: &TileArgs,
+    part: u64,
+    head: u64,
+    grp: u64,
+    t0: u64,
+    n: u64,
+) {
+    let se = staged_src_bytes::<C>();
+    let p = TilePart::of(a, part);
+    let e0 = grp * TILE as u64;
+    let tokens = Tokens {
+        t0,
+        n,
+        head,
+        e0,
+        vec: a.src_vec != 0,
+        counting: part == 0 && head == 0 && grp == 0,
+    };
+    // SAFETY: forwarded: the item's tokens, inside the source and the slot array.
+    unsafe {
+        let src = tile_src(a, part, t0, head, e0, se);
+        tile_tokens::<1>(a, C, &p, src, &tokens, &tile_scale(a, C, part, head));
+    }
+}
+
+/// Bytes of a source element of [`staged_body`] for conversion `C`: the conversion's source
+/// type, or the cache's byte for a copy.
+#[inline(always)]
+const fn staged_src_bytes<const C: u32>() -> u64 {
+    if C != convert::NONE {
+        convert::src_bytes(C)
+    } else {
+        1
+    }
+}
+
+/// One item of [`staged_body`], split: its part, head and group, and its first token (at or
+/// past `num_tokens` for an item with no tokens, or past the last item).
+#[derive(Clone, Copy)]
+struct StagedItem {
+    part: u64,
+    head: u64,
+    grp: u64,
+    t0: u64,
+}
+
+impl StagedItem {
+    /// Item `item` of `items` ([`staged_body`]'s order: parts, heads, groups and token tiles
+    /// of `a.subs`, the last varying fastest); past the last, an item without tokens.
+    #[inline(always)]
+    fn of(a: &TileArgs, item: u64, items: u64) -> StagedItem {
+        if item >= items {
+            return StagedItem {
+                part: 0,
+                head: 0,
+                grp: 0,
+                t0: u64::MAX,
+            };
+        }
+        let parts = if a.src_v.is_null() { 1 } else { 2 };
+        let subs = a.subs as u64;
+        let mut ix = [0u64; 4];
+        let o = index::split_n(item, [parts, a.heads, a.groups, subs], &mut ix);
+        let [part, head, grp, sub] = ix;
+        StagedItem {
+            part,
             head,
-            e0,
-            vec: a.src_vec != 0,
-            counting,
-        };
-        // SAFETY: forwarded: the item's tokens, inside the source and the slot array.
-        unsafe { tile_tokens::<E>(a, &p, src, &tokens, &scale) };
+            grp,
+            t0: (o * subs + sub) * TILE as u64,
+        }
     }
 }
 
@@ -1467,48 +1594,47 @@ unsafe fn store_run<const E: usize>(p: &TilePart, at0: u64, e0: u64, rows: &[Row
     }
 }
 
-/// Starts copying item `item`'s rows and slots into stage `s` of the thread's cells when the
+/// Starts copying item `it`'s rows and slots into stage `s` of the thread's cells when the
 /// item is a full tile of a part with runs (what [`staged_body`] reads from the stage), nothing
 /// otherwise; then closes the group (possibly empty, so every item has one).
 ///
 /// # Safety
 /// As [`update_tiles_staged`] with `a.staged`.
 #[inline(always)]
-unsafe fn stage_item(a: &TileArgs, st: &mut Stage, s: usize, item: u64, items: u64, se: u64) {
-    if item < items {
-        let parts = if a.src_v.is_null() { 1 } else { 2 };
-        let subs = a.subs as u64;
-        let mut ix = [0u64; 4];
-        let o = index::split_n(item, [parts, a.heads, a.groups, subs], &mut ix);
-        let [part, head, grp, sub] = ix;
-        let t0 = (o * subs + sub) * TILE as u64;
-        let runs = a.runs & (1 << part) != 0;
-        if runs && t0 + TILE as u64 <= a.num_tokens {
-            let w = if a.slot_is_i64 != 0 { 8 } else { 4 };
-            // SAFETY: a full tile: its eight groups (8 * se bytes each, aligned to that with
-            // runs) lie in the source; its eight slots lie in the 16-byte aligned slot array
-            // (t0 is a multiple of 8, so they start 16-byte aligned).
-            unsafe {
-                let src = tile_src(a, part, t0, head, grp * TILE as u64, se);
-                unroll8!(i => {
-                    let r = src.add((i as u64 * a.src_token_stride) as usize);
-                    st.fetch(s, i, r, 8 * se as u32);
-                });
-                let sl = a.slots.add((t0 * w) as usize);
-                st.fetch(s, 8, sl, 16);
-                st.fetch(s, 9, sl.add(16), 16);
-                if w == 8 {
-                    st.fetch(s, 10, sl.add(32), 16);
-                    st.fetch(s, 11, sl.add(48), 16);
-                }
+unsafe fn stage_item(a: &TileArgs, st: &mut Stage, s: usize, it: &StagedItem, se: u64) {
+    let StagedItem {
+        part,
+        head,
+        grp,
+        t0,
+    } = *it;
+    let runs = a.runs & (1 << part) != 0;
+    // `t0 + TILE` does not overflow: t0 is below num_tokens or u64::MAX (checked first).
+    if runs && t0 < a.num_tokens && t0 + TILE as u64 <= a.num_tokens {
+        let w = if a.slot_is_i64 != 0 { 8 } else { 4 };
+        // SAFETY: a full tile: its eight groups (8 * se bytes each, aligned to that with
+        // runs) lie in the source; its eight slots lie in the 16-byte aligned slot array
+        // (t0 is a multiple of 8, so they start 16-byte aligned).
+        unsafe {
+            let src = tile_src(a, part, t0, head, grp * TILE as u64, se);
+            unroll8!(i => {
+                let r = src.add((i as u64 * a.src_token_stride) as usize);
+                st.fetch(s, i, r, 8 * se as u32);
+            });
+            let sl = a.slots.add((t0 * w) as usize);
+            st.fetch(s, 8, sl, 16);
+            st.fetch(s, 9, sl.add(16), 16);
+            if w == 8 {
+                st.fetch(s, 10, sl.add(32), 16);
+                st.fetch(s, 11, sl.add(48), 16);
             }
         }
     }
     st.commit();
 }
 
-/// A staged full tile (see [`stage_item`]): its eight groups as fp8 cache elements (copied, or
-/// quantized with `div`) and its eight slots.
+/// A staged full tile (see [`stage_item`]): its eight groups as loaded (one 16-byte cell each;
+/// a copied fp8 group is the cell's first 8 bytes) and its eight slots.
 ///
 /// # Safety
 /// `s < STAGES`, and stage `s` holds a full tile's copies, landed.
@@ -1517,19 +1643,12 @@ unsafe fn staged_tile(
     a: &TileArgs,
     st: &Stage,
     s: usize,
-    div: &Divider,
-    rows: &mut [Row; TILE],
+    raw: &mut [convert::Raw; TILE],
     slots: &mut [i64; TILE],
 ) {
     unroll8!(i => {
         // SAFETY: cells 0..8 of stage s, landed (caller).
-        let cell = unsafe { st.get(s, i) };
-        rows[i] = if a.convert != convert::NONE {
-            tile::convert_raw(&[V16::from_array(cell), V16::splat(0)], a.convert, div)
-        } else {
-            // Copied fp8: the cell's first 8 bytes.
-            [cell[0], cell[1], 0, 0, 0, 0, 0, 0]
-        };
+        raw[i][0] = V16::from_array(unsafe { st.get(s, i) });
     });
     if a.slot_is_i64 != 0 {
         unroll8!(i => {
@@ -1543,6 +1662,31 @@ unsafe fn staged_tile(
             // SAFETY: cells 8..10 of stage s, landed (caller).
             slots[i] = unsafe { st.get(s, 8 + i / 4) }[i % 4] as i32 as i64;
         });
+    }
+}
+
+/// One token's group (eight source elements) of conversion `C` as loaded: one 16-byte access
+/// of bf16/f16, two of f32, or, copying fp8 (`C` = [`convert::NONE`]), one 8-byte access (in
+/// the first unit's low words).
+///
+/// # Safety
+/// `src` holds the group, aligned to its size (16 bytes at most).
+#[inline(always)]
+unsafe fn load_group<const C: u32>(src: *const u8) -> convert::Raw {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if C == convert::NONE {
+            let v = core::ptr::read(src as *const u64);
+            [
+                V16::from_array([v as u32, (v >> 32) as u32, 0, 0]),
+                V16::splat(0),
+            ]
+        } else if convert::src_bytes(C) == 4 {
+            let p = src as *const V16;
+            [core::ptr::read(p), core::ptr::read(p.add(1))]
+        } else {
+            [core::ptr::read(src as *const V16), V16::splat(0)]
+        }
     }
 }
 

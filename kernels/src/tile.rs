@@ -207,7 +207,12 @@ pub unsafe fn load_convert(
 /// Eight values quantized to fp8 with `div` as a row (`E = 1`).
 #[inline(always)]
 fn pack_row(x: &[f32; 8], code: u32, div: &Divider) -> Row {
-    let packed = convert::pack8(x, convert::format(code), div);
+    row_of(convert::pack8(x, convert::format(code), div))
+}
+
+/// Eight fp8 bytes (little-endian, element 0 first) as a row (`E = 1`).
+#[inline(always)]
+pub fn row_of(packed: u64) -> Row {
     let packed = u64::from_le(packed);
     let mut row = [0u32; 8];
     row[0] = packed as u32;

@@ -623,37 +623,79 @@ impl TestPool {
     }
 }
 
-/// Source elements covering every class: random bit patterns (NaN, ±inf, subnormals, huge and
-/// tiny values all occur) and, for f32, values spread over the fp8 ranges.
-pub fn quantize_source(n: usize, src: kvio::SrcType, rng: &mut Rng) -> Vec<u8> {
+/// Source elements of `n / row` tokens of `row` elements covering every class, in groups of
+/// eight tokens (the tiles the v0 prefill converts together) that alternate between two
+/// regimes:
+/// - groups 0, 2, ..: random bit patterns (NaN, ±inf, zeros, subnormals, huge and tiny values
+///   all occur) and, for f32, values spread over the fp8 ranges with specials every 16;
+/// - groups 1, 3, ..: ordinary normal values (|x| from 2^-22 to 2^22, or f16's normal range),
+///   one in 64 a signed zero or one of the source's smallest magnitudes (far below 2^-80 for
+///   bf16 and f32, subnormal or the smallest normal for f16), one in 64 drawn as in the first
+///   regime: whole rows and
+///   tiles take the division's fast path, zeros and tiny values included, and now and then a
+///   single special value sends one elsewhere.
+///
+/// A case of fewer than nine tokens is all of the first regime.
+pub fn quantize_source(n: usize, row: usize, src: kvio::SrcType, rng: &mut Rng) -> Vec<u8> {
     use kvio::SrcType;
     let mut out = Vec::with_capacity(n * src.bytes());
     for i in 0..n {
         let r = rng.next_u64();
+        let ordinary = (i / row.max(1) / 8) % 2 == 1 && !r.is_multiple_of(64);
+        let sign = ((r >> 40) & 1) as u32;
+        if ordinary && r % 64 == 1 {
+            // A signed zero or one of the smallest magnitudes.
+            let tiny = if (r >> 8) & 1 == 0 {
+                0
+            } else {
+                (r >> 16) as u32
+            };
+            match src {
+                SrcType::Bf16 | SrcType::F16 => {
+                    out.extend(((sign << 15 | (tiny & 0x7ff)) as u16).to_le_bytes())
+                }
+                SrcType::F32 => out.extend((sign << 31 | (tiny & 0xff_ffff)).to_le_bytes()),
+            }
+            continue;
+        }
         match src {
+            SrcType::Bf16 if ordinary => {
+                let e = ((r >> 8) % 45) as u32 + 127 - 22;
+                let bits = sign << 15 | e << 7 | ((r >> 16) & 0x7f) as u32;
+                out.extend((bits as u16).to_le_bytes());
+            }
+            SrcType::F16 if ordinary => {
+                let e = ((r >> 8) % 30) as u32 + 1;
+                let bits = sign << 15 | e << 10 | ((r >> 16) & 0x3ff) as u32;
+                out.extend((bits as u16).to_le_bytes());
+            }
             SrcType::Bf16 | SrcType::F16 => out.extend((r as u16).to_le_bytes()),
             SrcType::F32 => {
                 let x = match (i % 16, r % 4) {
+                    _ if ordinary => ordinary_f32(r),
                     (0, _) => [f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY]
                         [(r >> 8) as usize % 4],
                     (1, _) => [0.0, -0.0, 1e-40, -1e-45, 448.0, 464.0, 57344.0, 61440.0]
                         [(r >> 8) as usize % 8],
                     (_, 0) => f32::from_bits(r as u32),
-                    _ => {
-                        let e = ((r >> 8) % 44) as i32 - 22;
-                        let m = 1.0 + ((r >> 16) % 4096) as f32 / 4096.0;
-                        if r & (1 << 40) != 0 {
-                            -m * 2f32.powi(e)
-                        } else {
-                            m * 2f32.powi(e)
-                        }
-                    }
+                    _ => ordinary_f32(r),
                 };
                 out.extend(x.to_le_bytes());
             }
         }
     }
     out
+}
+
+/// A normal f32 of magnitude from 2^-22 up to (not including) 2^22, from the bits of `r`.
+fn ordinary_f32(r: u64) -> f32 {
+    let e = ((r >> 8) % 44) as i32 - 22;
+    let m = 1.0 + ((r >> 16) % 4096) as f32 / 4096.0;
+    if r & (1 << 40) != 0 {
+        -m * 2f32.powi(e)
+    } else {
+        m * 2f32.powi(e)
+    }
 }
 
 /// A host view of a vector's bytes, for the CPU emulation (which reads and writes host memory).
