@@ -199,6 +199,19 @@ impl Divider {
         q
     }
 
+    /// `x[k] / scale` for eight values by IEEE division alone (out of line on the GPU): what
+    /// [`Divider::div8_fp8`]'s callers take where it may not be used.
+    #[inline(always)]
+    pub fn div8_ieee(&self, x: &[f32; 8]) -> [f32; 8] {
+        let mut q = [0f32; 8];
+        let mut k = 0;
+        while k < 8 {
+            q[k] = divide(x[k], self.scale);
+            k += 1;
+        }
+        q
+    }
+
     /// `x[k] / scale` for eight values, each rounded as IEEE division.
     #[inline(always)]
     pub fn div8(&self, x: &[f32; 8]) -> [f32; 8] {
