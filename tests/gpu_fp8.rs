@@ -133,7 +133,10 @@ const DIVIDER_ENTRY: &str = r#"
 /// division: checked against `div.rn.f32` on the GPU for every f32 bit pattern of `x` (all
 /// bf16 and f16 values widen to some of them), for scales that stress the reciprocal (all-ones
 /// mantissas, powers of two, the ends of the fast path's range, just outside it, negatives,
-/// subnormal, zero, inf, NaN) and random ones; in both PTX flavours (sm_80 and sm_90).
+/// subnormal, zero, inf, NaN) and random ones; in both PTX flavours (sm_80 and sm_90). The
+/// same probe checks `Divider::div8_fp8` (zeros and tiny values on the fast path, exact only
+/// up to fp8 rounding): its e4m3 and e5m2 codes against those of IEEE division for every
+/// pattern of magnitude up to 2^80.
 #[test]
 fn divider_matches_ieee_division_for_every_f32() {
     let Some(_gpu) = kvio_suite::gpu("divider_matches_ieee_division_for_every_f32") else {

@@ -541,8 +541,10 @@ pub fn kvio_fp8_probe(a: f32, b: f32, scale: f32) -> u32 {
 
 /// Not a kernel: a device function that checks [`Divider::div8`] against IEEE division
 /// (`div.rn.f32`) for the `count` f32 bit patterns `first, first + 1, ...` (a multiple of 8,
-/// below 2^16) and returns how many differ in any bit (bits 0..16) and how many took the fast
-/// path (bits 16..32). `tests/gpu_fp8.rs` calls it from a small entry
+/// below 2^16), and, where the divider has a fast path, the e4m3 and e5m2 codes of
+/// [`Divider::div8_fp8`]'s quotients against those of IEEE division for the patterns of
+/// magnitude up to [`FP8_FAST_MAX`]; returns how many differ (bits 0..16) and how many took
+/// `div8`'s fast path (bits 16..32). `tests/gpu_fp8.rs` calls it from a small entry
 /// point appended to the PTX, over all 2^32 patterns.
 #[cfg(target_arch = "nvptx64")]
 #[no_mangle]
