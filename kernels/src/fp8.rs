@@ -245,6 +245,15 @@ fn divide(x: f32, s: f32) -> f32 {
     x / s
 }
 
+/// The steps [`gpu::refine`] and [`gpu::refine_signed`] share: the quotient estimate `q0 = x *
+/// y` and its residual `e = x - q0 * s` (exact), in the registers their templates declare.
+#[cfg(target_arch = "nvptx64")]
+macro_rules! refine_steps {
+    () => {
+        "mul.rn.f32 q0, {x}, {y};\nneg.f32 n, {s};\nfma.rn.f32 e, q0, n, {x};"
+    };
+}
+
 /// The GPU arithmetic of [`Divider`], in PTX so that its operations and rounding are fixed.
 #[cfg(target_arch = "nvptx64")]
 mod gpu {
@@ -278,9 +287,7 @@ mod gpu {
         unsafe {
             core::arch::asm!(
                 "{{ .reg .f32 q0, q1, e, n;",
-                "mul.rn.f32 q0, {x}, {y};",
-                "neg.f32 n, {s};",
-                "fma.rn.f32 e, q0, n, {x};",
+                refine_steps!(),
                 "fma.rn.f32 q1, {y}, e, q0;",
                 "copysign.f32 {q}, q0, q1; }}",
                 x = in(reg32) x,
@@ -301,9 +308,7 @@ mod gpu {
         unsafe {
             core::arch::asm!(
                 "{{ .reg .f32 q0, e, n;",
-                "mul.rn.f32 q0, {x}, {y};",
-                "neg.f32 n, {s};",
-                "fma.rn.f32 e, q0, n, {x};",
+                refine_steps!(),
                 "fma.rn.f32 {q}, {y}, e, q0; }}",
                 x = in(reg32) x,
                 s = in(reg32) s,

@@ -220,13 +220,6 @@ pub fn row_of(packed: u64) -> Row {
     row
 }
 
-/// Eight source elements of conversion `code` as loaded (`raw`: one 16-byte unit of bf16/f16,
-/// or two of f32), quantized to fp8 with `div` (`E = 1`).
-#[inline(always)]
-pub fn convert_raw(raw: &[V16; 2], code: u32, div: &Divider) -> Row {
-    pack_row(&convert::widen(raw, code), code, div)
-}
-
 /// Stores elements `c..c + n` of a row (`n` = 8, 4 or 1 elements of `E` bytes; `c` a multiple
 /// of `n`) at `dst`, with accesses of at most 16 bytes.
 ///
