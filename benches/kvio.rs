@@ -1163,8 +1163,9 @@ impl V0Setup {
 
 /// vLLM's v0 paged layout (`reshape_and_cache`), bf16 and fp8 e4m3 caches: tokens filling
 /// whole pages (prefill; from T = 256, else random slots) per token count at page 16 and per
-/// page size at T = 16,384, then decode sizes in a CUDA graph beside the NHD update's latency
-/// measured the same way. vLLM's anchor on this GPU (`../shared/LAYOUTS.md`): bf16 324 / 170
+/// page size at T = 16,384 (bf16 also launched plainly, `kvio-bf16-plain`, from T = 4,096), then
+/// decode sizes in a CUDA graph beside the NHD update's latency measured the same way. vLLM's
+/// anchor on this GPU (`../shared/LAYOUTS.md`): bf16 324 / 170
 /// GB/s, fp8 362 / 169 GB/s at T = 16,384 / 65,536.
 fn v0_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
     let mut grp = c.benchmark_group("v0-update");
@@ -1177,12 +1178,24 @@ fn v0_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cf
             .iter()
             .map(|&bs| ("v0-update/page", 16384usize, bs)),
     );
-    for fp8 in [false, true] {
-        let variant = if fp8 { "kvio-fp8-e4m3" } else { "kvio-bf16" };
+    // `-plain`: launched without programmatic dependent launch, so a launch does not overlap
+    // the tail of the one before it.
+    for (fp8, pdl, variant) in [
+        (false, None, "kvio-bf16"),
+        (false, Some(false), "kvio-bf16-plain"),
+        (true, None, "kvio-fp8-e4m3"),
+    ] {
         for &(name, t, bs) in &cases {
+            if pdl.is_some() && t < 4096 {
+                continue;
+            }
             let s = V0Setup::new(t, bs, fp8, t >= 256, cfg, 1100 + t as u64 + bs as u64);
             let u = s.op();
             let param = if name == "v0-update/T" { t } else { bs };
+            let sref = match pdl {
+                Some(on) => StreamRef::from(stream).pdl(on),
+                None => StreamRef::from(stream),
+            };
             measure(
                 &mut grp,
                 rec,
@@ -1191,10 +1204,7 @@ fn v0_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cf
                 variant,
                 s.bytes(),
                 stream,
-                || {
-                    g.kv.update_slots(&u, StreamRef::from(stream))
-                        .expect("update_slots")
-                },
+                || g.kv.update_slots(&u, sref).expect("update_slots"),
             );
         }
     }

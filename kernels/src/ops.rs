@@ -653,6 +653,11 @@ pub const PAGE_TOKENS: u64 = 16;
 /// 16-token pages, 16,384 on 128-token pages) against [`update_tiles_staged`]'s 46% / 53% /
 /// 49%, so fp8 stays there.
 ///
+/// The grid does not signal its programmatic dependents early ([`pdl::prologue`] with
+/// `early` false): they are scheduled as its CTAs exit. Back to back under PDL that took it
+/// from 89% to 94–95% at 4,096 tokens, 79% to 80.5% at 16,384 and 77% to 79% on 128-token
+/// pages (H100, BENCHMARKS.md, session 16).
+///
 /// # Safety
 /// As [`update_tiles`], and: `a.elem == 2` with no conversion; both parts' layouts are pieced
 /// with pieces of one element at consecutive slots (V) or of 8 elements at consecutive 16-byte
@@ -663,7 +668,7 @@ pub const PAGE_TOKENS: u64 = 16;
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn update_pages(a: &TileArgs, _g: Group) {
-    pdl::ready::<TileArgs>();
+    pdl::prologue(false);
     // SAFETY: forwarded.
     unsafe { cta::run(&Pages(a)) }
 }
