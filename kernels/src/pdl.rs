@@ -113,6 +113,22 @@ pub fn ready<A: Signal>() {
     prologue(A::EARLY);
 }
 
+/// [`launch_dependents`] once the calling thread takes the last item it will take (`item`
+/// with `item + step >= items`, in a loop over `item, item + step, ..` below `items`). A
+/// decode-size launch (one item per thread) signals at its first item, as [`prologue`] does
+/// early; a prefill-size one near its end, so the dependents are not scheduled while it
+/// streams. The quantizing MLA update (`crate::ops::update_rows_convert`) signals so: on the
+/// H100, e4m3 rows at 16,384 tokens 103.5% -> 109.3% of the copy ceiling, 65,536 89.7% ->
+/// 89.0%, and 0.05-0.15 µs less per decode-size update in a graph (session 16). The quantizing
+/// slot update kept its early signal: with this one it held more spills and lost 1-1.5 points
+/// and 0.06 µs.
+#[inline(always)]
+pub fn signal_at_last(item: u64, step: u64, items: u64) {
+    if item.saturating_add(step) >= items {
+        launch_dependents();
+    }
+}
+
 /// The entry-point prologue: [`wait`], then [`launch_dependents`] when `early`.
 #[inline(always)]
 pub fn prologue(early: bool) {
