@@ -1165,8 +1165,8 @@ impl V0Setup {
 /// whole pages (prefill; from T = 256, else random slots) per token count at page 16 and per
 /// page size at T = 16,384 (bf16 also launched plainly, `kvio-bf16-plain`, from T = 4,096), then
 /// decode sizes in a CUDA graph beside the NHD update's latency measured the same way. vLLM's
-/// anchor on this GPU (`../shared/LAYOUTS.md`): bf16 324 / 170
-/// GB/s, fp8 362 / 169 GB/s at T = 16,384 / 65,536.
+/// anchor on this GPU (`../shared/LAYOUTS.md`): bf16 324 / 170 GB/s, fp8 362 / 169 GB/s at
+/// T = 16,384 / 65,536.
 fn v0_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
     let mut grp = c.benchmark_group("v0-update");
     let mut cases: Vec<(&str, usize, usize)> = [1usize, 16, 256, 4096, 16384, 65536]
