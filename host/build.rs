@@ -49,7 +49,7 @@ fn main() {
             add_tma_shared(&path);
         }
         add_stage_shared(&path);
-        add_directives(&path);
+        add_directives(&path, tag);
         check_ptx(&path);
     }
     link_libcuda(&manifest, &out);
@@ -149,13 +149,19 @@ fn build_ptx(kernels: &Path, out: &Path) {
 ///   multiprocessor (≤ 168 registers). Compiled once per conversion it takes 222 uncapped (two
 ///   CTAs; sm_90); at three, 168 with 36 B of spills; at four, 128 with 676 B. On the H100
 ///   (BENCHMARKS.md, session 15) three beat two by 10 points and four lost to three.
-/// - `kvio_update_pages` runs CTAs of `kvio_kernels::cta::THREADS` (128) threads.
+/// - `kvio_update_pages` and `kvio_update_pages_fp8` run CTAs of `kvio_kernels::cta::THREADS`
+///   (128) threads. `kvio_update_pages_fp8` (two units a thread) at least five per
+///   multiprocessor (≤ 102 registers): 96 with 8 B of spills on sm_90, against 128 (four
+///   CTAs) uncapped. On the H100 (BENCHMARKS.md, session 17) five took e4m3 v0 prefill from
+///   68.6–69.4% to 77.7–77.9% of the copy ceiling at 16,384 tokens and from 76.5–77.0% to
+///   83.8–84.4% at 65,536 (71.4–72.2% against 75.8–76.0% at 4,096); four units a thread
+///   (168 registers, three CTAs) and one (five CTAs) lost. `sm_80`: see [`SM80_DIRECTIVES`].
 /// - `kvio_convert_blocks` runs 256-thread CTAs (`BLOCK_THREADS`), a head page per group;
 ///   `kvio_convert_pages` CTAs of `kvio_kernels::cta::THREADS` (128), a page's heads per CTA
 ///   item, at least five per multiprocessor (≤ 102 registers; it takes 90 on sm_90, 96 on
 ///   sm_80, no spills; uncapped 108 and 94, four CTAs): 4–6 points more inside the GPU on the
 ///   H100 (BENCHMARKS.md, session 12), the same over PCIe.
-const DIRECTIVES: [(&str, &str); 9] = [
+const DIRECTIVES: [(&str, &str); 10] = [
     ("kvio_transfer_blocks", ".maxntid 512, 1, 1\n"),
     ("kvio_transfer_blocks_tma", ".maxntid 32, 1, 1\n"),
     ("kvio_convert_blocks", ".maxntid 256, 1, 1\n"),
@@ -169,6 +175,10 @@ const DIRECTIVES: [(&str, &str); 9] = [
         ".maxntid 128, 1, 1\n.minnctapersm 3\n",
     ),
     ("kvio_update_pages", ".maxntid 128, 1, 1\n"),
+    (
+        "kvio_update_pages_fp8",
+        ".maxntid 128, 1, 1\n.minnctapersm 5\n",
+    ),
     (
         "kvio_update_slots_convert",
         ".maxntid 256, 1, 1\n.minnctapersm 4\n",
@@ -215,7 +225,7 @@ fn add_tma_shared(path: &Path) {
 
 /// The staged tiled update's static shared memory, in both modules: `kvio_kernels::stage`'s
 /// `BYTES` (checked by `tests/ptx_abi.rs`), cells of 16 bytes; and the tile of the CTA-phase
-/// entries (`kvio_update_pages`): `kvio_kernels::cta::BYTES`. A kernel is given only the
+/// entries (`kvio_update_pages`, ...): `kvio_kernels::cta::BYTES`. A kernel is given only the
 /// shared variables it references.
 const STAGE_SHARED: &str = ".shared .align 16 .b8 kvio_tile_stage[49152];\n\
                             .shared .align 16 .b8 kvio_page_tile[16384];\n";
@@ -236,9 +246,16 @@ fn declare(text: &str, decl: &str) -> String {
     format!("{}\n{decl}{}", &text[..after], &text[after..])
 }
 
-fn add_directives(path: &Path) {
+/// Entries whose `sm_80` directives differ from [`DIRECTIVES`]' (applied first in that module).
+/// - `kvio_update_pages_fp8` converts in software before `sm_89` (more registers): at five
+///   CTAs per multiprocessor its `sm_80` code spills 248 B / 384 B (8 B / 8 B uncapped), so it
+///   goes uncapped there (no `sm_80` GPU measured either way).
+const SM80_DIRECTIVES: [(&str, &str); 1] = [("kvio_update_pages_fp8", ".maxntid 128, 1, 1\n")];
+
+fn add_directives(path: &Path, tag: &str) {
     let mut text = fs::read_to_string(path).expect("read ptx");
-    for (name, directives) in DIRECTIVES {
+    let first: &[(&str, &str)] = if tag == "sm80" { &SM80_DIRECTIVES } else { &[] };
+    for (name, directives) in first.iter().chain(DIRECTIVES.iter()) {
         let entry = format!(".entry {name}(");
         let start = text
             .find(&entry)

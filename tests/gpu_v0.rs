@@ -286,9 +286,14 @@ fn cases(full: bool) -> Vec<Case> {
         // Prefill size on 8- and 128-token pages too.
         v.push(case(format, 8, 128, 1030, Slots::Pages, seed + 1000));
         v.push(case(format, 128, 64, 1030, Slots::Pages, seed + 2000));
-        // Prefill size with 5 heads of 128: the 2-byte pages update takes four heads an item,
-        // so the last item of a part has one.
+        // Prefill size with 5 heads of 128: the pages updates take four heads an item, so the
+        // last item of a part has one.
         v.push(case_h(format, 16, 5, 128, 1030, Slots::Pages, seed + 3000));
+        // Quantizing into fp8 pages takes four heads of 128 an item: 9 heads, two full items
+        // and a short one.
+        if matches!(format, Format::Quant(..)) {
+            v.push(case_h(format, 16, 9, 128, 1030, Slots::Pages, seed + 6000));
+        }
         // Keys only (one part) at prefill size.
         v.push(k_only(format, 16, 3, 128, 1030, seed + 4000));
         seed += 1;
@@ -391,21 +396,37 @@ fn v0_params() -> impl Strategy<Value = (Format, usize, usize, usize, usize, Slo
         })
 }
 
-/// Random prefill-size v0 updates of 2-byte caches on pages of 16, 32 and 128 tokens, the
-/// shapes the pages update (`kvio_update_pages`) takes when the slots fill pages: 1 to 6 heads
-/// (items of several heads, the last one short), head dims of 8 to 256, 1,024 to 1,199
-/// tokens (a short last item), page-filling or scattered slots (the cases add skipped and
-/// out-of-range ones, which send an item token by token).
+/// Random prefill-size v0 updates, the shapes the pages updates take when the slots fill
+/// pages: copies into 2-byte caches on pages of 16, 32 and 128 tokens (`kvio_update_pages`)
+/// and bf16 or f16 quantized into fp8 caches on 16-token pages (`kvio_update_pages_fp8`,
+/// scales per tensor or per head); 1 to 10 heads (items of several heads, the last one short), head dims of 8 to
+/// 256 (16 to 256 for fp8, whose key pieces hold 16), 1,024 to 1,199 tokens (a short last
+/// item), page-filling or scattered slots (the cases add skipped and out-of-range ones, and
+/// the fp8 sources special values, which send an item token by token).
 fn pages_params() -> impl Strategy<Value = (Format, usize, usize, usize, usize, Slots, u64)> {
+    let formats = vec![
+        Format::Copy(2),
+        Format::Quant(SrcType::Bf16, Fp8::E4m3, false),
+        Format::Quant(SrcType::Bf16, Fp8::E5m2, true),
+        Format::Quant(SrcType::F16, Fp8::E4m3, true),
+        Format::Quant(SrcType::F16, Fp8::E5m2, false),
+    ];
     (
+        proptest::sample::select(formats),
         proptest::sample::select(vec![16usize, 32, 128]),
-        1usize..=6,
-        1usize..=32,
+        1usize..=10,
+        1usize..=16,
         1024usize..1200,
         proptest::prop_oneof![4 => proptest::strategy::Just(Slots::Pages), 1 => proptest::strategy::Just(Slots::Random)],
         any::<u64>(),
     )
-        .prop_map(|(bs, h, groups, t, mode, seed)| (Format::Copy(2), bs, h, 8 * groups, t, mode, seed))
+        .prop_map(|(format, bs, h, pieces, t, mode, seed)| {
+            if format == Format::Copy(2) {
+                (format, bs, h, 8 * (2 * pieces - seed as usize % 2), t, mode, seed)
+            } else {
+                (format, 16, h, 16 * pieces, t, mode, seed)
+            }
+        })
 }
 
 proptest::proptest! {

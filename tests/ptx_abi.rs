@@ -168,7 +168,11 @@ fn sm90_entry_points_wait_before_touching_memory() {
         // Block copies and the v0 prefill entries never signal (their dependents are
         // scheduled as their CTAs exit); the rest of the write path signals once it has
         // waited (the quantizing MLA update at each thread's last row).
-        let never = ["kvio_update_pages", "kvio_update_tiles_staged"];
+        let never = [
+            "kvio_update_pages",
+            "kvio_update_pages_fp8",
+            "kvio_update_tiles_staged",
+        ];
         if CopyArgs::ENTRIES.contains(&name) || never.contains(&name) {
             assert!(!signals, "sm_90 {name}: signals early");
         } else {
@@ -248,7 +252,11 @@ fn page_tile_matches_the_kernels() {
     use kvio_kernels::cta::BYTES;
     for ptx in [kvio::PTX_SM80, kvio::PTX_SM90] {
         assert!(ptx.contains(&format!(".shared .align 16 .b8 kvio_page_tile[{BYTES}];")));
-        for entry in ["kvio_update_pages", "kvio_convert_pages"] {
+        for entry in [
+            "kvio_update_pages",
+            "kvio_update_pages_fp8",
+            "kvio_convert_pages",
+        ] {
             let body = entry_body(ptx, entry);
             for op in [
                 "bar.red.and.pred",

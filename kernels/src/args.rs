@@ -213,8 +213,9 @@ kernel! {
     /// thread (decode sizes) runs `kvio_update_tiles_one`, caches of 4-byte elements
     /// `kvio_update_tiles_wide`, prefill sizes into fp8 caches `kvio_update_tiles_staged`, and
     /// prefill sizes that fill v0 pages of 2-byte elements `kvio_update_pages` (a whole CTA
-    /// per sixteen tokens of one or more heads: `crate::ops::update_pages`).
-    kvio_update_tiles | kvio_update_tiles_one [crate::ops::update_tiles_one] | kvio_update_tiles_wide [crate::ops::update_tiles_wide] | kvio_update_tiles_staged [crate::ops::update_tiles_staged] | kvio_update_pages [crate::ops::update_pages] (TileArgs) => crate::ops::update_tiles {
+    /// per sixteen tokens of one or more heads: `crate::ops::update_pages`), and those that
+    /// fill fp8 v0 pages from bf16 or f16 `kvio_update_pages_fp8`.
+    kvio_update_tiles | kvio_update_tiles_one [crate::ops::update_tiles_one] | kvio_update_tiles_wide [crate::ops::update_tiles_wide] | kvio_update_tiles_staged [crate::ops::update_tiles_staged] | kvio_update_pages [crate::ops::update_pages] | kvio_update_pages_fp8 [crate::ops::update_pages_fp8] (TileArgs) => crate::ops::update_tiles {
         /// New keys.
         src_k: *const u8,
         /// New values (null: K only).
@@ -300,7 +301,8 @@ kernel! {
 }
 
 impl TileArgs {
-    /// Whether this update runs `kvio_update_pages` (sixteen tokens of `subs` heads per CTA).
+    /// Whether this update runs `kvio_update_pages` or `kvio_update_pages_fp8` (sixteen
+    /// tokens of `subs` heads per CTA).
     pub fn pages(&self) -> bool {
         self.tile == crate::ops::PAGE_TOKENS as u32
     }

@@ -575,7 +575,8 @@ pub unsafe fn update_tiles(a: &TileArgs, g: Group) {
 /// next tile's rows and slots into shared memory (`cp.async`) before it quantizes and stores
 /// the current one (see [`crate::stage`]), so a tile's loads are in flight during the previous
 /// tile's conversion; without, it loads each tile when it comes to it, as [`update_tiles`].
-/// (2-byte caches stay on [`update_tiles`]: on the H100, in one run, staging wrote bf16 at 59%
+/// (Quantizing bf16 or f16 into 16-token pages runs `update_pages_fp8` instead. 2-byte
+/// caches stay on [`update_tiles`]: on the H100, in one run, staging wrote bf16 at 59%
 /// of the copy ceiling against its 60.5%. Quantizing to e4m3 went from 39.9% to 45.9% at
 /// 16,384 tokens and from 43.7% to 53.2% at 65,536; BENCHMARKS.md, session 10.)
 ///
@@ -657,10 +658,8 @@ pub const PAGE_TOKENS: u64 = 16;
 ///
 /// On the H100 (BENCHMARKS.md, session 11) it wrote bf16 v0 prefill at 79% of the copy ceiling
 /// at 16,384 tokens (88% at 65,536) against the tiles' 61% (63%); with two units per thread
-/// and an 8 KiB tile, 77% (84%). The same body for fp8 caches (two units a thread, four heads
-/// an item, quantized in phase one) measured 47% / 50% / 42% (16,384 and 65,536 tokens on
-/// 16-token pages, 16,384 on 128-token pages) against [`update_tiles_staged`]'s 46% / 53% /
-/// 49%, so fp8 stays there.
+/// and an 8 KiB tile, 77% (84%). Quantizing updates into fp8 caches run the same phases
+/// (`update_pages_fp8`).
 ///
 /// The grid does not signal its programmatic dependents early ([`pdl::prologue`] with
 /// `early` false): they are scheduled as its CTAs exit. Back to back under PDL that took it
@@ -679,30 +678,88 @@ pub const PAGE_TOKENS: u64 = 16;
 pub unsafe fn update_pages(a: &TileArgs, _g: Group) {
     pdl::prologue(false);
     // SAFETY: forwarded.
-    unsafe { cta::run(&Pages(a)) }
+    unsafe { cta::run(&Pages::<2, { convert::NONE }>(a)) }
 }
 
-/// `update_pages` on the CPU, for a grid of `grid` CTAs ([`cta::emulate`]).
+/// [`update_pages`] for quantizing updates into fp8 caches (bf16 or f16 sources, `e4m3` or
+/// `e5m2` caches, scales per tensor or per head): the same two phases, compiled once per
+/// conversion code (dispatched here, once), with a unit of 32 tile bytes being four tokens × 8
+/// elements (V: a word of each of eight transposed lines) or two tokens × 16 elements (K: two
+/// 16-byte pieces), loaded as four 16-byte source groups and quantized in phase one. An item
+/// is sixteen tokens of as many heads as make [`PAGE_UNITS_FP8`] units a thread. Phase one's
+/// vote also carries the division's fast path ([`convert::fast`]): an item holding an element
+/// off it (an infinity, a NaN, a magnitude past 2^80) goes token by token in phase two, as
+/// items that are not runs do, so the loop holds one copy of the conversion.
 ///
 /// # Safety
-/// As `update_pages`, on host memory.
-#[cfg(not(target_arch = "nvptx64"))]
-pub unsafe fn emulate_pages(a: &TileArgs, grid: u32) {
-    // SAFETY: forwarded.
-    unsafe { cta::emulate(&Pages(a), grid) }
+/// As [`update_pages`], except: `a.elem == 1`, `a.convert` converts 2-byte source elements
+/// (another code writes nothing), K's pieces are of 16 elements, and `a.subs` heads hold at
+/// most `PAGE_UNITS_FP8 * cta::THREADS` units (`4 * groups` each); a converting update's
+/// scales hold one f32 (or one per head) per part.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub unsafe fn update_pages_fp8(a: &TileArgs, _g: Group) {
+    pdl::prologue(false);
+    // SAFETY: forwarded. `C` is a constant in each arm.
+    unsafe {
+        convert::by_code!(a.convert, C => {
+            if convert::src_bytes(C) == 2 {
+                cta::run(&Pages::<1, C>(a))
+            }
+        })
+    }
 }
 
-/// [`update_pages`]' phases.
-struct Pages<'a>(&'a TileArgs);
+/// `update_pages` (2-byte caches) or `update_pages_fp8` (1-byte caches) on the CPU, for a grid
+/// of `grid` CTAs ([`cta::emulate`]).
+///
+/// # Safety
+/// As those entries, on host memory.
+#[cfg(not(target_arch = "nvptx64"))]
+pub unsafe fn emulate_pages(a: &TileArgs, grid: u32) {
+    // SAFETY: forwarded. `C` is a constant in each arm.
+    unsafe {
+        if a.elem == 1 {
+            convert::by_code!(a.convert, C => {
+                if convert::src_bytes(C) == 2 {
+                    cta::emulate(&Pages::<1, C>(a), grid)
+                }
+            })
+        } else {
+            cta::emulate(&Pages::<2, { convert::NONE }>(a), grid)
+        }
+    }
+}
 
-/// Bytes of a cache element of [`update_pages`].
-const PAGE_ELEM: u64 = 2;
+/// [`update_pages`]' phases for caches of `E`-byte elements (2: copied; 1: quantized by
+/// conversion `C`).
+struct Pages<'a, const E: usize, const C: u32>(&'a TileArgs);
 
 /// Units (two tokens × 8 elements of one head) a thread loads per item of
 /// `update_pages`, all issued before any is used: the host sizes items (heads per item) so
 /// that they have at most `PAGE_UNITS * cta::THREADS` units.
 pub const PAGE_UNITS: u64 = 4;
 const _: () = assert!(PAGE_UNITS == 4, "Pages::first unrolls four units");
+
+/// Units (32 bytes of the tile: four tokens × 8 elements of V, two tokens × 16 elements of K,
+/// each loaded as four 16-byte source groups) a thread loads per item of `update_pages_fp8`,
+/// all issued before any is used; items have at most `PAGE_UNITS_FP8 * cta::THREADS` units.
+pub const PAGE_UNITS_FP8: u64 = 2;
+const _: () = assert!(
+    PAGE_UNITS_FP8 <= 4,
+    "Pages::first_quantized unrolls four units"
+);
+/// [`PAGE_UNITS_FP8`] as an index bound.
+const FP8_UNITS: usize = PAGE_UNITS_FP8 as usize;
+
+/// What a thread of `update_pages_fp8` loads for an item ([`Pages::load_quantized`]): its
+/// units' source groups as loaded, and (threads `0..16`) the item's first slot and its
+/// token's slot.
+#[derive(Clone, Copy)]
+struct PageLoads {
+    raw: [[convert::Raw; 4]; FP8_UNITS],
+    slots: (i64, i64),
+}
 
 /// Where a thread's unit sits in an item: head (of the item's), word column, group.
 #[derive(Clone, Copy)]
@@ -712,13 +769,13 @@ struct PageUnit {
     g: u64,
 }
 
-impl Pages<'_> {
+impl<const E: usize, const C: u32> Pages<'_, E, C> {
     /// Tokens a word of a transposed line holds.
-    const WORD_TOKENS: u64 = 4 / PAGE_ELEM;
+    const WORD_TOKENS: u64 = 4 / E as u64;
     /// Word columns of a line (units per group of a head).
     const COLS: u64 = PAGE_TOKENS / Self::WORD_TOKENS;
     /// Bytes of a transposed line (sixteen tokens' element).
-    const LINE: u64 = PAGE_TOKENS * PAGE_ELEM;
+    const LINE: u64 = PAGE_TOKENS * E as u64;
     /// A transposed line `d` sits at line `d ^ ((d >> 3) & SWIZZLE)` of its head's part of the
     /// tile, so the eight lines a thread writes (`8g .. 8g + 8`) and those of the threads
     /// beside it fall in different banks (`128 / LINE - 1`: four lines span the banks).
@@ -746,8 +803,15 @@ impl Pages<'_> {
     /// Bytes of one head's sixteen tokens in the tile.
     #[inline(always)]
     fn head_bytes(&self) -> u64 {
-        PAGE_TOKENS * 8 * self.0.groups * PAGE_ELEM
+        PAGE_TOKENS * 8 * self.0.groups * E as u64
     }
+
+    /// Bytes of a source element: the conversion's source type, or the cache's.
+    const SRC_BYTES: u64 = if C == convert::NONE {
+        E as u64
+    } else {
+        convert::src_bytes(C)
+    };
 
     /// The source group `g` of token `t` of `head` in part `part`.
     ///
@@ -756,40 +820,18 @@ impl Pages<'_> {
     #[inline(always)]
     unsafe fn src(&self, part: u64, t: u64, head: u64, g: u64) -> *const u8 {
         // SAFETY: forwarded.
-        unsafe { tile_src(self.0, part, t, head, g * 8, PAGE_ELEM) }
-    }
-}
-
-impl cta::Phases for Pages<'_> {
-    #[inline(always)]
-    fn items(&self) -> u64 {
-        let a = self.0;
-        let parts = if a.src_v.is_null() { 1 } else { 2 };
-        a.num_tokens.div_ceil(PAGE_TOKENS) * parts * a.heads.div_ceil(self.heads_per_item())
+        unsafe { tile_src(self.0, part, t, head, g * 8, Self::SRC_BYTES) }
     }
 
-    /// Votes whether the item is a run (threads `0..16` check one token's slot each against
-    /// the first), and loads the item's sixteen tokens into the tile in the cache's order:
-    /// thread `tid` takes units `tid, tid + THREADS, ..` (`PAGE_UNITS` of them) of two tokens
-    /// × 8 elements, loading all before it writes any.
+    /// Phase one's loads and tile writes for a copy of 2-byte elements ([`cta::Phases::first`]
+    /// past the vote): thread `tid` takes units `tid, tid + THREADS, ..` (`PAGE_UNITS` of them)
+    /// of two tokens × 8 elements, loading all before it writes any.
+    ///
+    /// # Safety
+    /// As [`cta::Phases::first`], for item `(t0, part, h0, hn)` with `t0 + 16 <= num_tokens`.
     #[inline(always)]
-    unsafe fn first(&self, item: u64, tid: u32, tile: &cta::Tile) -> bool {
+    unsafe fn first_copy(&self, t0: u64, part: u64, h0: u64, hn: u64, tid: u64, tile: &cta::Tile) {
         let a = self.0;
-        let (t0, part, h0, hn) = self.split(item);
-        if t0 + PAGE_TOKENS > a.num_tokens {
-            return false;
-        }
-        let tid = tid as u64;
-        let mut vote = true;
-        if tid < PAGE_TOKENS {
-            // SAFETY: t0 + PAGE_TOKENS <= num_tokens.
-            let (s0, s) = unsafe { (tile_slot(a, t0), tile_slot(a, t0 + tid)) };
-            let start = match index::slot_target(s0, a.block_size, a.num_blocks) {
-                SlotTarget::At { offset, .. } => offset % PAGE_TOKENS == 0,
-                _ => false,
-            };
-            vote = start && s == s0 + tid as i64;
-        }
         let p = TilePart::of(a, part);
         let k = Self::WORD_TOKENS;
         let per_head = Self::COLS * a.groups;
@@ -843,7 +885,167 @@ impl cta::Phases for Pages<'_> {
                 }
             }
         });
-        vote
+    }
+
+    /// The loads of an fp8 item (`E == 1`, `C` a conversion of 2-byte source elements) into
+    /// `own`, for [`Pages::first_quantized`], all issued before any is used: threads `0..16`
+    /// load the item's first slot and the slot of their token, and thread `tid` takes units
+    /// `tid, tid + THREADS, ..` (`PAGE_UNITS_FP8` of them), four 16-byte source groups each:
+    /// a V unit is four tokens (`4q .. 4q + 4`) × 8 elements (group `g`), a K unit two tokens
+    /// (`q` and `q + 8`) × 16 elements (piece `pc`: groups `2pc`, `2pc + 1`). Nothing for an
+    /// item of fewer than sixteen tokens.
+    ///
+    /// # Safety
+    /// As [`cta::Phases::first`].
+    #[inline(always)]
+    unsafe fn load_quantized(&self, item: u64, tid: u64, own: &mut PageLoads) {
+        let a = self.0;
+        let (t0, part, h0, hn) = self.split(item);
+        if t0 + PAGE_TOKENS > a.num_tokens {
+            return;
+        }
+        if tid < PAGE_TOKENS {
+            // SAFETY: t0 + PAGE_TOKENS <= num_tokens.
+            own.slots = unsafe { (tile_slot(a, t0), tile_slot(a, t0 + tid)) };
+        }
+        let per_head = Self::COLS * a.groups;
+        unroll4!(v => {
+            if v < FP8_UNITS {
+                let u = tid + v as u64 * cta::THREADS as u64;
+                let (hh, r) = (u / per_head, u % per_head);
+                if hh < hn {
+                    let head = h0 + hh;
+                    unroll4!(i => {
+                        let (t, g) = if part == 0 {
+                            (r % 8 + 8 * (i as u64 / 2), 2 * (r / 8) + i as u64 % 2)
+                        } else {
+                            (4 * (r % 4) + i as u64, r / 4)
+                        };
+                        // SAFETY: t0 + t < t0 + 16 <= num_tokens, head < heads, g < groups
+                        // (groups is even: pieces of 16); sources are vector-aligned.
+                        own.raw[v][i][0] = unsafe {
+                            core::ptr::read(self.src(part, t0 + t, head, g) as *const V16)
+                        };
+                    });
+                }
+            }
+        });
+    }
+
+    /// Phase one's quantization and tile writes for an fp8 cache ([`cta::Phases::first`] past
+    /// the vote), from what [`Pages::load_quantized`] loaded: each unit's 32 tile bytes,
+    /// V as word `j` of line `8g + j`, column `q` ([`tile::transpose4`]), K as two 16-byte
+    /// pieces. Returns whether every element it converted lies on the division's fast path
+    /// (else what it wrote is not used: the item goes token by token).
+    ///
+    /// # Safety
+    /// As [`cta::Phases::first`], for an item `(t0, part, h0, hn)` with `t0 + 16 <=
+    /// num_tokens` whose loads `own` holds.
+    #[inline(always)]
+    unsafe fn first_quantized(
+        &self,
+        part: u64,
+        h0: u64,
+        hn: u64,
+        tid: u64,
+        tile: &cta::Tile,
+        own: &PageLoads,
+    ) -> bool {
+        let a = self.0;
+        let per_head = Self::COLS * a.groups;
+        let raw = &own.raw;
+        let mut fast = true;
+        unroll4!(v => {
+            let u = tid + v as u64 * cta::THREADS as u64;
+            let (hh, r) = (u / per_head, u % per_head);
+            if v < FP8_UNITS && hh < hn {
+                let div = tile_scale(a, C, part, h0 + hh);
+                fast &= convert::fast::<C, 4>(&raw[v], &div);
+                let mut q = [0u64; 4];
+                unroll4!(i => {
+                    q[i] = convert::unit_fast::<C>(&raw[v][i], &div);
+                });
+                let base = hh * self.head_bytes();
+                if part == 0 {
+                    // Token t of piece pc sits at slot t ^ (pc & 3) of the piece's line, as for
+                    // 2-byte caches; a quarter warp's eight stores fill eight different slots.
+                    let (qq, pc) = (r % 8, r / 8);
+                    unroll2!(i => {
+                        let t = (qq + 8 * i as u64) ^ (pc & 3);
+                        let off = (base + (pc * PAGE_TOKENS + t) * 16) as u32;
+                        let (lo, hi) = (q[2 * i], q[2 * i + 1]);
+                        let w = [lo as u32, (lo >> 32) as u32, hi as u32, (hi >> 32) as u32];
+                        // SAFETY: inside the head's part of the tile, aligned.
+                        unsafe { tile.put128(off, w) };
+                    });
+                } else {
+                    let (qq, g) = (r % 4, r / 4);
+                    let cols = tile::transpose4(&q);
+                    unroll8!(j => {
+                        let d = g * 8 + j as u64;
+                        let line = d ^ (g & Self::SWIZZLE);
+                        let off = base + line * Self::LINE + qq * 4;
+                        // SAFETY: off + 4 <= hn * head_bytes <= BYTES (host).
+                        unsafe { tile.put32(off as u32, cols[j]) };
+                    });
+                }
+            }
+        });
+        fast
+    }
+}
+
+impl<const E: usize, const C: u32> cta::Phases for Pages<'_, E, C> {
+    #[inline(always)]
+    fn items(&self) -> u64 {
+        let a = self.0;
+        let parts = if a.src_v.is_null() { 1 } else { 2 };
+        a.num_tokens.div_ceil(PAGE_TOKENS) * parts * a.heads.div_ceil(self.heads_per_item())
+    }
+
+    /// Votes whether the item is a run (threads `0..16` check one token's slot each against
+    /// the first; for fp8, also whether every element lies on the division's fast path), and
+    /// writes the item's sixteen tokens into the tile in the cache's order: copied
+    /// ([`Pages::first_copy`]) or quantized ([`Pages::load_quantized`], then
+    /// [`Pages::first_quantized`]).
+    #[inline(always)]
+    unsafe fn first(&self, item: u64, tid: u32, tile: &cta::Tile) -> bool {
+        let mut own = PageLoads {
+            raw: [[[V16::splat(0); 2]; 4]; FP8_UNITS],
+            slots: (0, 0),
+        };
+        if E == 1 {
+            // SAFETY: forwarded.
+            unsafe { self.load_quantized(item, tid as u64, &mut own) };
+        }
+        let a = self.0;
+        let (t0, part, h0, hn) = self.split(item);
+        if t0 + PAGE_TOKENS > a.num_tokens {
+            return false;
+        }
+        let tid = tid as u64;
+        let mut vote = true;
+        if tid < PAGE_TOKENS {
+            let (s0, s) = if E == 2 {
+                // SAFETY: t0 + PAGE_TOKENS <= num_tokens.
+                unsafe { (tile_slot(a, t0), tile_slot(a, t0 + tid)) }
+            } else {
+                own.slots
+            };
+            let start = match index::slot_target(s0, a.block_size, a.num_blocks) {
+                SlotTarget::At { offset, .. } => offset % PAGE_TOKENS == 0,
+                _ => false,
+            };
+            vote = start && s == s0 + tid as i64;
+        }
+        if E == 2 {
+            // SAFETY: forwarded.
+            unsafe { self.first_copy(t0, part, h0, hn, tid, tile) };
+            vote
+        } else {
+            // SAFETY: forwarded.
+            vote & unsafe { self.first_quantized(part, h0, hn, tid, tile, &own) }
+        }
     }
 
     /// A run: each head's part of the tile stored as 16-byte chunks, thread `tid` taking
@@ -913,7 +1115,7 @@ impl cta::Phases for Pages<'_> {
                 // SAFETY: token t0 + i < num_tokens, head < heads, g < groups.
                 unsafe {
                     let src = self.src(part, t0 + i, head, g);
-                    tile_tokens::<2>(a, convert::NONE, &p, src, &tokens, &Divider::UNUSED);
+                    tile_tokens::<E>(a, C, &p, src, &tokens, &tile_scale(a, C, part, head));
                 }
                 u += cta::THREADS as u64;
             }

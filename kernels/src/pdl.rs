@@ -26,12 +26,12 @@
 //! Block copies ([`Signal::EARLY`] false for their arguments) skip the early signal: they run
 //! long next to a launch, and an early signal would let a programmatic dependent park its
 //! CTAs on the multiprocessors, waiting, for the whole copy (the dependent is then scheduled
-//! when the copy's CTAs exit, as without the instruction). Three prefill bodies of the write
+//! when the copy's CTAs exit, as without the instruction). The prefill bodies of the write
 //! path override their arguments' early signal (session 16, H100, back-to-back launches): the
-//! v0 prefill kernels (`crate::ops::update_pages`, `update_tiles_staged`: persistent grids
-//! that fill the multiprocessors) never signal, which brought them 1.5–6 points closer to the
-//! copy ceiling; the quantizing MLA update (`update_rows_convert`) signals at each thread's
-//! last row ([`signal_at_last`]).
+//! v0 prefill kernels (`crate::ops::update_pages`, `update_pages_fp8`, `update_tiles_staged`:
+//! persistent grids that fill the multiprocessors) never signal, which brought them 1.5–6
+//! points closer to the copy ceiling; the quantizing MLA update (`update_rows_convert`)
+//! signals at each thread's last row ([`signal_at_last`]).
 //!
 //! On targets without the instructions (the `sm_80` PTX, the host CPU) both are no-ops, so
 //! the `sm_80` PTX holds no `griddepcontrol` and kvio never launches it with the attribute.

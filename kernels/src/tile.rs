@@ -119,6 +119,27 @@ pub fn pair_column(rows: &[Row; 2], j: usize) -> u32 {
     prmt(rows[0][j / 2], rows[1][j / 2], sel)
 }
 
+/// Four rows of eight fp8 bytes (little-endian, element 0 first) transposed: word `j` holds
+/// element `j` of rows 0..4 (row 0 in the low byte), as a v0 value line of fp8 holds four
+/// consecutive tokens' element. Sixteen [`prmt`]s: each pair of rows is interleaved byte by
+/// byte, then the pairs' halves are joined.
+#[inline(always)]
+pub fn transpose4(rows: &[u64; 4]) -> [u32; 8] {
+    let mut out = [0u32; 8];
+    unroll2!(w => {
+        let word = |r: u64| (r >> (32 * w)) as u32;
+        let (r0, r1, r2, r3) = (word(rows[0]), word(rows[1]), word(rows[2]), word(rows[3]));
+        // Bytes 0, 1 (then 2, 3) of two rows, interleaved.
+        let (a, b) = (prmt(r0, r1, 0x5140), prmt(r0, r1, 0x7362));
+        let (c, d) = (prmt(r2, r3, 0x5140), prmt(r2, r3, 0x7362));
+        out[4 * w] = prmt(a, c, 0x5410);
+        out[4 * w + 1] = prmt(a, c, 0x7632);
+        out[4 * w + 2] = prmt(b, d, 0x5410);
+        out[4 * w + 3] = prmt(b, d, 0x7632);
+    });
+    out
+}
+
 /// Loads eight elements of `E` bytes (copied as they are), `step` elements apart: vector
 /// accesses when `vec` (`step == 1`, `src` aligned to `min(8E, 16)` bytes), else one access per
 /// element.
@@ -282,6 +303,19 @@ mod tests {
         check::<1>(&rows);
         check::<2>(&rows);
         check::<4>(&rows);
+    }
+
+    #[test]
+    fn transpose4_gathers_each_element_of_four_rows() {
+        let rows: [u64; 4] =
+            core::array::from_fn(|i| (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let cols = transpose4(&rows);
+        for (j, col) in cols.iter().enumerate() {
+            for (i, row) in rows.iter().enumerate() {
+                let want = (row >> (8 * j)) as u8;
+                assert_eq!((col >> (8 * i)) as u8, want, "element {j} of row {i}");
+            }
+        }
     }
 
     #[test]

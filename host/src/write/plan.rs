@@ -2,7 +2,7 @@
 
 use kvio_kernels::args::{SliceArgs, SlotArgs, TileArgs};
 use kvio_kernels::index::{access_width, group_shift};
-use kvio_kernels::ops::{PAGE_TOKENS, PAGE_UNITS};
+use kvio_kernels::ops::{PAGE_TOKENS, PAGE_UNITS, PAGE_UNITS_FP8};
 
 use kvio_kernels::convert;
 
@@ -267,16 +267,25 @@ fn tile_stores(name: &'static str, l: &PagedLayout, base: u64) -> Result<(u32, b
     Ok((unit, runs))
 }
 
-/// Whether `kvio_update_pages` can store part `l` from its tile, given what [`tile_stores`]
-/// decided for it (`unit`, `runs`): one element per piece (v0 V: runs mean consecutive slots
-/// and 16-byte aligned cache, block, head and piece strides for 2-byte elements) or 16-byte
-/// pieces at consecutive 16-byte slots stored whole (v0 K: `unit == 8` means those strides
-/// are 16-byte aligned), on pages of a multiple of 16 slots. Every 16-byte chunk of a line it
-/// stores is then aligned.
-fn pageable(l: &PagedLayout, unit: u32, runs: bool) -> bool {
+/// Whether `kvio_update_pages` (`kvio_update_pages_fp8`) can store part `l` at `base` from
+/// its tile, given what [`tile_stores`] decided for it (`unit`, `runs`): one element per piece
+/// (v0 V, runs: consecutive slots) or 16-byte pieces at consecutive 16-byte slots stored
+/// whole (v0 K, `unit == 8`), on pages of a multiple of 16 slots, with the cache, block, head
+/// and piece strides 16-byte aligned (for 2-byte elements runs and `unit == 8` imply it).
+/// Every 16-byte chunk of a line it stores is then aligned.
+fn pageable(l: &PagedLayout, base: u64, unit: u32, runs: bool) -> bool {
     let lines = l.piece_elems == 1
         || (l.piece_elems * l.elem_bytes == 16 && l.token_stride == l.piece_elems && unit == 8);
-    runs && lines && l.block_size.is_multiple_of(PAGE_TOKENS as usize)
+    let e = l.elem_bytes as u64;
+    let aligned = [
+        base,
+        l.block_stride as u64 * e,
+        l.head_stride as u64 * e,
+        l.piece_stride as u64 * e,
+    ]
+    .iter()
+    .all(|v| v.is_multiple_of(16));
+    runs && lines && aligned && l.block_size.is_multiple_of(PAGE_TOKENS as usize)
 }
 
 /// Token count from which a tiled update takes eight tokens per thread.
@@ -369,25 +378,30 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         _ => 1,
     };
     let (runs_k, runs_v) = (runs_k && src_vec, runs_v && src_vec);
-    // Prefill sizes into fp8 caches run `kvio_update_tiles_staged`, which copies each
-    // thread's next tile into shared memory while it quantizes and stores the current one
-    // (`staged`) when the tiles may be runs and their loads fit a 16-byte cell: 1- or 2-byte
-    // source elements, and a 16-byte aligned slot array.
+    // Prefill sizes into fp8 caches that the pages update below does not take run
+    // `kvio_update_tiles_staged`, which copies each thread's next tile into shared memory
+    // while it quantizes and stores the current one (`staged`) when the tiles may be runs and
+    // their loads fit a 16-byte cell: 1- or 2-byte source elements, and a 16-byte aligned
+    // slot array.
     let staged = tile == 8 && e == 1 && ie <= 2 && (runs_k || runs_v) && slots.is_multiple_of(16);
-    // Prefill sizes into caches of 2-byte elements whose pages a CTA can fill from its tile
-    // (v0 K and V, pages of a multiple of 16 slots) run `kvio_update_pages`: sixteen tokens of
-    // as many heads as make `PAGE_UNITS` units (two tokens × 8 elements: 32 bytes of the
-    // tile) per thread, stored through shared memory as whole lines: a head has 8 units per
-    // 8-element group. (fp8 caches stay on the staged tiles: BENCHMARKS.md, session 11.)
-    let max_units = PAGE_UNITS * PAGE_THREADS as u64;
-    let head_units = kl.head_dim as u64;
+    // Prefill sizes whose pages a CTA can fill from its tile (v0 K and V, pages of a multiple
+    // of 16 slots) run `kvio_update_pages` (2-byte caches, copied) or `kvio_update_pages_fp8`
+    // (fp8 caches quantized from bf16 or f16, on 16-token pages): sixteen tokens of as many
+    // heads as make `PAGE_UNITS` (`PAGE_UNITS_FP8`) units of 32 tile bytes per thread, stored
+    // through shared memory as whole lines: a head has `head_dim * elem / 2` units. An fp8
+    // value line of sixteen tokens is 16 bytes, half a sector, so on larger pages (where the
+    // next element's line is not beside it) fp8 stays on the staged tiles, as do copies into
+    // fp8 caches and f32 sources (f32 sources on the tiles).
+    let fp8_pages = quant.is_some() && ie == 2 && kl.block_size == PAGE_TOKENS as usize;
+    let page_units = if e == 1 { PAGE_UNITS_FP8 } else { PAGE_UNITS };
+    let max_units = page_units * PAGE_THREADS as u64;
+    let head_units = kl.head_dim as u64 * e / 2;
     let pages = tile == 8
-        && e == 2
-        && quant.is_none()
+        && ((e == 2 && quant.is_none()) || (e == 1 && fp8_pages))
         && src_vec
         && head_units <= max_units
-        && pageable(kl, unit_k, runs_k)
-        && (op.value.is_none() || pageable(&vl, unit_v, runs_v));
+        && pageable(kl, kv_dst, unit_k, runs_k)
+        && (op.value.is_none() || pageable(&vl, vv_dst, unit_v, runs_v));
     let (tile, subs) = if pages {
         let heads = (max_units / head_units).min(kl.num_heads as u64).max(1);
         (PAGE_TOKENS, heads)
@@ -453,6 +467,8 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     // per element) spread over many multiprocessors' load/store units.
     let (cap, threads) = if e == 4 {
         (target.caps.tiles_wide, BLOCK_THREADS)
+    } else if pages && e == 1 {
+        (target.caps.pages_fp8, PAGE_THREADS)
     } else if pages {
         (target.caps.pages, PAGE_THREADS)
     } else if tile == 8 && e == 1 {
@@ -1133,6 +1149,56 @@ mod tests {
             panic!("not a tiled update")
         };
         assert_eq!(a.runs, 0);
+    }
+
+    /// Quantizing bf16 or f16 into fp8 v0 caches at prefill size: on 16-token pages
+    /// `kvio_update_pages_fp8` (four heads of 128 an item, a head having 64 units of 32 tile
+    /// bytes); 8- and 128-token pages, heads too wide for the tile and caches only 8-byte
+    /// aligned stay on the staged tiles, f32 sources on the tiles (plain fp8 copies:
+    /// `v0_plans_store_runs`).
+    #[test]
+    fn fp8_v0_prefill_plans_pages() {
+        let (h, d, n) = (8, 128, 3000);
+        let quant = |src: SrcType, bs: usize, d: usize| {
+            let mut op = slot_op(PagedLayout::v0_key(n / bs + 8, bs, h, d, 1), n);
+            op.input = TokenLayout::contiguous(n, h, d, src.bytes());
+            let ext = op.input.extent("i").unwrap() as usize;
+            op.key.src = bytes(0x1000_0000, ext);
+            op.value.as_mut().unwrap().src = bytes(0x2000_0000, ext);
+            op.value_layout = Some(PagedLayout::v0_value(n / bs + 8, bs, h, d, 1));
+            let scale = Scale::PerTensor(bytes(0x7000_0000, 4));
+            op.quantize = Some(Quantize::new(src, Fp8::E4m3, scale).value_scale(scale));
+            op
+        };
+        for src in [SrcType::Bf16, SrcType::F16] {
+            let (a, grid, threads) = plan_tiles(&quant(src, 16, d), 100_000);
+            assert!(a.pages(), "{src:?}");
+            assert_eq!((a.elem, a.subs, a.staged, threads), (1, 4, 0, 128));
+            // 188 sixteen-token items × K and V × two groups of four heads.
+            assert_eq!(grid, 188 * 2 * 2);
+            assert_eq!(plan_tiles(&quant(src, 16, 256), 132).0.subs, 2);
+            assert_eq!(plan_tiles(&quant(src, 16, 512), 132).0.subs, 1);
+        }
+        let staged = |op: &SlotUpdate<'_>| {
+            let (a, _, _) = plan_tiles(op, 132);
+            a.tile == 8 && a.staged == 1
+        };
+        // f32 rows do not fit a stage's cell: tiles loaded as they come.
+        let (a, _, _) = plan_tiles(&quant(SrcType::F32, 16, d), 132);
+        assert_eq!((a.tile, a.staged), (8, 0));
+        assert!(staged(&quant(SrcType::Bf16, 8, d)));
+        assert!(staged(&quant(SrcType::Bf16, 128, d)));
+        assert!(staged(&quant(SrcType::F16, 16, 1024)));
+        for part in [0, 1] {
+            let mut odd = quant(SrcType::Bf16, 16, d);
+            let dst = if part == 0 {
+                &mut odd.key.dst
+            } else {
+                &mut odd.value.as_mut().unwrap().dst
+            };
+            *dst = bytes_mut(dst.ptr() + 8, dst.len());
+            assert!(staged(&odd), "part {part}");
+        }
     }
 
     #[test]
