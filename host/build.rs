@@ -155,13 +155,14 @@ fn build_ptx(kernels: &Path, out: &Path) {
 ///   CTAs) uncapped. On the H100 (BENCHMARKS.md, session 17) five took e4m3 v0 prefill from
 ///   68.6–69.4% to 77.7–77.9% of the copy ceiling at 16,384 tokens and from 76.5–77.0% to
 ///   83.8–84.4% at 65,536 (71.4–72.2% against 75.8–76.0% at 4,096); four units a thread
-///   (168 registers, three CTAs) and one (five CTAs) lost. `sm_80`: see [`SM80_DIRECTIVES`].
+///   (168 registers, three CTAs) and one (five CTAs) lost. `kvio_update_pages_fp8_32` (items
+///   of 32 tokens) the same: 96 registers, 24 B of spills. `sm_80`: see [`SM80_DIRECTIVES`].
 /// - `kvio_convert_blocks` runs 256-thread CTAs (`BLOCK_THREADS`), a head page per group;
 ///   `kvio_convert_pages` CTAs of `kvio_kernels::cta::THREADS` (128), a page's heads per CTA
 ///   item, at least five per multiprocessor (≤ 102 registers; it takes 90 on sm_90, 96 on
 ///   sm_80, no spills; uncapped 108 and 94, four CTAs): 4–6 points more inside the GPU on the
 ///   H100 (BENCHMARKS.md, session 12), the same over PCIe.
-const DIRECTIVES: [(&str, &str); 10] = [
+const DIRECTIVES: [(&str, &str); 11] = [
     ("kvio_transfer_blocks", ".maxntid 512, 1, 1\n"),
     ("kvio_transfer_blocks_tma", ".maxntid 32, 1, 1\n"),
     ("kvio_convert_blocks", ".maxntid 256, 1, 1\n"),
@@ -177,6 +178,10 @@ const DIRECTIVES: [(&str, &str); 10] = [
     ("kvio_update_pages", ".maxntid 128, 1, 1\n"),
     (
         "kvio_update_pages_fp8",
+        ".maxntid 128, 1, 1\n.minnctapersm 5\n",
+    ),
+    (
+        "kvio_update_pages_fp8_32",
         ".maxntid 128, 1, 1\n.minnctapersm 5\n",
     ),
     (
@@ -247,10 +252,14 @@ fn declare(text: &str, decl: &str) -> String {
 }
 
 /// Entries whose `sm_80` directives differ from [`DIRECTIVES`]' (applied first in that module).
-/// - `kvio_update_pages_fp8` converts in software before `sm_89` (more registers): at five
-///   CTAs per multiprocessor its `sm_80` code spills 248 B / 384 B (8 B / 8 B uncapped), so it
-///   goes uncapped there (no `sm_80` GPU measured either way).
-const SM80_DIRECTIVES: [(&str, &str); 1] = [("kvio_update_pages_fp8", ".maxntid 128, 1, 1\n")];
+/// - `kvio_update_pages_fp8` and `kvio_update_pages_fp8_32` convert in software before
+///   `sm_89` (more registers): at five CTAs per multiprocessor the first one's `sm_80` code
+///   spills 248 B / 384 B (8 B / 8 B uncapped), so both go uncapped there (no `sm_80` GPU
+///   measured either way).
+const SM80_DIRECTIVES: [(&str, &str); 2] = [
+    ("kvio_update_pages_fp8", ".maxntid 128, 1, 1\n"),
+    ("kvio_update_pages_fp8_32", ".maxntid 128, 1, 1\n"),
+];
 
 fn add_directives(path: &Path, tag: &str) {
     let mut text = fs::read_to_string(path).expect("read ptx");

@@ -396,10 +396,10 @@ fn v0_params() -> impl Strategy<Value = (Format, usize, usize, usize, usize, Slo
         })
 }
 
-/// Random prefill-size v0 updates, the shapes the pages updates take when the slots fill
-/// pages: copies into 2-byte caches on pages of 16, 32 and 128 tokens (`kvio_update_pages`)
-/// and bf16 or f16 quantized into fp8 caches on 16-token pages (`kvio_update_pages_fp8`,
-/// scales per tensor or per head); 1 to 10 heads (items of several heads, the last one short), head dims of 8 to
+/// Random prefill-size v0 updates on pages of 16, 32 and 128 tokens, the shapes the pages
+/// updates take when the slots fill pages: copies into 2-byte caches (`kvio_update_pages`)
+/// and bf16 or f16 quantized into fp8 caches (`kvio_update_pages_fp8`, items of 32 tokens on
+/// the larger pages: `kvio_update_pages_fp8_32`; scales per tensor or per head); 1 to 10 heads (items of several heads, the last one short), head dims of 8 to
 /// 256 (16 to 256 for fp8, whose key pieces hold 16), 1,024 to 1,199 tokens (a short last
 /// item), page-filling or scattered slots (the cases add skipped and out-of-range ones, and
 /// the fp8 sources special values, which send an item token by token).
@@ -424,7 +424,7 @@ fn pages_params() -> impl Strategy<Value = (Format, usize, usize, usize, usize, 
             if format == Format::Copy(2) {
                 (format, bs, h, 8 * (2 * pieces - seed as usize % 2), t, mode, seed)
             } else {
-                (format, 16, h, 16 * pieces, t, mode, seed)
+                (format, bs, h, 16 * pieces, t, mode, seed)
             }
         })
 }

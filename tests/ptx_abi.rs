@@ -171,6 +171,7 @@ fn sm90_entry_points_wait_before_touching_memory() {
         let never = [
             "kvio_update_pages",
             "kvio_update_pages_fp8",
+            "kvio_update_pages_fp8_32",
             "kvio_update_tiles_staged",
         ];
         if CopyArgs::ENTRIES.contains(&name) || never.contains(&name) {
@@ -255,6 +256,7 @@ fn page_tile_matches_the_kernels() {
         for entry in [
             "kvio_update_pages",
             "kvio_update_pages_fp8",
+            "kvio_update_pages_fp8_32",
             "kvio_convert_pages",
         ] {
             let body = entry_body(ptx, entry);

@@ -45,7 +45,7 @@ pub(crate) const TMA_THREADS: u32 = kvio_kernels::bulk::THREADS;
 /// two stages of the CTA's 48 KiB of shared memory (`kvio_kernels::stage`).
 pub(crate) const STAGED_THREADS: u32 = kvio_kernels::stage::THREADS;
 /// Threads per CTA of the CTA-phase entries (`kvio_update_pages`, `kvio_update_pages_fp8`,
-/// `kvio_convert_pages`; `kvio_kernels::cta`).
+/// `kvio_update_pages_fp8_32`, `kvio_convert_pages`; `kvio_kernels::cta`).
 pub(crate) const PAGE_THREADS: u32 = kvio_kernels::cta::THREADS;
 /// Accesses each lane of a group is given per span (enough loads in flight, few idle lanes).
 pub(crate) const PER_LANE: u64 = 4;
@@ -86,6 +86,8 @@ pub(crate) struct GridCap {
     pub(crate) pages: u32,
     /// `kvio_update_pages_fp8` at [`PAGE_THREADS`].
     pub(crate) pages_fp8: u32,
+    /// `kvio_update_pages_fp8_32` at [`PAGE_THREADS`].
+    pub(crate) pages_fp8_32: u32,
     /// `kvio_update_slices` at [`BLOCK_THREADS`].
     pub(crate) slices: u32,
     /// `kvio_slices_to_slots` at [`BLOCK_THREADS`].
@@ -119,6 +121,7 @@ impl GridCap {
             tiles_staged: cap,
             pages: cap,
             pages_fp8: cap,
+            pages_fp8_32: cap,
             slices: cap,
             expand: cap,
             copy: cap,

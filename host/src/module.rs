@@ -17,6 +17,7 @@ use crate::launch::{
 use crate::plan::{Kernel, Target};
 use crate::ptx::{ptx, Arch};
 use crate::scratch::Scratch;
+use kvio_kernels::ops::PAGE_TOKENS_FP8;
 
 /// Kvio's kernels, loaded into one CUDA context. Load once, at set-up time; every operation is
 /// a method that plans it (all validation, on the host) and runs the plan on the caller's
@@ -44,6 +45,7 @@ pub struct Kvio {
     update_tiles_staged: cu::CUfunction,
     update_pages: cu::CUfunction,
     update_pages_fp8: cu::CUfunction,
+    update_pages_fp8_32: cu::CUfunction,
     update_slices: cu::CUfunction,
     slices_to_slots: cu::CUfunction,
     copy_blocks: cu::CUfunction,
@@ -122,6 +124,7 @@ impl Kvio {
             update_tiles_staged: ptr::null_mut(),
             update_pages: ptr::null_mut(),
             update_pages_fp8: ptr::null_mut(),
+            update_pages_fp8_32: ptr::null_mut(),
             update_slices: ptr::null_mut(),
             slices_to_slots: ptr::null_mut(),
             copy_blocks: ptr::null_mut(),
@@ -164,6 +167,7 @@ impl Kvio {
         })?;
         this.update_pages = this.function("kvio_update_pages")?;
         this.update_pages_fp8 = this.function("kvio_update_pages_fp8")?;
+        this.update_pages_fp8_32 = this.function("kvio_update_pages_fp8_32")?;
         this.update_slices = this.function("kvio_update_slices")?;
         this.slices_to_slots = this.function("kvio_slices_to_slots")?;
         this.copy_blocks = this.function("kvio_copy_blocks")?;
@@ -186,6 +190,7 @@ impl Kvio {
             tiles_staged: resident_ctas(this.update_tiles_staged, STAGED_THREADS, sms)?,
             pages: resident_ctas(this.update_pages, PAGE_THREADS, sms)?,
             pages_fp8: resident_ctas(this.update_pages_fp8, PAGE_THREADS, sms)?,
+            pages_fp8_32: resident_ctas(this.update_pages_fp8_32, PAGE_THREADS, sms)?,
             slices: resident_ctas(this.update_slices, BLOCK_THREADS, sms)?,
             expand: resident_ctas(this.slices_to_slots, BLOCK_THREADS, sms)?,
             copy: resident_ctas(this.copy_blocks, BLOCK_THREADS, sms)?,
@@ -226,6 +231,9 @@ impl Kvio {
             Kernel::Slots(_) => self.update_slots,
             Kernel::Tiles(a) if a.elem == 4 => self.update_tiles_wide,
             Kernel::Tiles(a) if a.tile == 1 => self.update_tiles_one,
+            Kernel::Tiles(a) if a.pages() && a.elem == 1 && a.tile as u64 == PAGE_TOKENS_FP8 => {
+                self.update_pages_fp8_32
+            }
             Kernel::Tiles(a) if a.pages() && a.elem == 1 => self.update_pages_fp8,
             Kernel::Tiles(a) if a.pages() => self.update_pages,
             Kernel::Tiles(a) if a.elem == 1 => self.update_tiles_staged,

@@ -28,6 +28,7 @@ pub const KERNELS: &[&str] = &[
     "kvio_update_tiles_staged",
     "kvio_update_pages",
     "kvio_update_pages_fp8",
+    "kvio_update_pages_fp8_32",
     "kvio_update_slices",
     "kvio_slices_to_slots",
     "kvio_copy_blocks",

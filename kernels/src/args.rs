@@ -214,8 +214,9 @@ kernel! {
     /// `kvio_update_tiles_wide`, prefill sizes into fp8 caches `kvio_update_tiles_staged`, and
     /// prefill sizes that fill v0 pages of 2-byte elements `kvio_update_pages` (a whole CTA
     /// per sixteen tokens of one or more heads: `crate::ops::update_pages`), and those that
-    /// fill fp8 v0 pages from bf16 or f16 `kvio_update_pages_fp8`.
-    kvio_update_tiles | kvio_update_tiles_one [crate::ops::update_tiles_one] | kvio_update_tiles_wide [crate::ops::update_tiles_wide] | kvio_update_tiles_staged [crate::ops::update_tiles_staged] | kvio_update_pages [crate::ops::update_pages] | kvio_update_pages_fp8 [crate::ops::update_pages_fp8] (TileArgs) => crate::ops::update_tiles {
+    /// fill fp8 v0 pages from bf16 or f16 `kvio_update_pages_fp8` (`kvio_update_pages_fp8_32`
+    /// on pages of a multiple of 32 slots).
+    kvio_update_tiles | kvio_update_tiles_one [crate::ops::update_tiles_one] | kvio_update_tiles_wide [crate::ops::update_tiles_wide] | kvio_update_tiles_staged [crate::ops::update_tiles_staged] | kvio_update_pages [crate::ops::update_pages] | kvio_update_pages_fp8 [crate::ops::update_pages_fp8] | kvio_update_pages_fp8_32 [crate::ops::update_pages_fp8_32] (TileArgs) => crate::ops::update_tiles {
         /// New keys.
         src_k: *const u8,
         /// New values (null: K only).
@@ -284,7 +285,8 @@ kernel! {
         scale_per_head: u32,
         /// Tokens per tile: 8 (prefill: full tiles of consecutive slots are stored as runs), 1
         /// (decode: one token per thread, nothing serialised) or 16 (`kvio_update_pages`:
-        /// sixteen tokens of `subs` heads per CTA, whole pages stored through shared memory).
+        /// sixteen tokens of `subs` heads per CTA, whole pages stored through shared memory;
+        /// `kvio_update_pages_fp8_32`: 32, on pages of a multiple of 32 slots).
         tile: u32,
         /// Tiles of one (part, head, group) handled by consecutive threads (1, 2 or 4); for
         /// `kvio_update_pages` (`tile == 16`), the heads of one work item.
@@ -304,7 +306,7 @@ impl TileArgs {
     /// Whether this update runs `kvio_update_pages` or `kvio_update_pages_fp8` (sixteen
     /// tokens of `subs` heads per CTA).
     pub fn pages(&self) -> bool {
-        self.tile == crate::ops::PAGE_TOKENS as u32
+        self.tile >= crate::ops::PAGE_TOKENS as u32
     }
 }
 

@@ -639,8 +639,13 @@ pub unsafe fn update_tiles_wide(a: &TileArgs, g: Group) {
 }
 
 /// Tokens of one `update_pages` work item: a whole page of 16 slots, or 16 aligned slots of
-/// a larger page.
+/// a larger page (`a.tile`).
 pub const PAGE_TOKENS: u64 = 16;
+
+/// Tokens of one `update_pages_fp8` work item on pages of a multiple of 32 slots (`a.tile`;
+/// [`PAGE_TOKENS`] on 16-token pages): an fp8 value line of 32 tokens fills a 32-byte sector,
+/// where one of 16 fills half of one.
+pub const PAGE_TOKENS_FP8: u64 = 32;
 
 /// [`update_tiles`] at prefill sizes into v0 caches of 2-byte elements (bf16, f16, copied)
 /// whose pages the tokens fill (`a.tile == 16`): one work item is [`PAGE_TOKENS`] tokens of
@@ -678,7 +683,7 @@ pub const PAGE_TOKENS: u64 = 16;
 pub unsafe fn update_pages(a: &TileArgs, _g: Group) {
     pdl::prologue(false);
     // SAFETY: forwarded.
-    unsafe { cta::run(&Pages::<2, { convert::NONE }>(a)) }
+    unsafe { cta::run(&Pages::<2, { convert::NONE }, PAGE_TOKENS>(a)) }
 }
 
 /// [`update_pages`] for quantizing updates into fp8 caches (bf16 or f16 sources, `e4m3` or
@@ -686,7 +691,8 @@ pub unsafe fn update_pages(a: &TileArgs, _g: Group) {
 /// conversion code (dispatched here, once), with a unit of 32 tile bytes being four tokens × 8
 /// elements (V: a word of each of eight transposed lines) or two tokens × 16 elements (K: two
 /// 16-byte pieces), loaded as four 16-byte source groups and quantized in phase one. An item
-/// is sixteen tokens of as many heads as make [`PAGE_UNITS_FP8`] units a thread. Phase one's
+/// is sixteen tokens (`update_pages_fp8_32`: 32) of as many heads as make
+/// [`PAGE_UNITS_FP8`] units a thread. Phase one's
 /// vote also carries the division's fast path ([`convert::fast`]): an item holding an element
 /// off it (an infinity, a NaN, a magnitude past 2^80) goes token by token in phase two, as
 /// items that are not runs do, so the loop holds one copy of the conversion.
@@ -699,12 +705,38 @@ pub unsafe fn update_pages(a: &TileArgs, _g: Group) {
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn update_pages_fp8(a: &TileArgs, _g: Group) {
+    // SAFETY: forwarded.
+    unsafe { pages_fp8::<PAGE_TOKENS>(a) }
+}
+
+/// [`update_pages_fp8`] with items of [`PAGE_TOKENS_FP8`] tokens (`a.tile`), on pages of a
+/// multiple of 32 slots. Its own entry: compiled into one kernel with the sixteen-token body,
+/// the pair needed more registers than either alone (176 B of spills at five CTAs on sm_90,
+/// against 8 B and 24 B apart).
+///
+/// # Safety
+/// As [`update_pages_fp8`], with `a.tile == PAGE_TOKENS_FP8` and blocks of a multiple of 32
+/// slots.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub unsafe fn update_pages_fp8_32(a: &TileArgs, _g: Group) {
+    // SAFETY: forwarded.
+    unsafe { pages_fp8::<PAGE_TOKENS_FP8>(a) }
+}
+
+/// The fp8 pages entries' body for items of `T` tokens, dispatched once on the conversion.
+///
+/// # Safety
+/// As [`update_pages_fp8`], with `a.tile == T`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn pages_fp8<const T: u64>(a: &TileArgs) {
     pdl::prologue(false);
     // SAFETY: forwarded. `C` is a constant in each arm.
     unsafe {
         convert::by_code!(a.convert, C => {
             if convert::src_bytes(C) == 2 {
-                cta::run(&Pages::<1, C>(a))
+                cta::run(&Pages::<1, C, T>(a))
             }
         })
     }
@@ -722,18 +754,22 @@ pub unsafe fn emulate_pages(a: &TileArgs, grid: u32) {
         if a.elem == 1 {
             convert::by_code!(a.convert, C => {
                 if convert::src_bytes(C) == 2 {
-                    cta::emulate(&Pages::<1, C>(a), grid)
+                    if a.tile as u64 == PAGE_TOKENS_FP8 {
+                        cta::emulate(&Pages::<1, C, PAGE_TOKENS_FP8>(a), grid)
+                    } else {
+                        cta::emulate(&Pages::<1, C, PAGE_TOKENS>(a), grid)
+                    }
                 }
             })
         } else {
-            cta::emulate(&Pages::<2, { convert::NONE }>(a), grid)
+            cta::emulate(&Pages::<2, { convert::NONE }, PAGE_TOKENS>(a), grid)
         }
     }
 }
 
 /// [`update_pages`]' phases for caches of `E`-byte elements (2: copied; 1: quantized by
-/// conversion `C`).
-struct Pages<'a, const E: usize, const C: u32>(&'a TileArgs);
+/// conversion `C`), items of `T` tokens ([`PAGE_TOKENS`]; fp8 also [`PAGE_TOKENS_FP8`]).
+struct Pages<'a, const E: usize, const C: u32, const T: u64>(&'a TileArgs);
 
 /// Units (two tokens × 8 elements of one head) a thread loads per item of
 /// `update_pages`, all issued before any is used: the host sizes items (heads per item) so
@@ -753,7 +789,7 @@ const _: () = assert!(
 const FP8_UNITS: usize = PAGE_UNITS_FP8 as usize;
 
 /// What a thread of `update_pages_fp8` loads for an item ([`Pages::load_quantized`]): its
-/// units' source groups as loaded, and (threads `0..16`) the item's first slot and its
+/// units' source groups as loaded, and (threads `0..T`) the item's first slot and its
 /// token's slot.
 #[derive(Clone, Copy)]
 struct PageLoads {
@@ -769,13 +805,15 @@ struct PageUnit {
     g: u64,
 }
 
-impl<const E: usize, const C: u32> Pages<'_, E, C> {
+impl<const E: usize, const C: u32, const T: u64> Pages<'_, E, C, T> {
     /// Tokens a word of a transposed line holds.
     const WORD_TOKENS: u64 = 4 / E as u64;
     /// Word columns of a line (units per group of a head).
-    const COLS: u64 = PAGE_TOKENS / Self::WORD_TOKENS;
-    /// Bytes of a transposed line (sixteen tokens' element).
-    const LINE: u64 = PAGE_TOKENS * E as u64;
+    const COLS: u64 = T / Self::WORD_TOKENS;
+    /// Bytes of a transposed line (an item's tokens' element).
+    const LINE: u64 = T * E as u64;
+    /// Token pairs of an item: a K unit of an fp8 item is tokens `q` and `q + HALF`.
+    const HALF: u64 = T / 2;
     /// A transposed line `d` sits at line `d ^ ((d >> 3) & SWIZZLE)` of its head's part of the
     /// tile, so the eight lines a thread writes (`8g .. 8g + 8`) and those of the threads
     /// beside it fall in different banks (`128 / LINE - 1`: four lines span the banks).
@@ -797,13 +835,13 @@ impl<const E: usize, const C: u32> Pages<'_, E, C> {
         let mut ix = [0u64; 2];
         let o = index::split_n(item, [parts, a.heads.div_ceil(hp)], &mut ix);
         let h0 = ix[1] * hp;
-        (o * PAGE_TOKENS, ix[0], h0, hp.min(a.heads - h0))
+        (o * T, ix[0], h0, hp.min(a.heads - h0))
     }
 
-    /// Bytes of one head's sixteen tokens in the tile.
+    /// Bytes of one head's `T` tokens in the tile.
     #[inline(always)]
     fn head_bytes(&self) -> u64 {
-        PAGE_TOKENS * 8 * self.0.groups * E as u64
+        T * 8 * self.0.groups * E as u64
     }
 
     /// Bytes of a source element: the conversion's source type, or the cache's.
@@ -828,7 +866,7 @@ impl<const E: usize, const C: u32> Pages<'_, E, C> {
     /// of two tokens × 8 elements, loading all before it writes any.
     ///
     /// # Safety
-    /// As [`cta::Phases::first`], for item `(t0, part, h0, hn)` with `t0 + 16 <= num_tokens`.
+    /// As [`cta::Phases::first`], for item `(t0, part, h0, hn)` with `t0 + T <= num_tokens`.
     #[inline(always)]
     unsafe fn first_copy(&self, t0: u64, part: u64, h0: u64, hn: u64, tid: u64, tile: &cta::Tile) {
         let a = self.0;
@@ -850,7 +888,7 @@ impl<const E: usize, const C: u32> Pages<'_, E, C> {
             if hh < hn {
                 let head = h0 + hh;
                 unroll2!(i => {
-                    // SAFETY: token t0 + q k + i < t0 + 16 <= num_tokens, head < heads,
+                    // SAFETY: token t0 + q k + i < t0 + T <= num_tokens, head < heads,
                     // g < groups; sources are vector-aligned (`src_vec`).
                     rows[v][i] = unsafe {
                         let t = t0 + unit.q * k + i as u64;
@@ -877,7 +915,7 @@ impl<const E: usize, const C: u32> Pages<'_, E, C> {
                     // t ^ (g & 3) of the piece's line (banks again).
                     unroll2!(i => {
                         let t = (q * k + i as u64) ^ (g & 3);
-                        let off = (base + (g * PAGE_TOKENS + t) * 16) as u32;
+                        let off = (base + (g * T + t) * 16) as u32;
                         let r = &rows[v][i];
                         // SAFETY: inside the head's part of the tile, aligned.
                         unsafe { tile.put128(off, [r[0], r[1], r[2], r[3]]) };
@@ -888,12 +926,12 @@ impl<const E: usize, const C: u32> Pages<'_, E, C> {
     }
 
     /// The loads of an fp8 item (`E == 1`, `C` a conversion of 2-byte source elements) into
-    /// `own`, for [`Pages::first_quantized`], all issued before any is used: threads `0..16`
+    /// `own`, for [`Pages::first_quantized`], all issued before any is used: threads `0..T`
     /// load the item's first slot and the slot of their token, and thread `tid` takes units
     /// `tid, tid + THREADS, ..` (`PAGE_UNITS_FP8` of them), four 16-byte source groups each:
     /// a V unit is four tokens (`4q .. 4q + 4`) × 8 elements (group `g`), a K unit two tokens
-    /// (`q` and `q + 8`) × 16 elements (piece `pc`: groups `2pc`, `2pc + 1`). Nothing for an
-    /// item of fewer than sixteen tokens.
+    /// (`q` and `q + T / 2`) × 16 elements (piece `pc`: groups `2pc`, `2pc + 1`). Nothing for
+    /// an item of fewer than `T` tokens.
     ///
     /// # Safety
     /// As [`cta::Phases::first`].
@@ -901,11 +939,11 @@ impl<const E: usize, const C: u32> Pages<'_, E, C> {
     unsafe fn load_quantized(&self, item: u64, tid: u64, own: &mut PageLoads) {
         let a = self.0;
         let (t0, part, h0, hn) = self.split(item);
-        if t0 + PAGE_TOKENS > a.num_tokens {
+        if t0 + T > a.num_tokens {
             return;
         }
-        if tid < PAGE_TOKENS {
-            // SAFETY: t0 + PAGE_TOKENS <= num_tokens.
+        if tid < T {
+            // SAFETY: t0 + T <= num_tokens.
             own.slots = unsafe { (tile_slot(a, t0), tile_slot(a, t0 + tid)) };
         }
         let per_head = Self::COLS * a.groups;
@@ -917,11 +955,11 @@ impl<const E: usize, const C: u32> Pages<'_, E, C> {
                     let head = h0 + hh;
                     unroll4!(i => {
                         let (t, g) = if part == 0 {
-                            (r % 8 + 8 * (i as u64 / 2), 2 * (r / 8) + i as u64 % 2)
+                            (r % Self::HALF + Self::HALF * (i as u64 / 2), 2 * (r / Self::HALF) + i as u64 % 2)
                         } else {
-                            (4 * (r % 4) + i as u64, r / 4)
+                            (4 * (r % Self::COLS) + i as u64, r / Self::COLS)
                         };
-                        // SAFETY: t0 + t < t0 + 16 <= num_tokens, head < heads, g < groups
+                        // SAFETY: t0 + t < t0 + T <= num_tokens, head < heads, g < groups
                         // (groups is even: pieces of 16); sources are vector-aligned.
                         own.raw[v][i][0] = unsafe {
                             core::ptr::read(self.src(part, t0 + t, head, g) as *const V16)
@@ -939,8 +977,8 @@ impl<const E: usize, const C: u32> Pages<'_, E, C> {
     /// (else what it wrote is not used: the item goes token by token).
     ///
     /// # Safety
-    /// As [`cta::Phases::first`], for an item `(t0, part, h0, hn)` with `t0 + 16 <=
-    /// num_tokens` whose loads `own` holds.
+    /// As [`cta::Phases::first`], for an item `(t0, part, h0, hn)` with `t0 + T <= num_tokens`
+    /// whose loads `own` holds.
     #[inline(always)]
     unsafe fn first_quantized(
         &self,
@@ -969,17 +1007,17 @@ impl<const E: usize, const C: u32> Pages<'_, E, C> {
                 if part == 0 {
                     // Token t of piece pc sits at slot t ^ (pc & 3) of the piece's line, as for
                     // 2-byte caches; a quarter warp's eight stores fill eight different slots.
-                    let (qq, pc) = (r % 8, r / 8);
+                    let (qq, pc) = (r % Self::HALF, r / Self::HALF);
                     unroll2!(i => {
-                        let t = (qq + 8 * i as u64) ^ (pc & 3);
-                        let off = (base + (pc * PAGE_TOKENS + t) * 16) as u32;
+                        let t = (qq + Self::HALF * i as u64) ^ (pc & 3);
+                        let off = (base + (pc * T + t) * 16) as u32;
                         let (lo, hi) = (q[2 * i], q[2 * i + 1]);
                         let w = [lo as u32, (lo >> 32) as u32, hi as u32, (hi >> 32) as u32];
                         // SAFETY: inside the head's part of the tile, aligned.
                         unsafe { tile.put128(off, w) };
                     });
                 } else {
-                    let (qq, g) = (r % 4, r / 4);
+                    let (qq, g) = (r % Self::COLS, r / Self::COLS);
                     let cols = tile::transpose4(&q);
                     unroll8!(j => {
                         let d = g * 8 + j as u64;
@@ -995,17 +1033,17 @@ impl<const E: usize, const C: u32> Pages<'_, E, C> {
     }
 }
 
-impl<const E: usize, const C: u32> cta::Phases for Pages<'_, E, C> {
+impl<const E: usize, const C: u32, const T: u64> cta::Phases for Pages<'_, E, C, T> {
     #[inline(always)]
     fn items(&self) -> u64 {
         let a = self.0;
         let parts = if a.src_v.is_null() { 1 } else { 2 };
-        a.num_tokens.div_ceil(PAGE_TOKENS) * parts * a.heads.div_ceil(self.heads_per_item())
+        a.num_tokens.div_ceil(T) * parts * a.heads.div_ceil(self.heads_per_item())
     }
 
-    /// Votes whether the item is a run (threads `0..16` check one token's slot each against
+    /// Votes whether the item is a run (threads `0..T` check one token's slot each against
     /// the first; for fp8, also whether every element lies on the division's fast path), and
-    /// writes the item's sixteen tokens into the tile in the cache's order: copied
+    /// writes the item's `T` tokens into the tile in the cache's order: copied
     /// ([`Pages::first_copy`]) or quantized ([`Pages::load_quantized`], then
     /// [`Pages::first_quantized`]).
     #[inline(always)]
@@ -1020,20 +1058,20 @@ impl<const E: usize, const C: u32> cta::Phases for Pages<'_, E, C> {
         }
         let a = self.0;
         let (t0, part, h0, hn) = self.split(item);
-        if t0 + PAGE_TOKENS > a.num_tokens {
+        if t0 + T > a.num_tokens {
             return false;
         }
         let tid = tid as u64;
         let mut vote = true;
-        if tid < PAGE_TOKENS {
+        if tid < T {
             let (s0, s) = if E == 2 {
-                // SAFETY: t0 + PAGE_TOKENS <= num_tokens.
+                // SAFETY: t0 + T <= num_tokens.
                 unsafe { (tile_slot(a, t0), tile_slot(a, t0 + tid)) }
             } else {
                 own.slots
             };
             let start = match index::slot_target(s0, a.block_size, a.num_blocks) {
-                SlotTarget::At { offset, .. } => offset % PAGE_TOKENS == 0,
+                SlotTarget::At { offset, .. } => offset % T == 0,
                 _ => false,
             };
             vote = start && s == s0 + tid as i64;
@@ -1078,14 +1116,11 @@ impl<const E: usize, const C: u32> cta::Phases for Pages<'_, E, C> {
                         let line = d ^ ((d >> 3) & Self::SWIZZLE);
                         (line * Self::LINE + w * 16, d * p.piece_stride + w * 16)
                     } else {
-                        let (pc, t) = (c / PAGE_TOKENS, c % PAGE_TOKENS);
-                        (
-                            (pc * PAGE_TOKENS + (t ^ (pc & 3))) * 16,
-                            pc * p.piece_stride + t * 16,
-                        )
+                        let (pc, t) = (c / T, c % T);
+                        ((pc * T + (t ^ (pc & 3))) * 16, pc * p.piece_stride + t * 16)
                     };
-                    // SAFETY: the sixteen slots are valid consecutive slots of one block from
-                    // a multiple of 16: every chunk is inside the target's head in the part,
+                    // SAFETY: the item's T slots are valid consecutive slots of one block from
+                    // a multiple of T: every chunk is inside the target's head in the part,
                     // 16-byte aligned (host); `from` is inside the tile.
                     unsafe {
                         let v = tile.get128((from0 + from) as u32);
@@ -1097,7 +1132,7 @@ impl<const E: usize, const C: u32> cta::Phases for Pages<'_, E, C> {
                 hh += 1;
             }
         } else {
-            let n = (a.num_tokens - t0).min(PAGE_TOKENS);
+            let n = (a.num_tokens - t0).min(T);
             let per_head = n * a.groups;
             let mut u = tid;
             while u < hn * per_head {

@@ -624,17 +624,18 @@ impl TestPool {
 }
 
 /// Source elements of `n / row` tokens of `row` elements covering every class, in groups of
-/// sixteen tokens (the pages the v0 prefill converts together; two of the tiles of eight
-/// tokens it converts on other pages) in three regimes:
-/// - groups 0, 2, ..: random bit patterns (NaN, ±inf, zeros, subnormals, huge and tiny values
-///   all occur) and, for f32, values spread over the fp8 ranges with specials every 16;
-/// - groups 1, 5, ..: ordinary normal values (|x| from 2^-22 to 2^22, or f16's normal range),
-///   one in 64 a signed zero or one of the source's smallest magnitudes (far below 2^-80 for
-///   bf16 and f32, subnormal or the smallest normal for f16), one in 64 drawn as in the first
-///   regime: whole rows and tiles take the division's fast path, zeros and tiny values
-///   included, and now and then a single special value sends one elsewhere;
-/// - groups 3, 7, ..: the same without the values of the first regime, so that whole pages of
-///   many heads take the fast path too.
+/// sixteen tokens (the pages the v0 prefill converts together, two of them on larger pages;
+/// two of the tiles of eight tokens it converts elsewhere) in three regimes, by the group's
+/// index modulo 8:
+/// - 0, 2, 4: random bit patterns (NaN, ±inf, zeros, subnormals, huge and tiny values all
+///   occur) and, for f32, values spread over the fp8 ranges with specials every 16;
+/// - 1, 5: ordinary normal values (|x| from 2^-22 to 2^22, or f16's normal range), one in 64
+///   a signed zero or one of the source's smallest magnitudes (far below 2^-80 for bf16 and
+///   f32, subnormal or the smallest normal for f16), one in 64 drawn as in the first regime:
+///   whole rows and tiles take the division's fast path, zeros and tiny values included, and
+///   now and then a single special value sends one elsewhere;
+/// - 3, 6, 7: the same without the values of the first regime, so that whole items of
+///   sixteen tokens (3, 6, 7) and of 32 (6 and 7) of many heads take the fast path too.
 ///
 /// A case of fewer than seventeen tokens is all of the first regime.
 pub fn quantize_source(n: usize, row: usize, src: kvio::SrcType, rng: &mut Rng) -> Vec<u8> {
@@ -642,8 +643,9 @@ pub fn quantize_source(n: usize, row: usize, src: kvio::SrcType, rng: &mut Rng) 
     let mut out = Vec::with_capacity(n * src.bytes());
     for i in 0..n {
         let r = rng.next_u64();
-        let group = i / row.max(1) / 16;
-        let ordinary = group % 2 == 1 && (group % 4 == 3 || !r.is_multiple_of(64));
+        let group = i / row.max(1) / 16 % 8;
+        let clean = matches!(group, 3 | 6 | 7);
+        let ordinary = clean || (matches!(group, 1 | 5) && !r.is_multiple_of(64));
         let sign = ((r >> 40) & 1) as u32;
         if ordinary && r % 64 == 1 {
             // A signed zero or one of the smallest magnitudes.

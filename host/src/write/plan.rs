@@ -2,7 +2,7 @@
 
 use kvio_kernels::args::{SliceArgs, SlotArgs, TileArgs};
 use kvio_kernels::index::{access_width, group_shift};
-use kvio_kernels::ops::{PAGE_TOKENS, PAGE_UNITS, PAGE_UNITS_FP8};
+use kvio_kernels::ops::{PAGE_TOKENS, PAGE_TOKENS_FP8, PAGE_UNITS, PAGE_UNITS_FP8};
 
 use kvio_kernels::convert;
 
@@ -386,16 +386,21 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     let staged = tile == 8 && e == 1 && ie <= 2 && (runs_k || runs_v) && slots.is_multiple_of(16);
     // Prefill sizes whose pages a CTA can fill from its tile (v0 K and V, pages of a multiple
     // of 16 slots) run `kvio_update_pages` (2-byte caches, copied) or `kvio_update_pages_fp8`
-    // (fp8 caches quantized from bf16 or f16, on 16-token pages): sixteen tokens of as many
-    // heads as make `PAGE_UNITS` (`PAGE_UNITS_FP8`) units of 32 tile bytes per thread, stored
-    // through shared memory as whole lines: a head has `head_dim * elem / 2` units. An fp8
-    // value line of sixteen tokens is 16 bytes, half a sector, so on larger pages (where the
-    // next element's line is not beside it) fp8 stays on the staged tiles, as do copies into
-    // fp8 caches and f32 sources (f32 sources on the tiles).
-    let fp8_pages = quant.is_some() && ie == 2 && kl.block_size == PAGE_TOKENS as usize;
+    // (fp8 caches quantized from bf16 or f16): items of sixteen tokens (fp8 on pages of a
+    // multiple of 32 slots: 32 tokens, so that a value line of one element fills a 32-byte
+    // sector) of as many heads as make `PAGE_UNITS` (`PAGE_UNITS_FP8`) units of 32 tile bytes
+    // per thread, stored through shared memory as whole lines: a head has
+    // `head_dim * elem * tokens / 32` units. Copies into fp8 caches stay on the staged tiles,
+    // f32 sources on the tiles.
+    let fp8_pages = quant.is_some() && ie == 2;
+    let item_tokens = if e == 1 && kl.block_size.is_multiple_of(PAGE_TOKENS_FP8 as usize) {
+        PAGE_TOKENS_FP8
+    } else {
+        PAGE_TOKENS
+    };
     let page_units = if e == 1 { PAGE_UNITS_FP8 } else { PAGE_UNITS };
     let max_units = page_units * PAGE_THREADS as u64;
-    let head_units = kl.head_dim as u64 * e / 2;
+    let head_units = kl.head_dim as u64 * e * item_tokens / 32;
     let pages = tile == 8
         && ((e == 2 && quant.is_none()) || (e == 1 && fp8_pages))
         && src_vec
@@ -404,7 +409,7 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         && (op.value.is_none() || pageable(&vl, vv_dst, unit_v, runs_v));
     let (tile, subs) = if pages {
         let heads = (max_units / head_units).min(kl.num_heads as u64).max(1);
-        (PAGE_TOKENS, heads)
+        (item_tokens, heads)
     } else {
         (tile, subs)
     };
@@ -467,6 +472,8 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     // per element) spread over many multiprocessors' load/store units.
     let (cap, threads) = if e == 4 {
         (target.caps.tiles_wide, BLOCK_THREADS)
+    } else if pages && e == 1 && tile == PAGE_TOKENS_FP8 {
+        (target.caps.pages_fp8_32, PAGE_THREADS)
     } else if pages && e == 1 {
         (target.caps.pages_fp8, PAGE_THREADS)
     } else if pages {
@@ -1151,11 +1158,11 @@ mod tests {
         assert_eq!(a.runs, 0);
     }
 
-    /// Quantizing bf16 or f16 into fp8 v0 caches at prefill size: on 16-token pages
-    /// `kvio_update_pages_fp8` (four heads of 128 an item, a head having 64 units of 32 tile
-    /// bytes); 8- and 128-token pages, heads too wide for the tile and caches only 8-byte
-    /// aligned stay on the staged tiles, f32 sources on the tiles (plain fp8 copies:
-    /// `v0_plans_store_runs`).
+    /// Quantizing bf16 or f16 into fp8 v0 caches at prefill size: `kvio_update_pages_fp8`, on
+    /// 16-token pages items of sixteen tokens (four heads of 128 an item, a head having 64
+    /// units of 32 tile bytes), on pages of a multiple of 32 items of 32 tokens (two heads);
+    /// 8-token pages, heads too wide for the tile and caches only 8-byte aligned stay on the
+    /// staged tiles, f32 sources on the tiles (plain fp8 copies: `v0_plans_store_runs`).
     #[test]
     fn fp8_v0_prefill_plans_pages() {
         let (h, d, n) = (8, 128, 3000);
@@ -1186,8 +1193,12 @@ mod tests {
         // f32 rows do not fit a stage's cell: tiles loaded as they come.
         let (a, _, _) = plan_tiles(&quant(SrcType::F32, 16, d), 132);
         assert_eq!((a.tile, a.staged), (8, 0));
+        for bs in [32, 128] {
+            let (a, _, _) = plan_tiles(&quant(SrcType::Bf16, bs, d), 132);
+            assert!(a.pages());
+            assert_eq!((a.tile, a.subs), (32, 2), "bs {bs}");
+        }
         assert!(staged(&quant(SrcType::Bf16, 8, d)));
-        assert!(staged(&quant(SrcType::Bf16, 128, d)));
         assert!(staged(&quant(SrcType::F16, 16, 1024)));
         for part in [0, 1] {
             let mut odd = quant(SrcType::Bf16, 16, d);
