@@ -289,7 +289,7 @@ kernel! {
         /// `kvio_update_pages_fp8_32`: 32, on pages of a multiple of 32 slots).
         tile: u32,
         /// Tiles of one (part, head, group) handled by consecutive threads (1, 2 or 4); for
-        /// `kvio_update_pages` (`tile == 16`), the heads of one work item.
+        /// the pages entries (`tile` 16 or 32), the heads of one work item.
         subs: u32,
         /// Non-zero: `kvio_update_tiles_staged` copies each thread's next tile into shared
         /// memory (the slot array is 16-byte aligned, source elements are of at most 2 bytes,

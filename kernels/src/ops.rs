@@ -575,10 +575,11 @@ pub unsafe fn update_tiles(a: &TileArgs, g: Group) {
 /// next tile's rows and slots into shared memory (`cp.async`) before it quantizes and stores
 /// the current one (see [`crate::stage`]), so a tile's loads are in flight during the previous
 /// tile's conversion; without, it loads each tile when it comes to it, as [`update_tiles`].
-/// (Quantizing bf16 or f16 into 16-token pages runs `update_pages_fp8` instead. 2-byte
-/// caches stay on [`update_tiles`]: on the H100, in one run, staging wrote bf16 at 59%
-/// of the copy ceiling against its 60.5%. Quantizing to e4m3 went from 39.9% to 45.9% at
-/// 16,384 tokens and from 43.7% to 53.2% at 65,536; BENCHMARKS.md, session 10.)
+/// (Quantizing bf16 or f16 into pages of a multiple of 16 slots runs `update_pages_fp8` or
+/// `update_pages_fp8_32` instead. 2-byte caches stay on [`update_tiles`]: on the H100, in one
+/// run, staging wrote bf16 at 59% of the copy ceiling against its 60.5%. Quantizing to e4m3
+/// went from 39.9% to 45.9% at 16,384 tokens and from 43.7% to 53.2% at 65,536;
+/// BENCHMARKS.md, session 10.)
 ///
 /// The body is compiled once per conversion code (dispatched here, once), so that the loop
 /// holds one straight-line conversion for one source type and format: with the code chosen at

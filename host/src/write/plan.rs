@@ -267,12 +267,13 @@ fn tile_stores(name: &'static str, l: &PagedLayout, base: u64) -> Result<(u32, b
     Ok((unit, runs))
 }
 
-/// Whether `kvio_update_pages` (`kvio_update_pages_fp8`) can store part `l` at `base` from
-/// its tile, given what [`tile_stores`] decided for it (`unit`, `runs`): one element per piece
-/// (v0 V, runs: consecutive slots) or 16-byte pieces at consecutive 16-byte slots stored
-/// whole (v0 K, `unit == 8`), on pages of a multiple of 16 slots, with the cache, block, head
-/// and piece strides 16-byte aligned (for 2-byte elements runs and `unit == 8` imply it).
-/// Every 16-byte chunk of a line it stores is then aligned.
+/// Whether the pages entries (`kvio_update_pages`, `kvio_update_pages_fp8`, `_fp8_32`) can
+/// store part `l` at `base` from their tile, given what [`tile_stores`] decided for it
+/// (`unit`, `runs`): one element per piece (v0 V, runs: consecutive slots) or 16-byte pieces
+/// at consecutive 16-byte slots stored whole (v0 K, `unit == 8`), on pages of a multiple of
+/// 16 slots, with the cache, block, head and piece strides 16-byte aligned (for 2-byte
+/// elements runs and `unit == 8` imply it). Every 16-byte chunk of a line it stores is then
+/// aligned.
 fn pageable(l: &PagedLayout, base: u64, unit: u32, runs: bool) -> bool {
     let lines = l.piece_elems == 1
         || (l.piece_elems * l.elem_bytes == 16 && l.token_stride == l.piece_elems && unit == 8);
