@@ -224,24 +224,33 @@ pub(crate) fn slots<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan
     slot_launch(args, ie, target)
 }
 
+/// Whether the cache `base` and the block, head and piece strides of `l` (the piece stride
+/// only where there are pieces) are multiples of `bytes`: the alignment of what a run of a
+/// part stores from a slot that is a multiple of 8 (transposed columns, and the pages
+/// entries' 16-byte line chunks), whose token stride does not enter.
+fn strides_aligned(l: &PagedLayout, base: u64, bytes: u64) -> bool {
+    let e = l.elem_bytes as u64;
+    let piece = if l.is_pieced() { l.piece_stride } else { 0 };
+    [
+        base,
+        l.block_stride as u64 * e,
+        l.head_stride as u64 * e,
+        piece as u64 * e,
+    ]
+    .iter()
+    .all(|v| v.is_multiple_of(bytes))
+}
+
 /// How a tiled update stores one part: `(unit, runs)`, elements per store (8, 4 or 1, each
 /// store aligned to `min(unit * elem, 16)` bytes) and whether eight aligned consecutive slots
 /// may be written as one run (8-slot-aligned blocks; with one element per piece, as
 /// transposed columns of `8 * elem` bytes, which must be aligned too).
 fn tile_stores(name: &'static str, l: &PagedLayout, base: u64) -> Result<(u32, bool)> {
     let e = l.elem_bytes as u64;
-    let pieced = l.is_pieced();
-    // The piece stride counts only when there are pieces (0 divides by anything).
-    let at = [
-        base,
-        l.block_stride as u64 * e,
-        l.token_stride as u64 * e,
-        l.head_stride as u64 * e,
-        if pieced { l.piece_stride as u64 * e } else { 0 },
-    ];
-    let aligned = |bytes: u64| at.iter().all(|v| v.is_multiple_of(bytes));
+    let token = l.token_stride as u64 * e;
+    let aligned = |bytes: u64| strides_aligned(l, base, bytes) && token.is_multiple_of(bytes);
     let pe = l.piece_elems;
-    if pieced && !(pe == 1 || pe == 4 || pe.is_multiple_of(8)) {
+    if l.is_pieced() && !(pe == 1 || pe == 4 || pe.is_multiple_of(8)) {
         return Err(invalid(
             name,
             pe,
@@ -252,15 +261,9 @@ fn tile_stores(name: &'static str, l: &PagedLayout, base: u64) -> Result<(u32, b
         .into_iter()
         .find(|&u| pe.is_multiple_of(u as usize) && aligned((u as u64 * e).min(16)))
         .ok_or_else(|| invalid(name, base, "misaligned for its element type"))?;
-    // A run starts at a slot that is a multiple of 8, so the token stride (one element for
-    // transposed columns) does not enter the columns' alignment.
-    let column = (8 * e).min(16);
     let runs = l.block_size.is_multiple_of(8)
         && if pe == 1 {
-            l.token_stride == 1
-                && [at[0], at[1], at[3], at[4]]
-                    .iter()
-                    .all(|v| v.is_multiple_of(column))
+            l.token_stride == 1 && strides_aligned(l, base, (8 * e).min(16))
         } else {
             unit > 1
         };
@@ -271,22 +274,14 @@ fn tile_stores(name: &'static str, l: &PagedLayout, base: u64) -> Result<(u32, b
 /// store part `l` at `base` from their tile, given what [`tile_stores`] decided for it
 /// (`unit`, `runs`): one element per piece (v0 V, runs: consecutive slots) or 16-byte pieces
 /// at consecutive 16-byte slots stored whole (v0 K, `unit == 8`), on pages of a multiple of
-/// 16 slots, with the cache, block, head and piece strides 16-byte aligned (for 2-byte
-/// elements runs and `unit == 8` imply it). Every 16-byte chunk of a line it stores is then
-/// aligned.
+/// 16 slots, with [`strides_aligned`] to 16 bytes (for 2-byte elements runs and `unit == 8`
+/// imply it, for fp8 only 8). Every 16-byte chunk of a line it stores is then aligned.
 fn pageable(l: &PagedLayout, base: u64, unit: u32, runs: bool) -> bool {
     let lines = l.piece_elems == 1
         || (l.piece_elems * l.elem_bytes == 16 && l.token_stride == l.piece_elems && unit == 8);
-    let e = l.elem_bytes as u64;
-    let aligned = [
-        base,
-        l.block_stride as u64 * e,
-        l.head_stride as u64 * e,
-        l.piece_stride as u64 * e,
-    ]
-    .iter()
-    .all(|v| v.is_multiple_of(16));
-    runs && lines && aligned && l.block_size.is_multiple_of(PAGE_TOKENS as usize)
+    runs && lines
+        && strides_aligned(l, base, 16)
+        && l.block_size.is_multiple_of(PAGE_TOKENS as usize)
 }
 
 /// Token count from which a tiled update takes eight tokens per thread.
