@@ -835,7 +835,7 @@ fn host(rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
         g.kv.update_slots(&op, s).expect("update_slots fp8")
     });
     for fp8 in [false, true] {
-        let v0 = V0Setup::new(t, 16, fp8, false, cfg, 4002);
+        let v0 = V0Setup::new(t, 16, fp8, V0Fill::Random, cfg, 4002);
         let op = v0.op();
         let v = if fp8 { "slots-v0-fp8" } else { "slots-v0" };
         measure_host(rec, grp, t, v, calls, stream, || {
@@ -1080,6 +1080,19 @@ fn fp8_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, c
     grp.finish();
 }
 
+/// How a v0 benchmark's tokens map to slots.
+#[derive(Clone, Copy, PartialEq)]
+enum V0Fill {
+    /// Every token a random free slot (decode-like scatter).
+    Random,
+    /// One sequence filling whole pages in a random page order (prefill of one sequence).
+    Pages,
+    /// A prefill batch: sequences of 1 to `2 * mean - 1` tokens (uniform), each on its own
+    /// pages, from the start of its first page or (`chunked`: a chunked prefill's
+    /// continuation) from a random slot of it.
+    Batch { mean: usize, chunked: bool },
+}
+
 /// Buffers of one v0-layout update benchmark (vLLM `reshape_and_cache`, mistral.rs and
 /// candle-vllm paged attention): bf16 K and V `[T, H, D]` into a v0 key cache `[NB, H, D/x,
 /// bs, x]` and value cache `[NB, H, D, bs]`, bf16 or e4m3; tokens fill whole pages (prefill)
@@ -1097,23 +1110,52 @@ struct V0Setup {
 }
 
 impl V0Setup {
-    fn new(t: usize, bs: usize, fp8: bool, pages: bool, cfg: &Cfg, seed: u64) -> V0Setup {
+    fn new(t: usize, bs: usize, fp8: bool, fill: V0Fill, cfg: &Cfg, seed: u64) -> V0Setup {
         let (h, d) = (cfg.heads, cfg.dim);
-        let blocks = t.div_ceil(bs) + 8;
         let e = if fp8 { 1 } else { 2 };
+        let mut rng = Rng::new(seed);
+        // Sequences as (first token's offset in its first page, tokens): one for `Pages`.
+        let seqs: Vec<(usize, usize)> = match fill {
+            V0Fill::Random | V0Fill::Pages => vec![(0, t)],
+            V0Fill::Batch { mean, chunked } => {
+                let mut seqs = vec![];
+                let mut left = t;
+                while left > 0 {
+                    let len = (1 + rng.below(2 * mean as u64 - 1) as usize).min(left);
+                    let off = if chunked {
+                        rng.below(bs as u64) as usize
+                    } else {
+                        0
+                    };
+                    seqs.push((off, len));
+                    left -= len;
+                }
+                seqs
+            }
+        };
+        let used: usize = seqs
+            .iter()
+            .map(|&(off, len)| (off + len).div_ceil(bs))
+            .sum();
+        let blocks = used.max(t.div_ceil(bs)) + 8;
         let key_layout = PagedLayout::v0_key(blocks, bs, h, d, e);
         let value_layout = PagedLayout::v0_value(blocks, bs, h, d, e);
         let input = TokenLayout::contiguous(t, h, d, 2);
         let n = t * h * d;
         let ext = key_layout.extent("c").unwrap() as usize;
-        let slots = if pages {
-            let mut order: Vec<i64> = (0..blocks as i64).collect();
-            Rng::new(seed).shuffle(&mut order);
-            (0..t)
-                .map(|i| order[i / bs] * bs as i64 + (i % bs) as i64)
-                .collect()
-        } else {
+        let slots = if fill == V0Fill::Random {
             random_slots(blocks * bs, t, seed)
+        } else {
+            // Each sequence takes fresh pages of a shuffled order, from `off` in its first.
+            let mut order: Vec<i64> = (0..blocks as i64).collect();
+            rng.shuffle(&mut order);
+            let mut pages = order.into_iter();
+            let mut slots = Vec::with_capacity(t);
+            for (off, len) in seqs {
+                let mine: Vec<i64> = pages.by_ref().take((off + len).div_ceil(bs)).collect();
+                slots.extend((off..off + len).map(|i| mine[i / bs] * bs as i64 + (i % bs) as i64));
+            }
+            slots
         };
         V0Setup {
             input,
@@ -1163,21 +1205,62 @@ impl V0Setup {
 
 /// vLLM's v0 paged layout (`reshape_and_cache`), bf16 and fp8 e4m3 caches: tokens filling
 /// whole pages (prefill; from T = 256, else random slots) per token count at page 16 and per
-/// page size at T = 16,384 (bf16 also launched plainly, `kvio-bf16-plain`, from T = 4,096), then
-/// decode sizes in a CUDA graph beside the NHD update's latency measured the same way. vLLM's
+/// page size at T = 16,384 (bf16 also launched plainly, `kvio-bf16-plain`, from T = 4,096),
+/// prefill batches of many sequences per page size at T = 16,384 (`v0-update/batch`: variants
+/// `-seq1024`, `-seq128`, `-chunked1024`, see [`V0Fill::Batch`]), then decode sizes in a CUDA graph beside the NHD update's latency measured the same way. vLLM's
 /// anchor on this GPU (`../shared/LAYOUTS.md`): bf16 324 / 170 GB/s, fp8 362 / 169 GB/s at
 /// T = 16,384 / 65,536.
 fn v0_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
     let mut grp = c.benchmark_group("v0-update");
-    let mut cases: Vec<(&str, usize, usize)> = [1usize, 16, 256, 4096, 16384, 65536]
+    // (group, T, page size, how the tokens fill pages, variant suffix)
+    let fill = |t: usize| {
+        if t >= 256 {
+            V0Fill::Pages
+        } else {
+            V0Fill::Random
+        }
+    };
+    let mut cases: Vec<(&str, usize, usize, V0Fill, &str)> = [1usize, 16, 256, 4096, 16384, 65536]
         .iter()
-        .map(|&t| ("v0-update/T", t, 16))
+        .map(|&t| ("v0-update/T", t, 16, fill(t), ""))
         .collect();
     cases.extend(
         cfg.pages
             .iter()
-            .map(|&bs| ("v0-update/page", 16384usize, bs)),
+            .map(|&bs| ("v0-update/page", 16384usize, bs, V0Fill::Pages, "")),
     );
+    // A prefill batch at T = 16,384 per page size: sequences of 1,024 tokens on average
+    // (uniform 1 to 2,047), of 128 on average, and of 1,024 on average each continuing a
+    // chunked prefill (starting at a random slot of its first page).
+    for (fill, what) in [
+        (
+            V0Fill::Batch {
+                mean: 1024,
+                chunked: false,
+            },
+            "-seq1024",
+        ),
+        (
+            V0Fill::Batch {
+                mean: 128,
+                chunked: false,
+            },
+            "-seq128",
+        ),
+        (
+            V0Fill::Batch {
+                mean: 1024,
+                chunked: true,
+            },
+            "-chunked1024",
+        ),
+    ] {
+        cases.extend(
+            cfg.pages
+                .iter()
+                .map(|&bs| ("v0-update/batch", 16384usize, bs, fill, what)),
+        );
+    }
     // `-plain`: launched without programmatic dependent launch, so a launch does not overlap
     // the tail of the one before it.
     for (fp8, pdl, variant) in [
@@ -1185,11 +1268,11 @@ fn v0_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cf
         (false, Some(false), "kvio-bf16-plain"),
         (true, None, "kvio-fp8-e4m3"),
     ] {
-        for &(name, t, bs) in &cases {
-            if pdl.is_some() && t < 4096 {
+        for &(name, t, bs, fill, what) in &cases {
+            if pdl.is_some() && (t < 4096 || fill != V0Fill::Pages) {
                 continue;
             }
-            let s = V0Setup::new(t, bs, fp8, t >= 256, cfg, 1100 + t as u64 + bs as u64);
+            let s = V0Setup::new(t, bs, fp8, fill, cfg, 1100 + t as u64 + bs as u64);
             let u = s.op();
             let param = if name == "v0-update/T" { t } else { bs };
             let sref = match pdl {
@@ -1201,7 +1284,7 @@ fn v0_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cf
                 rec,
                 name,
                 param,
-                variant,
+                &format!("{variant}{what}"),
                 s.bytes(),
                 stream,
                 || g.kv.update_slots(&u, sref).expect("update_slots"),
@@ -1209,7 +1292,7 @@ fn v0_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cf
         }
     }
     for t in [1usize, 16, 64, 256] {
-        let s = V0Setup::new(t, 16, false, false, cfg, 1300 + t as u64);
+        let s = V0Setup::new(t, 16, false, V0Fill::Random, cfg, 1300 + t as u64);
         let nhd = WriteSetup::new(cfg, t, 16, 1400 + t as u64);
         for (variant, op) in [("kvio-v0-x100", s.op()), ("kvio-nhd-x100", nhd.op())] {
             let graph = Graph::capture(stream, |st| {

@@ -31,6 +31,13 @@ enum Slots {
     /// Consecutive tokens fill whole pages in a random page order (prefill), with padding
     /// and out-of-range slots sprinkled in (they break the transposed runs of their tile).
     Pages,
+    /// A prefill batch: sequences of 1 to 79 tokens, each on fresh pages from the start of its
+    /// first (so a sequence's runs of whole pages start at any token index), padding and
+    /// out-of-range slots sprinkled in as in `Pages`.
+    Batch,
+    /// As `Batch`, each sequence continuing a chunked prefill: from a random slot of its first
+    /// page.
+    Chunked,
 }
 
 /// One v0 slot update: the host data it runs on, its format and the two cache layouts.
@@ -50,8 +57,27 @@ fn case(format: Format, bs: usize, d: usize, t: usize, mode: Slots, seed: u64) -
 
 /// A case of `h` heads of `d` elements (a multiple of the key layout's `x`).
 fn case_h(format: Format, bs: usize, h: usize, d: usize, t: usize, mode: Slots, seed: u64) -> Case {
-    let nb = (2 * t).max(64).div_ceil(bs) + 1;
     let mut rng = Rng::new(seed);
+    // Batch modes: sequences as (offset in the first page, tokens).
+    let mut seqs = vec![];
+    if matches!(mode, Slots::Batch | Slots::Chunked) {
+        let mut left = t;
+        while left > 0 {
+            let len = (1 + rng.below(79) as usize).min(left);
+            let off = if mode == Slots::Chunked {
+                rng.below(bs as u64) as usize
+            } else {
+                0
+            };
+            seqs.push((off, len));
+            left -= len;
+        }
+    }
+    let used: usize = seqs
+        .iter()
+        .map(|&(off, len)| (off + len).div_ceil(bs))
+        .sum();
+    let nb = ((2 * t).max(64).div_ceil(bs) + 1).max(used + 1);
     let (ie, e) = match format {
         Format::Copy(e) => (e, e),
         Format::Quant(src, _, _) => (src.bytes(), 1),
@@ -74,6 +100,17 @@ fn case_h(format: Format, bs: usize, h: usize, d: usize, t: usize, mode: Slots, 
             (0..t)
                 .map(|i| pages[i / bs] * bs as i64 + (i % bs) as i64)
                 .collect()
+        }
+        Slots::Batch | Slots::Chunked => {
+            let mut pages: Vec<i64> = (0..nb as i64).collect();
+            rng.shuffle(&mut pages);
+            let mut pages = pages.into_iter();
+            let mut slots = Vec::with_capacity(t);
+            for (off, len) in seqs {
+                let mine: Vec<i64> = pages.by_ref().take((off + len).div_ceil(bs)).collect();
+                slots.extend((off..off + len).map(|i| mine[i / bs] * bs as i64 + (i % bs) as i64));
+            }
+            slots
         }
     };
     let slots = slots
@@ -294,6 +331,11 @@ fn cases(full: bool) -> Vec<Case> {
         if matches!(format, Format::Quant(..)) {
             v.push(case_h(format, 16, 9, 128, 1030, Slots::Pages, seed + 6000));
         }
+        // Prefill batches of many sequences (runs of whole pages from any token index), on
+        // 16-, 32- and 128-token pages, fresh and continuing chunked prefills.
+        v.push(case(format, 16, 128, 1030, Slots::Batch, seed + 7000));
+        v.push(case(format, 32, 128, 1030, Slots::Chunked, seed + 8000));
+        v.push(case(format, 128, 64, 1030, Slots::Batch, seed + 9000));
         // Keys only (one part) at prefill size.
         v.push(k_only(format, 16, 3, 128, 1030, seed + 4000));
         seed += 1;
@@ -401,7 +443,8 @@ fn v0_params() -> impl Strategy<Value = (Format, usize, usize, usize, usize, Slo
 /// and bf16 or f16 quantized into fp8 caches (`kvio_update_pages_fp8`, items of 32 tokens on
 /// the larger pages: `kvio_update_pages_fp8_32`; scales per tensor or per head); 1 to 10 heads (items of several heads, the last one short), head dims of 8 to
 /// 256 (16 to 256 for fp8, whose key pieces hold 16), 1,024 to 1,199 tokens (a short last
-/// item), page-filling or scattered slots (the cases add skipped and out-of-range ones, and
+/// item), page-filling slots of one sequence or of a batch of sequences (fresh or continuing
+/// chunked prefills), or scattered slots (the cases add skipped and out-of-range ones, and
 /// the fp8 sources special values, which send an item token by token).
 fn pages_params() -> impl Strategy<Value = (Format, usize, usize, usize, usize, Slots, u64)> {
     let formats = vec![
@@ -417,12 +460,25 @@ fn pages_params() -> impl Strategy<Value = (Format, usize, usize, usize, usize, 
         1usize..=10,
         1usize..=16,
         1024usize..1200,
-        proptest::prop_oneof![4 => proptest::strategy::Just(Slots::Pages), 1 => proptest::strategy::Just(Slots::Random)],
+        proptest::prop_oneof![
+            3 => proptest::strategy::Just(Slots::Pages),
+            2 => proptest::strategy::Just(Slots::Batch),
+            2 => proptest::strategy::Just(Slots::Chunked),
+            1 => proptest::strategy::Just(Slots::Random),
+        ],
         any::<u64>(),
     )
         .prop_map(|(format, bs, h, pieces, t, mode, seed)| {
             if format == Format::Copy(2) {
-                (format, bs, h, 8 * (2 * pieces - seed as usize % 2), t, mode, seed)
+                (
+                    format,
+                    bs,
+                    h,
+                    8 * (2 * pieces - seed as usize % 2),
+                    t,
+                    mode,
+                    seed,
+                )
             } else {
                 (format, bs, h, 16 * pieces, t, mode, seed)
             }
