@@ -151,12 +151,14 @@ fn build_ptx(kernels: &Path, out: &Path) {
 ///   (BENCHMARKS.md, session 15) three beat two by 10 points and four lost to three.
 /// - `kvio_update_pages` and `kvio_update_pages_fp8` run CTAs of `kvio_kernels::cta::THREADS`
 ///   (128) threads. `kvio_update_pages_fp8` (two units a thread) at least five per
-///   multiprocessor (≤ 102 registers): 96 with 8 B of spills on sm_90, against 128 (four
-///   CTAs) uncapped. On the H100 (BENCHMARKS.md, session 17) five took e4m3 v0 prefill from
+///   multiprocessor (≤ 102 registers): 96 with 8 B of spills on sm_90 (40 B since the run
+///   search of session 18), against 128 (four CTAs) uncapped. On the H100 (BENCHMARKS.md, session 17) five took e4m3 v0 prefill from
 ///   68.6–69.4% to 77.7–77.9% of the copy ceiling at 16,384 tokens and from 76.5–77.0% to
 ///   83.8–84.4% at 65,536 (71.4–72.2% against 75.8–76.0% at 4,096); four units a thread
 ///   (168 registers, three CTAs) and one (five CTAs) lost. `kvio_update_pages_fp8_32` (items
-///   of 32 tokens) the same: 96 registers, 24 B of spills. `sm_80`: see [`SM80_DIRECTIVES`].
+///   of 32 tokens) the same: 96 registers, 24 B of spills (64 B since session 18).
+///   `kvio_update_pages` takes 96 registers uncapped since session 18 (five CTAs; 112, four,
+///   before). `sm_80`: see [`SM80_DIRECTIVES`].
 /// - `kvio_convert_blocks` runs 256-thread CTAs (`BLOCK_THREADS`), a head page per group;
 ///   `kvio_convert_pages` CTAs of `kvio_kernels::cta::THREADS` (128), a page's heads per CTA
 ///   item, at least five per multiprocessor (≤ 102 registers; it takes 90 on sm_90, 96 on
@@ -230,10 +232,10 @@ fn add_tma_shared(path: &Path) {
 
 /// The staged tiled update's static shared memory, in both modules: `kvio_kernels::stage`'s
 /// `BYTES` (checked by `tests/ptx_abi.rs`), cells of 16 bytes; and the tile of the CTA-phase
-/// entries (`kvio_update_pages`, ...): `kvio_kernels::cta::BYTES`. A kernel is given only the
-/// shared variables it references.
+/// entries (`kvio_update_pages`, ...): `kvio_kernels::cta::BYTES` and the `NOTE` past them.
+/// A kernel is given only the shared variables it references.
 const STAGE_SHARED: &str = ".shared .align 16 .b8 kvio_tile_stage[49152];\n\
-                            .shared .align 16 .b8 kvio_page_tile[16384];\n";
+                            .shared .align 16 .b8 kvio_page_tile[17936];\n";
 
 /// Declares [`STAGE_SHARED`] after the PTX header (`cp.async` is PTX ISA 7.0, what rustc emits
 /// for `sm_80`).

@@ -1307,3 +1307,100 @@ fn tile_columns_transpose_rows() {
         check::<4>(&rows);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The v0 pages updates' runs around a window
+// ---------------------------------------------------------------------------------------------
+
+/// `window_runs` against the plain definition (a run is `T` tokens in the batch from one whose
+/// slot is valid and a multiple of `T`, each slot the one before plus one), on the `3 * T`
+/// slots around windows of random prefill batches: sequences on fresh pages or continuing
+/// chunked prefills, padding, out-of-range and negative slots, scattered slots, a batch's
+/// first and last window.
+#[test]
+fn window_runs_match_their_definition() {
+    use kvio_kernels::index::window_runs;
+    fn check<const T: u64>(rng: &mut SmallRng) -> (u32, u32) {
+        let t = T as usize;
+        let (bs, num_slots) = (t * (1 << rng.gen_range(0..3)), 1i64 << 20);
+        // A batch of 4 to 12 windows, slots as a serving stack would give them.
+        let n = t * rng.gen_range(4..12) + rng.gen_range(0..t);
+        let mut slots = Vec::with_capacity(n);
+        let mut next_page = 0i64;
+        while slots.len() < n {
+            let len = rng.gen_range(1..6 * t);
+            let off = if rng.gen_bool(0.5) {
+                0
+            } else {
+                rng.gen_range(0..bs)
+            };
+            for i in off..off + len {
+                slots.push((next_page + (i / bs) as i64) * bs as i64 + (i % bs) as i64);
+            }
+            next_page += (off + len).div_ceil(bs) as i64 + rng.gen_range(0..3);
+        }
+        slots.truncate(n);
+        for s in slots.iter_mut() {
+            match rng.gen_range(0..400) {
+                0 => *s = -1,
+                1 => *s = num_slots + rng.gen_range(0..100),
+                2 => *s = rng.gen_range(0..num_slots),
+                3 => *s = i64::MIN + rng.gen_range(0..4),
+                _ => {}
+            }
+        }
+        let (mut runs, mut windows) = (0, 0);
+        for w in 0..n.div_ceil(t) {
+            // Token of position p, when it is in the batch.
+            let tok = |p: usize| (w * t + p).checked_sub(t).filter(|&k| k < n);
+            let (mut aligned, mut follows) = (0u128, 0u128);
+            for p in 0..3 * t {
+                let Some(k) = tok(p) else { continue };
+                let s = slots[k];
+                if s >= 0 && s < num_slots && s % T as i64 == 0 {
+                    aligned |= 1 << p;
+                }
+                if k > 0 && s == slots[k - 1].wrapping_add(1) {
+                    follows |= 1 << p;
+                }
+            }
+            let run = |c: usize| {
+                let Some(k0) = tok(c) else { return false };
+                let s0 = slots[k0];
+                s0 >= 0
+                    && s0 < num_slots
+                    && s0 % T as i64 == 0
+                    && (1..t).all(|j| tok(c + j).is_some_and(|k| slots[k] == s0 + j as i64))
+            };
+            let prev: Vec<usize> = (0..t).filter(|&c| run(c)).collect();
+            let own: Vec<usize> = (t..2 * t).filter(|&c| run(c)).collect();
+            assert!(prev.len() <= 1 && own.len() <= 1, "{prev:?} {own:?}");
+            let want = (
+                prev.first().map_or(0, |&c| c as u64),
+                own.first().map_or(T, |&c| (c - t) as u64),
+            );
+            assert_eq!(window_runs::<T>(aligned, follows), want, "T={T} window {w}");
+            runs += own.len() as u32;
+            windows += 1;
+        }
+        (runs, windows)
+    }
+    let mut rng = SmallRng::seed_from_u64(0x0f11_5eed);
+    let (mut runs, mut windows) = (0, 0);
+    for _ in 0..300 {
+        for (r, w) in [
+            check::<16>(&mut rng),
+            check::<32>(&mut rng),
+            check::<8>(&mut rng),
+        ] {
+            runs += r;
+            windows += w;
+        }
+    }
+    // Most windows of these batches hold a run (the test would prove little if none did), and
+    // not every one does.
+    assert!(
+        runs > windows / 3 && runs < windows,
+        "{runs} runs in {windows} windows"
+    );
+}

@@ -250,9 +250,10 @@ fn stage_shared_memory_matches_the_kernels() {
 /// moves the tile through shared memory.
 #[test]
 fn page_tile_matches_the_kernels() {
-    use kvio_kernels::cta::BYTES;
+    use kvio_kernels::cta::{BYTES, NOTE};
     for ptx in [kvio::PTX_SM80, kvio::PTX_SM90] {
-        assert!(ptx.contains(&format!(".shared .align 16 .b8 kvio_page_tile[{BYTES}];")));
+        let size = BYTES + NOTE;
+        assert!(ptx.contains(&format!(".shared .align 16 .b8 kvio_page_tile[{size}];")));
         for entry in [
             "kvio_update_pages",
             "kvio_update_pages_fp8",

@@ -65,6 +65,50 @@ pub fn consecutive8(s: &[i64; 8]) -> bool {
     acc == 0
 }
 
+/// Where whole runs lie around one window of `T` batch tokens (a CTA-phase work item of the v0
+/// pages updates), from two masks over the `3 * T` tokens from one window before it to one
+/// after it (bit `p` is token `window_start - T + p`):
+/// - `aligned`: the token's slot is valid (not negative, inside the cache) and a multiple of
+///   `T`;
+/// - `follows`: the token is in the batch and its slot is the previous token's plus one.
+///
+/// A *run* is `T` tokens from an aligned one whose slots follow each other: `T` consecutive
+/// slots from a multiple of `T`, so inside one block when blocks hold a multiple of `T` slots.
+/// Runs never overlap (the tokens after a run's first are not aligned), so each window holds
+/// at most one run start, and a run belongs to the window it starts in. Returns `(covered,
+/// start)`: the window's tokens `0..covered` belong to the run the previous window starts,
+/// and its own run starts at token `start` (`T` when none does). Wherever the batch holds
+/// sequences on pages of their own, every whole aligned group of slots is a run, whatever the
+/// token index it starts at. `T` is a power of two from 2 to 64.
+#[inline(always)]
+pub fn window_runs<const T: u64>(aligned: u128, follows: u128) -> (u64, u64) {
+    // Bit c of `r`: tokens c + 1 ..= c + n follow their predecessors, for n doubling up to
+    // T / 2, then once more to reach c + T - 1.
+    let mut r = follows >> 1;
+    let mut n = 1;
+    while 2 * n < T {
+        r &= r >> n;
+        n *= 2;
+    }
+    if n < T - 1 {
+        r &= r >> (T - 1 - n);
+    }
+    let full = aligned & r;
+    let window = (1u128 << T) - 1;
+    let (prev, own) = (full & window, (full >> T) & window);
+    let covered = if prev != 0 {
+        prev.trailing_zeros() as u64
+    } else {
+        0
+    };
+    let start = if own != 0 {
+        own.trailing_zeros() as u64
+    } else {
+        T
+    };
+    (covered, start)
+}
+
 /// `log2(n)` when `n` is a power of two, else 64 (split by dividing).
 #[inline(always)]
 pub fn pow2_shift(n: u64) -> u32 {

@@ -649,18 +649,26 @@ pub const PAGE_TOKENS: u64 = 16;
 pub const PAGE_TOKENS_FP8: u64 = 32;
 
 /// [`update_tiles`] at prefill sizes into v0 caches of 2-byte elements (bf16, f16, copied)
-/// whose pages the tokens fill (`a.tile == 16`): one work item is [`PAGE_TOKENS`] tokens of
-/// one part and `a.subs` heads (so that an item has [`PAGE_UNITS`] units per thread), done by
-/// a whole CTA of [`cta::THREADS`] threads in two phases ([`crate::cta`]). Phase one loads the
-/// sixteen tokens' head vectors (coalesced; a thread issues all its units' loads before it
-/// uses any) and writes them into the CTA's tile in the cache's order: V transposed (one
-/// line of sixteen tokens per element), K as sixteen 16-byte pieces per piece index. Phase two
-/// stores the tile as 16-byte chunks, consecutive threads at consecutive addresses, so a
-/// warp's stores fill whole 128-byte lines (a page's head in the v0 layout is one contiguous
-/// span when the page holds sixteen slots). The tokens of an item whose slots are not sixteen
-/// consecutive slots starting at a multiple of sixteen inside one block (padding, out-of-range
-/// slots, a partial last item) go token by token in phase two, with [`update_slots`]'
-/// semantics.
+/// whose pages the tokens fill (`a.tile == 16`): one work item is a window of [`PAGE_TOKENS`]
+/// batch tokens of one part and `a.subs` heads (so that an item has [`PAGE_UNITS`] units per
+/// thread), done by a whole CTA of [`cta::THREADS`] threads in two phases ([`crate::cta`]).
+/// A *run* is sixteen tokens whose slots are sixteen consecutive slots from a valid multiple
+/// of sixteen (one block's aligned sixteen): it belongs to the window it starts in, at any
+/// token of it ([`index::window_runs`]), so the runs of every sequence of a prefill batch,
+/// wherever it starts in the batch and in its first page, take the fast path. Phase one loads
+/// the run's head vectors (coalesced; a thread issues all its units' loads before it uses any)
+/// and writes them into the CTA's tile in the cache's order: V transposed (one line of sixteen
+/// tokens per element), K as sixteen 16-byte pieces per piece index. Phase two stores the tile
+/// as 16-byte chunks, consecutive threads at consecutive addresses, so a warp's stores fill
+/// whole 128-byte lines (a page's head in the v0 layout is one contiguous span when the page
+/// holds sixteen slots). The window's tokens outside runs (a sequence's partial pages,
+/// padding, out-of-range slots) go token by token in phase two, with [`update_slots`]'
+/// semantics. Where the runs around the window lie, warp 0 finds during the previous item
+/// (its slots fetched into shared memory at the end of phase one, searched by ballots at the
+/// end of phase two) and leaves in the CTA's note; a CTA's first item searches with every
+/// warp. On the H100 (BENCHMARKS.md, session 18) that took a prefill batch of sequences of
+/// 1,024 tokens on average from 21% to 72% of the copy ceiling (16-token pages), and cost a
+/// single sequence on fresh pages 3.3 points at 16,384 tokens (80.4 to 77%) and 13 at 4,096.
 ///
 /// On the H100 (BENCHMARKS.md, session 11) it wrote bf16 v0 prefill at 79% of the copy ceiling
 /// at 16,384 tokens (88% at 65,536) against the tiles' 61% (63%); with two units per thread
@@ -696,7 +704,7 @@ pub unsafe fn update_pages(a: &TileArgs, _g: Group) {
 /// [`PAGE_UNITS_FP8`] units a thread. Phase one's
 /// vote also carries the division's fast path ([`convert::fast`]): an item holding an element
 /// off it (an infinity, a NaN, a magnitude past 2^80) goes token by token in phase two, as
-/// items that are not runs do, so the loop holds one copy of the conversion.
+/// tokens outside runs do, so the loop holds one copy of the conversion.
 ///
 /// # Safety
 /// As [`update_pages`], except: `a.elem == 1`, `a.convert` converts 2-byte source elements
@@ -790,20 +798,48 @@ const _: () = assert!(
 const FP8_UNITS: usize = PAGE_UNITS_FP8 as usize;
 
 /// What a thread of `update_pages_fp8` loads for an item ([`Pages::load_quantized`]): its
-/// units' source groups as loaded, and (threads `0..T`) the item's first slot and its
-/// token's slot.
+/// units' source groups as loaded.
 #[derive(Clone, Copy)]
 struct PageLoads {
     raw: [[convert::Raw; 4]; FP8_UNITS],
-    slots: (i64, i64),
 }
 
-/// Where a thread's unit sits in an item: head (of the item's), word column, group.
-#[derive(Clone, Copy)]
-struct PageUnit {
-    hh: u64,
-    q: u64,
-    g: u64,
+/// What phase one of a `Pages` item tells its phase two: where the runs around the item's
+/// window lie ([`index::window_runs`]), `covered` in the low 16 bits, `start` above (one
+/// register across the barrier).
+#[derive(Clone, Copy, Default)]
+struct Around(u32);
+
+impl Around {
+    /// The window's tokens `0..covered` belong to the previous window's run.
+    #[inline(always)]
+    fn covered(self) -> u64 {
+        (self.0 & 0xFFFF) as u64
+    }
+
+    /// Where the window's own run starts (`T` when it holds none).
+    #[inline(always)]
+    fn start(self) -> u64 {
+        (self.0 >> 16) as u64
+    }
+
+    /// `(covered, start)` as [`index::window_runs`] returns them.
+    #[inline(always)]
+    fn of((covered, start): (u64, u64)) -> Around {
+        Around(covered as u32 | (start as u32) << 16)
+    }
+}
+
+/// What a thread of a `Pages` body keeps from phase to phase and item to item.
+#[derive(Clone, Copy, Default)]
+struct PagesCarry {
+    /// The runs around the current item's window.
+    around: Around,
+    /// Whether the CTA's note `note` holds the runs around the current item's window (left by
+    /// warp 0 in the previous item's phase two; not for a CTA's first item).
+    ahead: bool,
+    /// Which of the CTA's two notes the current item reads (the other takes the next item's).
+    note: u32,
 }
 
 impl<const E: usize, const C: u32, const T: u64> Pages<'_, E, C, T> {
@@ -862,44 +898,66 @@ impl<const E: usize, const C: u32, const T: u64> Pages<'_, E, C, T> {
         unsafe { tile_src(self.0, part, t, head, g * 8, Self::SRC_BYTES) }
     }
 
-    /// Phase one's loads and tile writes for a copy of 2-byte elements ([`cta::Phases::first`]
-    /// past the vote): thread `tid` takes units `tid, tid + THREADS, ..` (`PAGE_UNITS` of them)
-    /// of two tokens × 8 elements, loading all before it writes any.
+    /// Phase one's loads for a copy of 2-byte elements: thread `tid` takes units `tid, tid +
+    /// THREADS, ..` (`PAGE_UNITS` of them) of two tokens × 8 elements, all issued before any
+    /// is used, for [`Pages::write_copy`].
     ///
     /// # Safety
-    /// As [`cta::Phases::first`], for item `(t0, part, h0, hn)` with `t0 + T <= num_tokens`.
+    /// As [`cta::Phases::first`], for tokens `t0 .. t0 + T <= num_tokens` of heads `h0 ..
+    /// h0 + hn` of part `part`.
     #[inline(always)]
-    unsafe fn first_copy(&self, t0: u64, part: u64, h0: u64, hn: u64, tid: u64, tile: &cta::Tile) {
-        let a = self.0;
-        let p = TilePart::of(a, part);
+    unsafe fn load_copy(
+        &self,
+        t0: u64,
+        part: u64,
+        h0: u64,
+        hn: u64,
+        tid: u64,
+        rows: &mut [[Row; 2]; PAGE_UNITS as usize],
+    ) {
         let k = Self::WORD_TOKENS;
-        let per_head = Self::COLS * a.groups;
-        let mut units = [PageUnit { hh: 0, q: 0, g: 0 }; PAGE_UNITS as usize];
-        let mut rows: [[Row; 2]; PAGE_UNITS as usize] = [[[0; 8]; 2]; PAGE_UNITS as usize];
+        let per_head = Self::COLS * self.0.groups;
         // Four units (`PAGE_UNITS`), unrolled so that their rows stay in registers.
         unroll4!(v => {
             let u = tid + v as u64 * cta::THREADS as u64;
             let (hh, r) = (u / per_head, u % per_head);
-            let unit = PageUnit {
-                hh,
-                q: r % Self::COLS,
-                g: r / Self::COLS,
-            };
-            units[v] = unit;
+            let (q, g) = (r % Self::COLS, r / Self::COLS);
             if hh < hn {
                 let head = h0 + hh;
                 unroll2!(i => {
                     // SAFETY: token t0 + q k + i < t0 + T <= num_tokens, head < heads,
                     // g < groups; sources are vector-aligned (`src_vec`).
                     rows[v][i] = unsafe {
-                        let t = t0 + unit.q * k + i as u64;
-                        tile::load_copy::<2>(self.src(part, t, head, unit.g), true, 1)
+                        let t = t0 + q * k + i as u64;
+                        tile::load_copy::<2>(self.src(part, t, head, g), true, 1)
                     };
                 });
             }
         });
+    }
+
+    /// Phase one's tile writes for a copy of 2-byte elements, of the rows
+    /// [`Pages::load_copy`] loaded: V transposed (one line of the item's tokens per
+    /// element), K as 16-byte pieces.
+    ///
+    /// # Safety
+    /// As [`cta::Phases::first`], for an item of `hn` heads of part `part`.
+    #[inline(always)]
+    unsafe fn write_copy(
+        &self,
+        part: u64,
+        hn: u64,
+        tid: u64,
+        tile: &cta::Tile,
+        rows: &[[Row; 2]; PAGE_UNITS as usize],
+    ) {
+        let p = TilePart::of(self.0, part);
+        let k = Self::WORD_TOKENS;
+        let per_head = Self::COLS * self.0.groups;
         unroll4!(v => {
-            let PageUnit { hh, q, g } = units[v];
+            let u = tid + v as u64 * cta::THREADS as u64;
+            let (hh, r) = (u / per_head, u % per_head);
+            let (q, g) = (r % Self::COLS, r / Self::COLS);
             if hh < hn {
                 let base = hh * self.head_bytes();
                 if p.piece == 1 {
@@ -927,26 +985,26 @@ impl<const E: usize, const C: u32, const T: u64> Pages<'_, E, C, T> {
     }
 
     /// The loads of an fp8 item (`E == 1`, `C` a conversion of 2-byte source elements) into
-    /// `own`, for [`Pages::first_quantized`], all issued before any is used: threads `0..T`
-    /// load the item's first slot and the slot of their token, and thread `tid` takes units
-    /// `tid, tid + THREADS, ..` (`PAGE_UNITS_FP8` of them), four 16-byte source groups each:
-    /// a V unit is four tokens (`4q .. 4q + 4`) × 8 elements (group `g`), a K unit two tokens
-    /// (`q` and `q + T / 2`) × 16 elements (piece `pc`: groups `2pc`, `2pc + 1`). Nothing for
-    /// an item of fewer than `T` tokens.
+    /// `own`, for [`Pages::first_quantized`], all issued before any is used: thread `tid`
+    /// takes units `tid, tid + THREADS, ..` (`PAGE_UNITS_FP8` of them), four 16-byte source
+    /// groups each: a V unit is four tokens (`4q .. 4q + 4`) × 8 elements (group `g`), a K
+    /// unit two tokens (`q` and `q + T / 2`) × 16 elements (piece `pc`: groups `2pc`,
+    /// `2pc + 1`).
     ///
     /// # Safety
-    /// As [`cta::Phases::first`].
+    /// As [`cta::Phases::first`], for tokens `t0 .. t0 + T <= num_tokens` of heads `h0 ..
+    /// h0 + hn` of part `part`.
     #[inline(always)]
-    unsafe fn load_quantized(&self, item: u64, tid: u64, own: &mut PageLoads) {
+    unsafe fn load_quantized(
+        &self,
+        t0: u64,
+        part: u64,
+        h0: u64,
+        hn: u64,
+        tid: u64,
+        own: &mut PageLoads,
+    ) {
         let a = self.0;
-        let (t0, part, h0, hn) = self.split(item);
-        if t0 + T > a.num_tokens {
-            return;
-        }
-        if tid < T {
-            // SAFETY: t0 + T <= num_tokens.
-            own.slots = unsafe { (tile_slot(a, t0), tile_slot(a, t0 + tid)) };
-        }
         let per_head = Self::COLS * a.groups;
         unroll4!(v => {
             if v < FP8_UNITS {
@@ -1034,7 +1092,215 @@ impl<const E: usize, const C: u32, const T: u64> Pages<'_, E, C, T> {
     }
 }
 
+impl<const E: usize, const C: u32, const T: u64> Pages<'_, E, C, T> {
+    /// The token at position `p` of the `3 * T` around window `w0 .. w0 + T` (token
+    /// `w0 - T + p`), when it is in the batch.
+    #[inline(always)]
+    fn run_token(&self, w0: u64, p: u64) -> Option<u64> {
+        let t = (w0 + p).wrapping_sub(T);
+        if p >= 3 * T || w0 + p < T || t >= self.0.num_tokens {
+            None
+        } else {
+            Some(t)
+        }
+    }
+
+    /// The bits of the masks of [`index::window_runs`] for a token in the batch with slot `s`
+    /// (its predecessor's `before`; `i64::MIN` for the first token): whether `s` is valid and
+    /// a multiple of `T` (`aligned`; `limit` is the cache's slot count), and whether it is
+    /// `before + 1` (`follows`).
+    #[inline(always)]
+    fn run_bits(s: i64, before: i64, limit: u64) -> (bool, bool) {
+        let aligned = s >= 0 && (s as u64) < limit && (s as u64).is_multiple_of(T);
+        (aligned, s == before.wrapping_add(1))
+    }
+
+    /// Token `t`'s slot and its predecessor's (`i64::MIN` for the first token).
+    ///
+    /// # Safety
+    /// `t < num_tokens`.
+    #[inline(always)]
+    unsafe fn run_pair(&self, t: u64) -> (i64, i64) {
+        // SAFETY: t < num_tokens, and t - 1 where t > 0.
+        unsafe {
+            (
+                tile_slot(self.0, t),
+                if t > 0 {
+                    tile_slot(self.0, t - 1)
+                } else {
+                    i64::MIN
+                },
+            )
+        }
+    }
+
+    /// The runs around window `w0 .. w0 + T` ([`index::window_runs`]) from the slot array:
+    /// lane `l` of the calling warp takes positions `l`, `32 + l`, `64 + l`, a round at a time
+    /// (its loads, then the round's ballots).
+    ///
+    /// # Safety
+    /// The slot array holds `num_tokens` entries; every lane of the warp calls it together.
+    #[cfg(target_arch = "nvptx64")]
+    #[inline(always)]
+    unsafe fn runs_around(&self, w0: u64, tid: u64) -> Around {
+        let limit = self.0.num_blocks * self.0.block_size;
+        let (mut aligned, mut follows) = (0u128, 0u128);
+        unroll4!(k => {
+            if k < 3 && 32 * (k as u64) < 3 * T {
+                let mut bits = (false, false);
+                if let Some(t) = self.run_token(w0, 32 * k as u64 + tid % 32) {
+                    // SAFETY: t < num_tokens.
+                    let (s, before) = unsafe { self.run_pair(t) };
+                    bits = Self::run_bits(s, before, limit);
+                }
+                // SAFETY: every lane of the warp is here (caller).
+                let (x, y) = unsafe { (cta::ballot(bits.0), cta::ballot(bits.1)) };
+                aligned |= (x as u128) << (32 * k);
+                follows |= (y as u128) << (32 * k);
+            }
+        });
+        Around::of(index::window_runs::<T>(aligned, follows))
+    }
+
+    /// [`Pages::runs_around`] on the CPU: one thread takes every position.
+    ///
+    /// # Safety
+    /// The slot array holds `num_tokens` entries.
+    #[cfg(not(target_arch = "nvptx64"))]
+    unsafe fn runs_around(&self, w0: u64, _tid: u64) -> Around {
+        let limit = self.0.num_blocks * self.0.block_size;
+        let (mut aligned, mut follows) = (0u128, 0u128);
+        for p in 0..3 * T {
+            if let Some(t) = self.run_token(w0, p) {
+                // SAFETY: t < num_tokens.
+                let (s, before) = unsafe { self.run_pair(t) };
+                let (x, y) = Self::run_bits(s, before, limit);
+                aligned |= (x as u128) << p;
+                follows |= (y as u128) << p;
+            }
+        }
+        Around::of(index::window_runs::<T>(aligned, follows))
+    }
+
+    /// Byte of the fetch cell of round `k`, lane `lane` (16 bytes: a slot, its predecessor's).
+    #[inline(always)]
+    fn run_cell(k: u64, lane: u64) -> u32 {
+        ((32 * k + lane) * 16) as u32
+    }
+
+    /// Starts copying the slots the run search around window `w0 .. w0 + T` needs from this
+    /// lane (of warp 0) into its fetch cells ([`cta::Tile::fetch`]): no register holds them
+    /// while they travel.
+    ///
+    /// # Safety
+    /// The slot array holds `num_tokens` entries, aligned to its element size; the cells'
+    /// earlier reads by this thread are done.
+    #[inline(always)]
+    unsafe fn fetch_runs(&self, w0: u64, tid: u64, tile: &cta::Tile) {
+        let a = self.0;
+        let w = if a.slot_is_i64 != 0 { 8 } else { 4 };
+        unroll4!(k => {
+            if k < 3 && 32 * (k as u64) < 3 * T {
+                if let Some(t) = self.run_token(w0, 32 * k as u64 + tid % 32) {
+                    let cell = Self::run_cell(k as u64, tid % 32);
+                    // SAFETY: t < num_tokens (and t - 1 where t > 0): inside the slot array,
+                    // aligned; the cell's 16 bytes are this lane's.
+                    unsafe {
+                        tile.fetch(cell, a.slots.add((t * w) as usize), w as u32);
+                        if t > 0 {
+                            tile.fetch(cell + 8, a.slots.add(((t - 1) * w) as usize), w as u32);
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// The slot at fetch cell byte `off`.
+    ///
+    /// # Safety
+    /// A slot was fetched there and the copy is complete.
+    #[inline(always)]
+    unsafe fn cell_slot(&self, tile: &cta::Tile, off: u32) -> i64 {
+        // SAFETY: forwarded.
+        unsafe {
+            let lo = tile.cell(off);
+            if self.0.slot_is_i64 != 0 {
+                ((tile.cell(off + 4) as u64) << 32 | lo as u64) as i64
+            } else {
+                lo as i32 as i64
+            }
+        }
+    }
+
+    /// The runs around window `w0 .. w0 + T` from what [`Pages::fetch_runs`] fetched (each
+    /// lane reads its own cells, once its copies are complete).
+    ///
+    /// # Safety
+    /// Every lane of warp 0 calls it together, after its [`Pages::fetch_runs`] of `w0`.
+    #[cfg(target_arch = "nvptx64")]
+    #[inline(always)]
+    unsafe fn runs_fetched(&self, w0: u64, tid: u64, tile: &cta::Tile) -> Around {
+        let limit = self.0.num_blocks * self.0.block_size;
+        tile.fetched();
+        let (mut aligned, mut follows) = (0u128, 0u128);
+        unroll4!(k => {
+            if k < 3 && 32 * (k as u64) < 3 * T {
+                let mut bits = (false, false);
+                if let Some(t) = self.run_token(w0, 32 * k as u64 + tid % 32) {
+                    let cell = Self::run_cell(k as u64, tid % 32);
+                    // SAFETY: this lane fetched these cells and waited for them.
+                    let (s, before) = unsafe {
+                        (
+                            self.cell_slot(tile, cell),
+                            if t > 0 { self.cell_slot(tile, cell + 8) } else { i64::MIN },
+                        )
+                    };
+                    bits = Self::run_bits(s, before, limit);
+                }
+                // SAFETY: every lane of the warp is here (caller).
+                let (x, y) = unsafe { (cta::ballot(bits.0), cta::ballot(bits.1)) };
+                aligned |= (x as u128) << (32 * k);
+                follows |= (y as u128) << (32 * k);
+            }
+        });
+        Around::of(index::window_runs::<T>(aligned, follows))
+    }
+
+    /// [`Pages::runs_fetched`] on the CPU: one thread reads every lane's cells.
+    ///
+    /// # Safety
+    /// Warp 0's threads fetched the cells of `w0` ([`Pages::fetch_runs`]).
+    #[cfg(not(target_arch = "nvptx64"))]
+    unsafe fn runs_fetched(&self, w0: u64, _tid: u64, tile: &cta::Tile) -> Around {
+        let limit = self.0.num_blocks * self.0.block_size;
+        let (mut aligned, mut follows) = (0u128, 0u128);
+        for p in 0..3 * T {
+            if let Some(t) = self.run_token(w0, p) {
+                let cell = Self::run_cell(p / 32, p % 32);
+                // SAFETY: fetched by the lane of position p.
+                let (s, before) = unsafe {
+                    (
+                        self.cell_slot(tile, cell),
+                        if t > 0 {
+                            self.cell_slot(tile, cell + 8)
+                        } else {
+                            i64::MIN
+                        },
+                    )
+                };
+                let (x, y) = Self::run_bits(s, before, limit);
+                aligned |= (x as u128) << p;
+                follows |= (y as u128) << p;
+            }
+        }
+        Around::of(index::window_runs::<T>(aligned, follows))
+    }
+}
+
 impl<const E: usize, const C: u32, const T: u64> cta::Phases for Pages<'_, E, C, T> {
+    type Carry = PagesCarry;
+
     #[inline(always)]
     fn items(&self) -> u64 {
         let a = self.0;
@@ -1042,67 +1308,123 @@ impl<const E: usize, const C: u32, const T: u64> cta::Phases for Pages<'_, E, C,
         a.num_tokens.div_ceil(T) * parts * a.heads.div_ceil(self.heads_per_item())
     }
 
-    /// Votes whether the item is a run (threads `0..T` check one token's slot each against
-    /// the first; for fp8, also whether every element lies on the division's fast path), and
-    /// writes the item's `T` tokens into the tile in the cache's order: copied
-    /// ([`Pages::first_copy`]) or quantized ([`Pages::load_quantized`], then
-    /// [`Pages::first_quantized`]).
+    /// Takes the runs around the item's window ([`index::window_runs`]) from the CTA's note,
+    /// where the previous item's phase two left them (a CTA's first item searches itself, every
+    /// warp the same, by ballots), and, when the window starts a run, writes the run's `T`
+    /// tokens into the tile in the cache's order: copied ([`Pages::load_copy`],
+    /// [`Pages::write_copy`]) or quantized ([`Pages::load_quantized`],
+    /// [`Pages::first_quantized`]). Then warp 0 starts fetching the slots around the next
+    /// item's window into shared memory, for its search in phase two. Votes whether the window
+    /// starts a run (for fp8, also whether every element of it lies on the division's fast
+    /// path).
     #[inline(always)]
-    unsafe fn first(&self, item: u64, tid: u32, tile: &cta::Tile) -> bool {
+    unsafe fn first(
+        &self,
+        item: u64,
+        next: u64,
+        tid: u32,
+        tile: &cta::Tile,
+        carry: &mut PagesCarry,
+    ) -> bool {
+        let a = self.0;
+        let (w0, part, h0, hn) = self.split(item);
+        let tid = tid as u64;
+        let mut rows: [[Row; 2]; PAGE_UNITS as usize] = [[[0; 8]; 2]; PAGE_UNITS as usize];
         let mut own = PageLoads {
             raw: [[[V16::splat(0); 2]; 4]; FP8_UNITS],
-            slots: (0, 0),
         };
-        if E == 1 {
-            // SAFETY: forwarded.
-            unsafe { self.load_quantized(item, tid as u64, &mut own) };
-        }
-        let a = self.0;
-        let (t0, part, h0, hn) = self.split(item);
-        if t0 + T > a.num_tokens {
-            return false;
-        }
-        let tid = tid as u64;
-        let mut vote = true;
-        if tid < T {
-            let (s0, s) = if E == 2 {
-                // SAFETY: t0 + T <= num_tokens.
-                unsafe { (tile_slot(a, t0), tile_slot(a, t0 + tid)) }
+        // SAFETY (both loads): tokens t0 .. t0 + T lie in the batch.
+        let load = |t0: u64, rows: &mut _, own: &mut _| unsafe {
+            if E == 2 {
+                self.load_copy(t0, part, h0, hn, tid, rows)
             } else {
-                own.slots
-            };
-            let start = match index::slot_target(s0, a.block_size, a.num_blocks) {
-                SlotTarget::At { offset, .. } => offset % T == 0,
-                _ => false,
-            };
-            vote = start && s == s0 + tid as i64;
-        }
-        if E == 2 {
-            // SAFETY: forwarded.
-            unsafe { self.first_copy(t0, part, h0, hn, tid, tile) };
-            vote
+                self.load_quantized(t0, part, h0, hn, tid, own)
+            }
+        };
+        carry.around = if carry.ahead {
+            Around(tile.note(carry.note))
         } else {
-            // SAFETY: forwarded.
-            vote & unsafe { self.first_quantized(part, h0, hn, tid, tile, &own) }
+            // SAFETY: the slot array holds num_tokens entries; every thread of the CTA takes
+            // this branch (its first item).
+            unsafe { self.runs_around(w0, tid) }
+        };
+        let start = carry.around.start();
+        let t0 = w0 + start % T;
+        if t0 + T <= a.num_tokens {
+            load(t0, &mut rows, &mut own);
         }
+        carry.ahead = next != cta::LAST;
+        let mut vote = false;
+        if start < T {
+            vote = if E == 2 {
+                // SAFETY: forwarded.
+                unsafe { self.write_copy(part, hn, tid, tile, &rows) };
+                true
+            } else {
+                // SAFETY: forwarded.
+                unsafe { self.first_quantized(part, h0, hn, tid, tile, &own) }
+            };
+        }
+        // Warp 0 starts fetching the slots around the next item's window, for phase two.
+        if carry.ahead && tid < 32 {
+            // SAFETY: the slot array holds num_tokens entries, aligned (host); this lane read
+            // its cells in the previous item's phase two.
+            unsafe { self.fetch_runs(self.split(next).0, tid, tile) };
+        }
+        vote
     }
 
     /// A run: each head's part of the tile stored as 16-byte chunks, thread `tid` taking
-    /// chunks `tid, tid + THREADS, ..` in cache order. Otherwise the item's tokens one (head,
-    /// token, group) per thread at a time ([`tile_tokens`]).
+    /// chunks `tid, tid + THREADS, ..` in cache order. Then the window's tokens that no run
+    /// stores (before its run, past the previous window's; all of them if it starts none; and
+    /// its run's own when they left the fast path) one (head, token, group) per thread at a
+    /// time ([`tile_tokens`]).
+    ///
+    /// Last, warp 0 finds the runs around the next item's window in the slots phase one
+    /// fetched, and leaves them in the note the next item reads.
     #[inline(always)]
-    unsafe fn second(&self, item: u64, tid: u32, tile: &cta::Tile, all: bool) {
+    unsafe fn second(
+        &self,
+        item: u64,
+        next: u64,
+        tid: u32,
+        tile: &cta::Tile,
+        all: bool,
+        carry: &mut PagesCarry,
+    ) {
+        // SAFETY: forwarded.
+        unsafe { self.store(item, tid as u64, tile, all, carry.around) };
+        // Then it finds the runs around that window in what it fetched, and leaves them in
+        // the note the current item does not read.
+        if carry.ahead && tid < 32 {
+            // SAFETY: warp 0 is here whole, after its fetch_runs of the same window.
+            let around = unsafe { self.runs_fetched(self.split(next).0, tid as u64, tile) };
+            if tid == 0 {
+                tile.put_note(carry.note ^ 1, around.0);
+            }
+        }
+        carry.note ^= 1;
+    }
+}
+
+impl<const E: usize, const C: u32, const T: u64> Pages<'_, E, C, T> {
+    /// Phase two's stores of `item` ([`cta::Phases::second`]) for thread `tid`.
+    ///
+    /// # Safety
+    /// As [`cta::Phases::second`]; `around` holds the runs around the item's window.
+    #[inline(always)]
+    unsafe fn store(&self, item: u64, tid: u64, tile: &cta::Tile, all: bool, around: Around) {
         let a = self.0;
-        let (t0, part, h0, hn) = self.split(item);
+        let (w0, part, h0, hn) = self.split(item);
         let p = TilePart::of(a, part);
-        let tid = tid as u64;
+        let start = around.start();
         if all {
-            // SAFETY: t0 < num_tokens (the run is full).
-            let s0 = unsafe { tile_slot(a, t0) };
+            // SAFETY: w0 + start < num_tokens (the run lies in the batch).
+            let s0 = unsafe { tile_slot(a, w0 + start) };
             let SlotTarget::At { block, offset } =
                 index::slot_target(s0, a.block_size, a.num_blocks)
             else {
-                return; // not reached: every thread voted the slot valid
+                return; // not reached: a run's slots are valid
             };
             let at0 = block * p.block + offset * p.token;
             let chunks = self.head_bytes() / 16;
@@ -1120,7 +1442,7 @@ impl<const E: usize, const C: u32, const T: u64> cta::Phases for Pages<'_, E, C,
                         let (pc, t) = (c / T, c % T);
                         ((pc * T + (t ^ (pc & 3))) * 16, pc * p.piece_stride + t * 16)
                     };
-                    // SAFETY: the item's T slots are valid consecutive slots of one block from
+                    // SAFETY: the run's T slots are valid consecutive slots of one block from
                     // a multiple of T: every chunk is inside the target's head in the part,
                     // 16-byte aligned (host); `from` is inside the tile.
                     unsafe {
@@ -1132,29 +1454,40 @@ impl<const E: usize, const C: u32, const T: u64> cta::Phases for Pages<'_, E, C,
                 }
                 hh += 1;
             }
+        }
+        // Tokens w0 + lo .. w0 + hi go one at a time.
+        let lo = around.covered();
+        let hi = if all {
+            start
+        } else if start < T {
+            start + T
         } else {
-            let n = (a.num_tokens - t0).min(T);
-            let per_head = n * a.groups;
-            let mut u = tid;
-            while u < hn * per_head {
-                let (hh, r) = (u / per_head, u % per_head);
-                let (i, g) = (r / a.groups, r % a.groups);
-                let head = h0 + hh;
-                let tokens = Tokens {
-                    t0: t0 + i,
-                    n: 1,
-                    head,
-                    e0: g * 8,
-                    vec: a.src_vec != 0,
-                    counting: part == 0 && head == 0 && g == 0,
-                };
-                // SAFETY: token t0 + i < num_tokens, head < heads, g < groups.
-                unsafe {
-                    let src = self.src(part, t0 + i, head, g);
-                    tile_tokens::<E>(a, C, &p, src, &tokens, &tile_scale(a, C, part, head));
-                }
-                u += cta::THREADS as u64;
+            T.min(a.num_tokens - w0)
+        };
+        if lo >= hi {
+            return;
+        }
+        let t0 = w0 + lo;
+        let per_head = (hi - lo) * a.groups;
+        let mut u = tid;
+        while u < hn * per_head {
+            let (hh, r) = (u / per_head, u % per_head);
+            let (i, g) = (r / a.groups, r % a.groups);
+            let head = h0 + hh;
+            let tokens = Tokens {
+                t0: t0 + i,
+                n: 1,
+                head,
+                e0: g * 8,
+                vec: a.src_vec != 0,
+                counting: part == 0 && head == 0 && g == 0,
+            };
+            // SAFETY: token t0 + i < w0 + hi <= num_tokens, head < heads, g < groups.
+            unsafe {
+                let src = self.src(part, t0 + i, head, g);
+                tile_tokens::<E>(a, C, &p, src, &tokens, &tile_scale(a, C, part, head));
             }
+            u += cta::THREADS as u64;
         }
     }
 }
@@ -2384,6 +2717,8 @@ impl ConvertPages<'_> {
 }
 
 impl cta::Phases for ConvertPages<'_> {
+    type Carry = ();
+
     #[inline(always)]
     fn items(&self) -> u64 {
         let a = self.0;
@@ -2392,7 +2727,7 @@ impl cta::Phases for ConvertPages<'_> {
 
     /// Reads the item's source vectors (four in flight per thread) into the tile.
     #[inline(always)]
-    unsafe fn first(&self, item: u64, tid: u32, tile: &cta::Tile) -> bool {
+    unsafe fn first(&self, item: u64, _: u64, tid: u32, tile: &cta::Tile, _: &mut ()) -> bool {
         // SAFETY: item < items (the runner).
         let Some((from, _, n)) = (unsafe { self.page(item, tid == 0) }) else {
             return true;
@@ -2436,7 +2771,7 @@ impl cta::Phases for ConvertPages<'_> {
 
     /// Writes the item's destination vectors from the tile.
     #[inline(always)]
-    unsafe fn second(&self, item: u64, tid: u32, tile: &cta::Tile, _all: bool) {
+    unsafe fn second(&self, item: u64, _: u64, tid: u32, tile: &cta::Tile, _: bool, _: &mut ()) {
         // SAFETY: item < items (the runner).
         let Some((_, to, n)) = (unsafe { self.page(item, false) }) else {
             return;
