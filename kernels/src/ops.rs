@@ -1168,12 +1168,20 @@ impl<const E: usize, const C: u32, const T: u64> Pages<'_, E, C, T> {
     /// The slot array holds `num_tokens` entries.
     #[cfg(not(target_arch = "nvptx64"))]
     unsafe fn runs_around(&self, w0: u64, _tid: u64) -> Around {
+        // SAFETY: t < num_tokens.
+        self.runs_cpu(w0, |_, t| unsafe { self.run_pair(t) })
+    }
+
+    /// The runs around window `w0 .. w0 + T` on the CPU, over every position `p` in the batch
+    /// (token `t`), its slot and its predecessor's from `pair(p, t)`: the masks the GPU's
+    /// ballots gather, then [`index::window_runs`].
+    #[cfg(not(target_arch = "nvptx64"))]
+    fn runs_cpu(&self, w0: u64, pair: impl Fn(u64, u64) -> (i64, i64)) -> Around {
         let limit = self.0.num_blocks * self.0.block_size;
         let (mut aligned, mut follows) = (0u128, 0u128);
         for p in 0..3 * T {
             if let Some(t) = self.run_token(w0, p) {
-                // SAFETY: t < num_tokens.
-                let (s, before) = unsafe { self.run_pair(t) };
+                let (s, before) = pair(p, t);
                 let (x, y) = Self::run_bits(s, before, limit);
                 aligned |= (x as u128) << p;
                 follows |= (y as u128) << p;
@@ -1273,28 +1281,20 @@ impl<const E: usize, const C: u32, const T: u64> Pages<'_, E, C, T> {
     /// Warp 0's threads fetched the cells of `w0` ([`Pages::fetch_runs`]).
     #[cfg(not(target_arch = "nvptx64"))]
     unsafe fn runs_fetched(&self, w0: u64, _tid: u64, tile: &cta::Tile) -> Around {
-        let limit = self.0.num_blocks * self.0.block_size;
-        let (mut aligned, mut follows) = (0u128, 0u128);
-        for p in 0..3 * T {
-            if let Some(t) = self.run_token(w0, p) {
-                let cell = Self::run_cell(p / 32, p % 32);
-                // SAFETY: fetched by the lane of position p.
-                let (s, before) = unsafe {
-                    (
-                        self.cell_slot(tile, cell),
-                        if t > 0 {
-                            self.cell_slot(tile, cell + 8)
-                        } else {
-                            i64::MIN
-                        },
-                    )
-                };
-                let (x, y) = Self::run_bits(s, before, limit);
-                aligned |= (x as u128) << p;
-                follows |= (y as u128) << p;
+        self.runs_cpu(w0, |p, t| {
+            let cell = Self::run_cell(p / 32, p % 32);
+            // SAFETY: fetched by the lane of position p.
+            unsafe {
+                (
+                    self.cell_slot(tile, cell),
+                    if t > 0 {
+                        self.cell_slot(tile, cell + 8)
+                    } else {
+                        i64::MIN
+                    },
+                )
             }
-        }
-        Around::of(index::window_runs::<T>(aligned, follows))
+        })
     }
 }
 
