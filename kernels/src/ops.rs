@@ -797,6 +797,11 @@ const _: () = assert!(
 /// [`PAGE_UNITS_FP8`] as an index bound.
 const FP8_UNITS: usize = PAGE_UNITS_FP8 as usize;
 
+/// Items whose run the emulated pages updates stored whole (in this process, all threads):
+/// lets a test see that runs take the fast path, which the caches alone cannot show.
+#[cfg(not(target_arch = "nvptx64"))]
+pub static PAGE_RUNS_STORED: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
 /// What a thread of `update_pages_fp8` loads for an item ([`Pages::load_quantized`]): its
 /// units' source groups as loaded.
 #[derive(Clone, Copy)]
@@ -1419,6 +1424,10 @@ impl<const E: usize, const C: u32, const T: u64> Pages<'_, E, C, T> {
         let p = TilePart::of(a, part);
         let start = around.start();
         if all {
+            #[cfg(not(target_arch = "nvptx64"))]
+            if tid == 0 {
+                PAGE_RUNS_STORED.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+            }
             // SAFETY: w0 + start < num_tokens (the run lies in the batch).
             let s0 = unsafe { tile_slot(a, w0 + start) };
             let SlotTarget::At { block, offset } =
