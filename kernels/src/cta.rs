@@ -242,25 +242,8 @@ impl Tile {
     /// completes.
     #[inline(always)]
     pub unsafe fn fetch(&self, off: u32, src: *const u8, bytes: u32) {
-        let d = self.base + BYTES + 16 + off;
-        // SAFETY: forwarded.
-        unsafe {
-            if bytes == 8 {
-                core::arch::asm!(
-                    "cp.async.ca.shared.global [{d}], [{s}], 8;",
-                    d = in(reg32) d,
-                    s = in(reg64) src,
-                    options(nostack)
-                );
-            } else {
-                core::arch::asm!(
-                    "cp.async.ca.shared.global [{d}], [{s}], 4;",
-                    d = in(reg32) d,
-                    s = in(reg64) src,
-                    options(nostack)
-                );
-            }
-        }
+        // SAFETY: forwarded; the cells lie past the notes inside `kvio_page_tile`.
+        unsafe { crate::shared::cp_async(self.base + BYTES + 16 + off, src, bytes) }
     }
 
     /// Waits until every copy the calling thread started ([`Tile::fetch`]) is complete.

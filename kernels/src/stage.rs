@@ -66,24 +66,13 @@ impl Stage {
     /// reads have been issued.
     #[inline(always)]
     pub unsafe fn fetch(&mut self, stage: usize, cell: usize, src: *const u8, bytes: u32) {
-        let d = self.addr(stage, cell);
         // SAFETY: forwarded; the cell lies in this thread's part of the stage area.
         unsafe {
-            if bytes == 16 {
-                core::arch::asm!(
-                    "cp.async.ca.shared.global [{d}], [{s}], 16;",
-                    d = in(reg32) d,
-                    s = in(reg64) src,
-                    options(nostack)
-                );
-            } else {
-                core::arch::asm!(
-                    "cp.async.ca.shared.global [{d}], [{s}], 8;",
-                    d = in(reg32) d,
-                    s = in(reg64) src,
-                    options(nostack)
-                );
-            }
+            crate::shared::cp_async(
+                self.addr(stage, cell),
+                src,
+                if bytes == 16 { 16 } else { 8 },
+            )
         }
     }
 
