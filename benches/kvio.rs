@@ -1115,29 +1115,13 @@ impl V0Setup {
         let e = if fp8 { 1 } else { 2 };
         let mut rng = Rng::new(seed);
         // Sequences as (first token's offset in its first page, tokens): one for `Pages`.
-        let seqs: Vec<(usize, usize)> = match fill {
+        let seqs = match fill {
             V0Fill::Random | V0Fill::Pages => vec![(0, t)],
             V0Fill::Batch { mean, chunked } => {
-                let mut seqs = vec![];
-                let mut left = t;
-                while left > 0 {
-                    let len = (1 + rng.below(2 * mean as u64 - 1) as usize).min(left);
-                    let off = if chunked {
-                        rng.below(bs as u64) as usize
-                    } else {
-                        0
-                    };
-                    seqs.push((off, len));
-                    left -= len;
-                }
-                seqs
+                kvio_suite::batch_sequences(&mut rng, t, 2 * mean - 1, bs, chunked)
             }
         };
-        let used: usize = seqs
-            .iter()
-            .map(|&(off, len)| (off + len).div_ceil(bs))
-            .sum();
-        let blocks = used.max(t.div_ceil(bs)) + 8;
+        let blocks = kvio_suite::batch_pages(&seqs, bs).max(t.div_ceil(bs)) + 8;
         let key_layout = PagedLayout::v0_key(blocks, bs, h, d, e);
         let value_layout = PagedLayout::v0_value(blocks, bs, h, d, e);
         let input = TokenLayout::contiguous(t, h, d, 2);
@@ -1149,13 +1133,7 @@ impl V0Setup {
             // Each sequence takes fresh pages of a shuffled order, from `off` in its first.
             let mut order: Vec<i64> = (0..blocks as i64).collect();
             rng.shuffle(&mut order);
-            let mut pages = order.into_iter();
-            let mut slots = Vec::with_capacity(t);
-            for (off, len) in seqs {
-                let mine: Vec<i64> = pages.by_ref().take((off + len).div_ceil(bs)).collect();
-                slots.extend((off..off + len).map(|i| mine[i / bs] * bs as i64 + (i % bs) as i64));
-            }
-            slots
+            kvio_suite::batch_slots(&seqs, bs, order)
         };
         V0Setup {
             input,

@@ -9,8 +9,8 @@ use kvio::{
     SlotUpdate, SrcType, TokenLayout,
 };
 use kvio_suite::{
-    assert_same, emulate_slot_cases, gpu_slot_cases, quantize_source, random_bytes, Rng, SlotCase,
-    SlotData,
+    assert_same, batch_pages, batch_sequences, batch_slots, emulate_slot_cases, gpu_slot_cases,
+    quantize_source, random_bytes, Rng, SlotCase, SlotData,
 };
 use proptest::prelude::{any, Strategy};
 
@@ -59,24 +59,13 @@ fn case(format: Format, bs: usize, d: usize, t: usize, mode: Slots, seed: u64) -
 fn case_h(format: Format, bs: usize, h: usize, d: usize, t: usize, mode: Slots, seed: u64) -> Case {
     let mut rng = Rng::new(seed);
     // Batch modes: sequences as (offset in the first page, tokens).
-    let mut seqs = vec![];
-    if matches!(mode, Slots::Batch | Slots::Chunked) {
-        let mut left = t;
-        while left > 0 {
-            let len = (1 + rng.below(79) as usize).min(left);
-            let off = if mode == Slots::Chunked {
-                rng.below(bs as u64) as usize
-            } else {
-                0
-            };
-            seqs.push((off, len));
-            left -= len;
+    let seqs = match mode {
+        Slots::Batch | Slots::Chunked => {
+            batch_sequences(&mut rng, t, 79, bs, mode == Slots::Chunked)
         }
-    }
-    let used: usize = seqs
-        .iter()
-        .map(|&(off, len)| (off + len).div_ceil(bs))
-        .sum();
+        _ => vec![],
+    };
+    let used = batch_pages(&seqs, bs);
     let nb = ((2 * t).max(64).div_ceil(bs) + 1).max(used + 1);
     let (ie, e) = match format {
         Format::Copy(e) => (e, e),
@@ -104,13 +93,7 @@ fn case_h(format: Format, bs: usize, h: usize, d: usize, t: usize, mode: Slots, 
         Slots::Batch | Slots::Chunked => {
             let mut pages: Vec<i64> = (0..nb as i64).collect();
             rng.shuffle(&mut pages);
-            let mut pages = pages.into_iter();
-            let mut slots = Vec::with_capacity(t);
-            for (off, len) in seqs {
-                let mine: Vec<i64> = pages.by_ref().take((off + len).div_ceil(bs)).collect();
-                slots.extend((off..off + len).map(|i| mine[i / bs] * bs as i64 + (i % bs) as i64));
-            }
-            slots
+            batch_slots(&seqs, bs, pages)
         }
     };
     let slots = slots

@@ -7,27 +7,17 @@ use std::sync::atomic::Ordering;
 
 use kvio::{DeviceBytesMut, PagedLayout, SlotMapping, SlotUpdate, TokenLayout};
 use kvio_kernels::ops::PAGE_RUNS_STORED;
-use kvio_suite::{host_view, random_bytes, Rng};
+use kvio_suite::{batch_pages, batch_sequences, batch_slots, host_view, random_bytes, Rng};
 
 /// Slots of a batch of sequences of 1 to 99 tokens, each on fresh pages of a shuffled order of
 /// `nb`, from the start of its first page or (`chunked`) from a random slot of it.
 fn batch(t: usize, bs: usize, nb: usize, chunked: bool, seed: u64) -> Vec<i64> {
     let mut rng = Rng::new(seed);
+    let seqs = batch_sequences(&mut rng, t, 99, bs, chunked);
+    assert!(batch_pages(&seqs, bs) <= nb);
     let mut pages: Vec<i64> = (0..nb as i64).collect();
     rng.shuffle(&mut pages);
-    let mut pages = pages.into_iter();
-    let mut slots = Vec::with_capacity(t);
-    while slots.len() < t {
-        let len = (1 + rng.below(99) as usize).min(t - slots.len());
-        let off = if chunked {
-            rng.below(bs as u64) as usize
-        } else {
-            0
-        };
-        let mine: Vec<i64> = pages.by_ref().take((off + len).div_ceil(bs)).collect();
-        slots.extend((off..off + len).map(|i| mine[i / bs] * bs as i64 + (i % bs) as i64));
-    }
-    slots
+    batch_slots(&seqs, bs, pages)
 }
 
 /// Runs of 16 in `slots`: 16 consecutive slots from a multiple of 16.

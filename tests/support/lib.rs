@@ -161,6 +161,54 @@ impl Rng {
     }
 }
 
+/// A prefill batch's sequences of `t` tokens in all, as `(offset in the first page, tokens)`:
+/// lengths uniform in `1..=max_len` (the last cut to fill `t`), each starting at the first
+/// slot of its first page or (`chunked`: a chunked prefill's continuation) at a random one of
+/// the `bs`.
+pub fn batch_sequences(
+    rng: &mut Rng,
+    t: usize,
+    max_len: usize,
+    bs: usize,
+    chunked: bool,
+) -> Vec<(usize, usize)> {
+    let mut seqs = vec![];
+    let mut left = t;
+    while left > 0 {
+        let len = (1 + rng.below(max_len as u64) as usize).min(left);
+        let off = if chunked {
+            rng.below(bs as u64) as usize
+        } else {
+            0
+        };
+        seqs.push((off, len));
+        left -= len;
+    }
+    seqs
+}
+
+/// Pages of `bs` slots the sequences of [`batch_sequences`] take, each its own.
+pub fn batch_pages(seqs: &[(usize, usize)], bs: usize) -> usize {
+    seqs.iter()
+        .map(|&(off, len)| (off + len).div_ceil(bs))
+        .sum()
+}
+
+/// The slot mapping of the sequences of [`batch_sequences`], each on the next of `pages`.
+pub fn batch_slots(
+    seqs: &[(usize, usize)],
+    bs: usize,
+    pages: impl IntoIterator<Item = i64>,
+) -> Vec<i64> {
+    let mut pages = pages.into_iter();
+    let mut slots = Vec::new();
+    for &(off, len) in seqs {
+        let mine: Vec<i64> = pages.by_ref().take((off + len).div_ceil(bs)).collect();
+        slots.extend((off..off + len).map(|i| mine[i / bs] * bs as i64 + (i % bs) as i64));
+    }
+    slots
+}
+
 /// `n` random block-copy pairs (`n <= dst_blocks`): distinct destinations, random sources,
 /// one pair in `pad_one_in` (on average) padding `[-1, -1]`.
 pub fn random_pairs(
