@@ -159,12 +159,14 @@ fn build_ptx(kernels: &Path, out: &Path) {
 ///   of 32 tokens) the same: 96 registers, 24 B of spills (64 B since session 18).
 ///   `kvio_update_pages` takes 96 registers uncapped since session 18 (five CTAs; 112, four,
 ///   before). `sm_80`: see [`SM80_DIRECTIVES`].
+/// - `kvio_update_stream` runs 256-thread CTAs (`BLOCK_THREADS`); with `.maxntid 256` ptxas may
+///   give it up to 255 registers, and it takes 96 (two CTAs a multiprocessor).
 /// - `kvio_convert_blocks` runs 256-thread CTAs (`BLOCK_THREADS`), a head page per group;
 ///   `kvio_convert_pages` CTAs of `kvio_kernels::cta::THREADS` (128), a page's heads per CTA
 ///   item, at least five per multiprocessor (≤ 102 registers; it takes 90 on sm_90, 96 on
 ///   sm_80, no spills; uncapped 108 and 94, four CTAs): 4–6 points more inside the GPU on the
 ///   H100 (BENCHMARKS.md, session 12), the same over PCIe.
-const DIRECTIVES: [(&str, &str); 11] = [
+const DIRECTIVES: [(&str, &str); 12] = [
     ("kvio_transfer_blocks", ".maxntid 512, 1, 1\n"),
     ("kvio_transfer_blocks_tma", ".maxntid 32, 1, 1\n"),
     ("kvio_convert_blocks", ".maxntid 256, 1, 1\n"),
@@ -173,6 +175,7 @@ const DIRECTIVES: [(&str, &str); 11] = [
         ".maxntid 128, 1, 1\n.minnctapersm 5\n",
     ),
     ("kvio_update_tiles", ".maxntid 256, 1, 1\n.minnctapersm 2\n"),
+    ("kvio_update_stream", ".maxntid 256, 1, 1\n"),
     (
         "kvio_update_tiles_staged",
         ".maxntid 128, 1, 1\n.minnctapersm 3\n",

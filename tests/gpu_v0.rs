@@ -537,10 +537,11 @@ fn gpu_v0_updates_match_reference() {
     println!("{n} v0 slot updates bit-exact");
 }
 
-/// The prefill-size cases on the GPU (tiles of eight tokens: `kvio_update_tiles`, and
-/// `kvio_update_tiles_staged` for fp8 caches, with i32 and i64 slots), separately so that
-/// `scripts/sanitize gpu_v0_prefill` runs the tiled entries under compute-sanitizer in
-/// minutes.
+/// The prefill-size cases on the GPU (`kvio_update_stream` for 2-byte caches on pages of at
+/// most 16 slots, `kvio_update_pages` on larger pages, `kvio_update_pages_fp8` /
+/// `kvio_update_pages_fp8_32` and `kvio_update_tiles_staged` for fp8 caches, tiles of eight
+/// tokens (`kvio_update_tiles`) for the rest, with i32 and i64 slots), separately so that
+/// `scripts/sanitize gpu_v0_prefill` runs them under compute-sanitizer in minutes.
 #[test]
 fn gpu_v0_prefill_updates_match_reference() {
     let Some(g) = kvio_suite::gpu("v0 prefill slot updates") else {

@@ -173,6 +173,7 @@ fn sm90_entry_points_wait_before_touching_memory() {
             "kvio_update_pages_fp8",
             "kvio_update_pages_fp8_32",
             "kvio_update_tiles_staged",
+            "kvio_update_stream",
         ];
         if CopyArgs::ENTRIES.contains(&name) || never.contains(&name) {
             assert!(!signals, "sm_90 {name}: signals early");

@@ -78,6 +78,8 @@ pub(crate) struct GridCap {
     pub(crate) tiles: u32,
     /// `kvio_update_tiles_one` at [`ONE_CTA_THREADS`].
     pub(crate) tiles_one: u32,
+    /// `kvio_update_stream` at [`BLOCK_THREADS`].
+    pub(crate) stream: u32,
     /// `kvio_update_tiles_wide` at [`BLOCK_THREADS`].
     pub(crate) tiles_wide: u32,
     /// `kvio_update_tiles_staged` at [`STAGED_THREADS`].
@@ -117,6 +119,7 @@ impl GridCap {
             rows_convert: cap,
             tiles: cap,
             tiles_one: cap,
+            stream: cap,
             tiles_wide: cap,
             tiles_staged: cap,
             pages: cap,

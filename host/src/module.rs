@@ -41,6 +41,7 @@ pub struct Kvio {
     update_rows_convert: cu::CUfunction,
     update_tiles: cu::CUfunction,
     update_tiles_one: cu::CUfunction,
+    update_stream: cu::CUfunction,
     update_tiles_wide: cu::CUfunction,
     update_tiles_staged: cu::CUfunction,
     update_pages: cu::CUfunction,
@@ -120,6 +121,7 @@ impl Kvio {
             update_rows_convert: ptr::null_mut(),
             update_tiles: ptr::null_mut(),
             update_tiles_one: ptr::null_mut(),
+            update_stream: ptr::null_mut(),
             update_tiles_wide: ptr::null_mut(),
             update_tiles_staged: ptr::null_mut(),
             update_pages: ptr::null_mut(),
@@ -153,6 +155,7 @@ impl Kvio {
         this.update_rows_convert = this.function("kvio_update_rows_convert")?;
         this.update_tiles = this.function("kvio_update_tiles")?;
         this.update_tiles_one = this.function("kvio_update_tiles_one")?;
+        this.update_stream = this.function("kvio_update_stream")?;
         this.update_tiles_wide = this.function("kvio_update_tiles_wide")?;
         this.update_tiles_staged = this.function("kvio_update_tiles_staged")?;
         // Its CTAs each hold 48 KiB of staging: ask for the largest shared-memory carveout, so
@@ -186,6 +189,7 @@ impl Kvio {
             rows_convert: resident_ctas(this.update_rows_convert, BLOCK_THREADS, sms)?,
             tiles: resident_ctas(this.update_tiles, BLOCK_THREADS, sms)?,
             tiles_one: resident_ctas(this.update_tiles_one, ONE_CTA_THREADS, sms)?,
+            stream: resident_ctas(this.update_stream, BLOCK_THREADS, sms)?,
             tiles_wide: resident_ctas(this.update_tiles_wide, BLOCK_THREADS, sms)?,
             tiles_staged: resident_ctas(this.update_tiles_staged, STAGED_THREADS, sms)?,
             pages: resident_ctas(this.update_pages, PAGE_THREADS, sms)?,
@@ -230,6 +234,7 @@ impl Kvio {
             Kernel::Slots(a) if a.copies_rows() => self.update_rows,
             Kernel::Slots(_) => self.update_slots,
             Kernel::Tiles(a) if a.elem == 4 => self.update_tiles_wide,
+            Kernel::Tiles(a) if a.streams() => self.update_stream,
             Kernel::Tiles(a) if a.tile == 1 => self.update_tiles_one,
             Kernel::Tiles(a) if a.pages() && a.elem == 1 && a.tile as u64 == PAGE_TOKENS_FP8 => {
                 self.update_pages_fp8_32

@@ -24,6 +24,7 @@ pub const KERNELS: &[&str] = &[
     "kvio_update_rows_convert",
     "kvio_update_tiles",
     "kvio_update_tiles_one",
+    "kvio_update_stream",
     "kvio_update_tiles_wide",
     "kvio_update_tiles_staged",
     "kvio_update_pages",

@@ -213,10 +213,12 @@ kernel! {
     /// thread (decode sizes) runs `kvio_update_tiles_one`, caches of 4-byte elements
     /// `kvio_update_tiles_wide`, prefill sizes into fp8 caches `kvio_update_tiles_staged`, and
     /// prefill sizes that fill v0 pages of 2-byte elements `kvio_update_pages` (a whole CTA
-    /// per sixteen tokens of one or more heads: `crate::ops::update_pages`), and those that
-    /// fill fp8 v0 pages from bf16 or f16 `kvio_update_pages_fp8` (`kvio_update_pages_fp8_32`
-    /// on pages of a multiple of 32 slots).
-    kvio_update_tiles | kvio_update_tiles_one [crate::ops::update_tiles_one] | kvio_update_tiles_wide [crate::ops::update_tiles_wide] | kvio_update_tiles_staged [crate::ops::update_tiles_staged] | kvio_update_pages [crate::ops::update_pages] | kvio_update_pages_fp8 [crate::ops::update_pages_fp8] | kvio_update_pages_fp8_32 [crate::ops::update_pages_fp8_32] (TileArgs) => crate::ops::update_tiles {
+    /// per sixteen tokens of one or more heads: `crate::ops::update_pages`), those that fill
+    /// fp8 v0 pages from bf16 or f16 `kvio_update_pages_fp8` (`kvio_update_pages_fp8_32` on
+    /// pages of a multiple of 32 slots), and prefill sizes into 2-byte v0 caches of pages of
+    /// at most 16 slots `kvio_update_stream` (a warp's lanes on consecutive tokens:
+    /// `crate::ops::update_stream`).
+    kvio_update_tiles | kvio_update_tiles_one [crate::ops::update_tiles_one] | kvio_update_stream [crate::ops::update_stream] | kvio_update_tiles_wide [crate::ops::update_tiles_wide] | kvio_update_tiles_staged [crate::ops::update_tiles_staged] | kvio_update_pages [crate::ops::update_pages] | kvio_update_pages_fp8 [crate::ops::update_pages_fp8] | kvio_update_pages_fp8_32 [crate::ops::update_pages_fp8_32] (TileArgs) => crate::ops::update_tiles {
         /// New keys.
         src_k: *const u8,
         /// New values (null: K only).
@@ -289,7 +291,8 @@ kernel! {
         /// `kvio_update_pages_fp8_32`: 32, on pages of a multiple of 32 slots).
         tile: u32,
         /// Tiles of one (part, head, group) handled by consecutive threads (1, 2 or 4); for
-        /// the pages entries (`tile` 16 or 32), the heads of one work item.
+        /// the pages entries (`tile` 16 or 32), the heads of one work item; with `tile` 1,
+        /// 32 selects `kvio_update_stream` (tokens a warp).
         subs: u32,
         /// Non-zero: `kvio_update_tiles_staged` copies each thread's next tile into shared
         /// memory (the slot array is 16-byte aligned, source elements are of at most 2 bytes,
@@ -307,6 +310,12 @@ impl TileArgs {
     /// tokens of `subs` heads per CTA).
     pub fn pages(&self) -> bool {
         self.tile >= crate::ops::PAGE_TOKENS as u32
+    }
+
+    /// Whether this update runs `kvio_update_stream` (one token a lane, `subs` =
+    /// [`crate::ops::STREAM_LANES`] tokens a warp).
+    pub fn streams(&self) -> bool {
+        self.tile == 1 && self.subs as u64 == crate::ops::STREAM_LANES
     }
 }
 

@@ -628,6 +628,108 @@ pub unsafe fn update_tiles_one(a: &TileArgs, g: Group) {
     }
 }
 
+/// [`update_tiles`] at prefill sizes into caches of 2-byte elements whose V has one element per
+/// piece and whose pages hold at most 16 slots (vLLM's v0 layout at its default block size):
+/// the lanes of a warp take [`STREAM_LANES`] consecutive tokens, each lane
+/// [`STREAM_UNITS`] consecutive 8-element groups of one head of its token, K and V, loaded
+/// before any is stored. No shared memory, no barrier: every warp streams on its own.
+///
+/// With consecutive tokens on a warp's lanes, each of V's element stores writes one element
+/// line of consecutive slots (a page's line is 32 bytes: a whole sector per sixteen lanes),
+/// and K's 16-byte pieces of neighbouring tokens lie side by side; a lane's four groups are 64
+/// contiguous source bytes. Against `update_pages` (a CTA loads an item, transposes it in
+/// shared memory, stores it, and only then loads the next), a warp's next loads wait only for
+/// its own stores' issue. On the H200 (16-token pages, % of the copy ceiling) one sequence of
+/// 16,384 tokens went from 62.4% to 73.1–73.4%, of 4,096 from 60.0% to 70.4–71.5%, of 65,536
+/// from 70.5% to 71.5–72.7%; batches of many sequences from 57.2–59.6% to 58.0–59.8%
+/// (BENCHMARKS.md, session 19). On larger pages the pages entries stay: there a batch whose
+/// sequences start anywhere splits more of a warp's lines between two pages, and an earlier
+/// build of this body lost 2–10 points on 32- and 128-token pages.
+///
+/// Tokens need no run: each lane reads its own slot (negative: skipped; past the cache:
+/// counted once per token).
+///
+/// # Safety
+/// As [`update_tiles`], with `a.elem == 2`, no conversion, `a.tile == 1`, `a.subs ==
+/// STREAM_LANES`, `a.src_vec`, and `num_tokens` rounded up to [`STREAM_LANES`] times `heads`
+/// times `groups` below 2^32.
+#[inline(always)]
+pub unsafe fn update_stream(a: &TileArgs, g: Group) {
+    // Prefill sizes: dependents are scheduled as the CTAs exit (as `update_pages`).
+    pdl::prologue(false);
+    let (heads, quads) = (a.heads as u32, a.groups.div_ceil(STREAM_UNITS) as u32);
+    let items = a.num_tokens.div_ceil(STREAM_LANES) * a.heads * quads as u64 * STREAM_LANES;
+    let (k, v) = (TilePart::of(a, 0), TilePart::of(a, 1));
+    let with_v = !a.src_v.is_null();
+    let bs_shift = index::pow2_shift(a.block_size);
+    let mut item = g.first;
+    while item < items {
+        // Item `((tb * heads + head) * quads + quad) * STREAM_LANES + lane`: token `tb *
+        // STREAM_LANES + lane`, groups from `quad * STREAM_UNITS` (32-bit split: host-checked).
+        let (rest, lane) = ((item / STREAM_LANES) as u32, item % STREAM_LANES);
+        let (rest, quad) = index::split_u32(rest, quads);
+        let (tb, head) = index::split_u32(rest, heads);
+        let (t, head, g0) = (
+            tb as u64 * STREAM_LANES + lane,
+            head as u64,
+            quad as u64 * STREAM_UNITS,
+        );
+        item += g.step;
+        if t >= a.num_tokens {
+            continue;
+        }
+        let mut rows = [[[0u32; 8]; 2]; STREAM_UNITS as usize];
+        let at = t * a.src_token_stride + head * a.src_head_stride;
+        unroll4!(u => {
+            let grp = g0 + u as u64;
+            if grp < a.groups {
+                let off = (at + 16 * grp) as usize;
+                // SAFETY: t < num_tokens, head < heads, grp < groups: inside the validated
+                // sources, 16-byte aligned (`src_vec`).
+                unsafe {
+                    rows[u][0] = tile::load_copy::<2>(a.src_k.add(off), true, 1);
+                    if with_v {
+                        rows[u][1] = tile::load_copy::<2>(a.src_v.add(off), true, 1);
+                    }
+                }
+            }
+        });
+        // SAFETY: t < num_tokens, the length of the slot array.
+        let slot = unsafe { tile_slot(a, t) };
+        if slot < 0 {
+            continue;
+        }
+        let (block, offset) = index::split_slot(slot as u64, a.block_size, bs_shift);
+        if block >= a.num_blocks {
+            if head == 0 && g0 == 0 {
+                // SAFETY: see count_error.
+                unsafe { count_error(a.errors, err::BAD_SLOT) };
+            }
+            continue;
+        }
+        unroll4!(u => {
+            let grp = g0 + u as u64;
+            if grp < a.groups {
+                // SAFETY: a valid target (block < num_blocks, offset < block_size, head <
+                // heads); elements 8 grp .. 8 grp + 7 of the head.
+                unsafe {
+                    store_part::<2>(&k, block, offset, head, &rows[u][0], 8 * grp, 1);
+                    if with_v {
+                        store_part::<2>(&v, block, offset, head, &rows[u][1], 8 * grp, 1);
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// Tokens a warp of [`update_stream`] takes together, one a lane.
+pub const STREAM_LANES: u64 = 32;
+/// Consecutive 8-element groups of one (token, head) a lane of [`update_stream`] loads before
+/// it stores any (K and V each).
+pub const STREAM_UNITS: u64 = 4;
+const _: () = assert!(STREAM_UNITS == 4, "update_stream unrolls four groups");
+
 /// [`update_tiles`] for caches of 4-byte elements.
 ///
 /// # Safety

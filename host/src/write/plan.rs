@@ -2,7 +2,9 @@
 
 use kvio_kernels::args::{SliceArgs, SlotArgs, TileArgs};
 use kvio_kernels::index::{access_width, group_shift};
-use kvio_kernels::ops::{PAGE_TOKENS, PAGE_TOKENS_FP8, PAGE_UNITS, PAGE_UNITS_FP8};
+use kvio_kernels::ops::{
+    PAGE_TOKENS, PAGE_TOKENS_FP8, PAGE_UNITS, PAGE_UNITS_FP8, STREAM_LANES, STREAM_UNITS,
+};
 
 use kvio_kernels::convert;
 
@@ -362,12 +364,30 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     let one = (n as u64)
         .checked_mul(kl.num_heads as u64 * groups)
         .filter(|&v| n < TILE_FROM && e <= 2 && v <= u32::MAX as u64);
-    let tile: u64 = if one.is_some() || (n < TILE_FROM && e == 4) {
+    // Prefill sizes into 2-byte v0 caches of pages of at most 16 slots, copied: one token a
+    // lane, 32 a warp (`kvio_update_stream`). On the H200 it wrote one sequence of 16,384
+    // tokens at 73% of the copy ceiling against the pages entry's 62%; on larger pages an
+    // earlier build of it lost prefill batches (BENCHMARKS.md, session 19).
+    let stream_items = (n as u64)
+        .div_ceil(STREAM_LANES)
+        .checked_mul(STREAM_LANES * kl.num_heads as u64 * groups.div_ceil(STREAM_UNITS))
+        .filter(|&v| v <= u32::MAX as u64);
+    let stream = n >= TILE_FROM
+        && e == 2
+        && quant.is_none()
+        && src_vec
+        && kl.block_size <= PAGE_TOKENS as usize
+        && stream_items.is_some()
+        && op.value.is_some()
+        && vl.piece_elems == 1
+        && kl.piece_elems * kl.elem_bytes == 16;
+    let tile: u64 = if stream || one.is_some() || (n < TILE_FROM && e == 4) {
         1
     } else {
         8
     };
     let subs: u64 = match (tile, e) {
+        (1, _) if stream => STREAM_LANES,
         (1, _) => 1,
         (_, 1) => 4,
         (_, 2) => 2,
@@ -410,7 +430,9 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         (tile, subs)
     };
     let parts = 1 + op.value.is_some() as u64;
-    let items = if let Some(items) = one {
+    let items = if stream {
+        stream_items.unwrap_or(0)
+    } else if let Some(items) = one {
         items
     } else if pages {
         (n as u64)
@@ -476,6 +498,8 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         (target.caps.pages, PAGE_THREADS)
     } else if tile == 8 && e == 1 {
         (target.caps.tiles_staged, STAGED_THREADS)
+    } else if stream {
+        (target.caps.stream, BLOCK_THREADS)
     } else if tile == 1 {
         (
             target.caps.tiles_one,
@@ -1062,11 +1086,12 @@ mod tests {
         (a, launch.grid, launch.threads)
     }
 
-    /// v0 caches (bf16, fp8) at prefill size: on 16-token pages, a CTA per sixteen tokens of a
-    /// head (`kvio_update_pages`: one item per CTA, so the grid is the item count up to the
-    /// cap); on 8-token pages (or heads too wide for the tile) tiles of eight tokens, K stored
-    /// as whole 16-byte (8-byte) pieces, V as transposed columns; decode size: one token per
-    /// thread.
+    /// v0 caches (bf16, fp8) at prefill size: 2-byte caches on pages of at most 16 slots
+    /// stream (`kvio_update_stream`: one token a lane, four groups of one head); on 32- and
+    /// 128-token pages a CTA per sixteen tokens of a head (`kvio_update_pages`: one item per
+    /// CTA, so the grid is the item count up to the cap); fp8 copies, and heads too wide for
+    /// the tile, tiles of eight tokens, K stored as whole 16-byte (8-byte) pieces, V as
+    /// transposed columns; decode size: one token per thread.
     #[test]
     fn v0_plans_store_runs() {
         for e in [2usize, 1] {
@@ -1083,39 +1108,58 @@ mod tests {
                 // fp8 caches: the staged tiles.
                 assert_eq!((a.tile, a.staged, threads), (8, 1, 128));
             } else {
-                // Items of four heads (128 units each).
+                // The stream: 94 warps of 32 tokens × 8 heads × 4 quads of groups, one item a
+                // thread, 256-thread CTAs up to the cap.
+                assert_eq!((a.tile, a.subs, grid, threads), (1, 32, 132, 256));
+                assert!(a.streams() && !a.pages());
+                assert_eq!(plan_tiles(&op, 100_000).1, 94 * 32 * 8 * 4 / 256);
+                assert_eq!((a.unit_k, a.unit_v, a.piece_k, a.piece_v), (8, 1, 8, 1));
+                for bs in [1, 8] {
+                    assert!(plan_tiles(&v0(bs, d), 132).0.streams(), "page {bs}");
+                }
+                // 32-token pages: items of four heads (128 units each).
+                let (a, grid, threads) = plan_tiles(&v0(32, d), 132);
                 assert_eq!((a.tile, a.subs, grid, threads), (16, 4, 132, 128));
                 assert!(a.pages());
                 // 188 sixteen-token items × K and V × 2 groups of four heads.
-                assert_eq!(plan_tiles(&op, 100_000).1, 188 * 2 * 2);
+                assert_eq!(plan_tiles(&v0(32, d), 100_000).1, 188 * 2 * 2);
                 // 128-token pages too; heads of 256 (two an item) and 512 (one); a head whose
                 // sixteen tokens exceed the 16 KiB tile does not.
                 assert_eq!(plan_tiles(&v0(128, d), 132).0.tile, 16);
-                assert_eq!(plan_tiles(&v0(16, 256), 132).0.subs, 2);
-                assert_eq!(plan_tiles(&v0(16, 512), 132).0.subs, 1);
-                assert_eq!(plan_tiles(&v0(16, 1024), 132).0.tile, 8);
+                assert_eq!(plan_tiles(&v0(32, 256), 132).0.subs, 2);
+                assert_eq!(plan_tiles(&v0(32, 512), 132).0.subs, 1);
+                assert_eq!(plan_tiles(&v0(32, 1024), 132).0.tile, 8);
                 // Caches only 8-byte aligned: K stored in 8-byte halves, V without runs, so
-                // neither part's 16-byte chunks would be aligned: the tiles.
+                // neither part's 16-byte chunks would be aligned: the tiles (the stream on
+                // 16-token pages, K in 8-byte halves).
                 for part in [0, 1] {
-                    let mut odd = v0(16, d);
-                    let dst = if part == 0 {
-                        &mut odd.key.dst
-                    } else {
-                        &mut odd.value.as_mut().unwrap().dst
+                    let odd = |bs: usize| {
+                        let mut op = v0(bs, d);
+                        let dst = if part == 0 {
+                            &mut op.key.dst
+                        } else {
+                            &mut op.value.as_mut().unwrap().dst
+                        };
+                        *dst = bytes_mut(dst.ptr() + 8, dst.len());
+                        plan_tiles(&op, 132).0
                     };
-                    *dst = bytes_mut(dst.ptr() + 8, dst.len());
-                    assert_eq!(plan_tiles(&odd, 132).0.tile, 8, "part {part}");
+                    let a = odd(16);
+                    assert!(a.streams(), "part {part}");
+                    assert_eq!(a.unit_k, if part == 0 { 4 } else { 8 }, "part {part}");
+                    assert_eq!(odd(32).tile, 8, "part {part}");
                 }
             }
-            let mut op = v0(8, d);
-            let (a, _, _) = plan_tiles(&op, 132);
+            // Tiles of eight tokens with runs: fp8 copies on 8-token pages, bf16 heads too
+            // wide for the pages' tile.
+            let (a, _, _) = plan_tiles(&if e == 1 { v0(8, d) } else { v0(32, 1024) }, 132);
             assert_eq!(
                 (a.tile, a.runs, a.unit_k, a.unit_v, a.src_vec),
                 (8, 3, 8, 1, 1),
                 "e={e}"
             );
             assert_eq!((a.piece_k, a.piece_v), ((16 / e) as u64, 1));
-            // Misaligned input rows: tiles of eight tokens, no runs.
+            // Misaligned input rows (8-token pages): tiles of eight tokens, no runs.
+            let mut op = v0(8, d);
             let mut odd = op;
             odd.input = TokenLayout {
                 token_stride: h * d + 1,
