@@ -644,7 +644,7 @@ pub unsafe fn update_tiles_one(a: &TileArgs, g: Group) {
 /// from 70.5% to 71.5–72.7%; batches of many sequences from 57.2–59.6% to 58.0–59.8%
 /// (BENCHMARKS.md, session 19). On larger pages the pages entries stay: there a batch whose
 /// sequences start anywhere splits more of a warp's lines between two pages, and an earlier
-/// build of this body lost 2–10 points on 32- and 128-token pages.
+/// build of this body lost 1–10 points on 32- and 128-token pages.
 ///
 /// Tokens need no run: each lane reads its own slot (negative: skipped; past the cache:
 /// counted once per token).
