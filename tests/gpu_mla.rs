@@ -282,8 +282,14 @@ fn emulate_case(c: &Case) {
         host(&scale),
     );
     // SAFETY: every view is live host memory of its length.
-    unsafe { kvio::emulate::update_mla(&op) }.unwrap_or_else(|e| panic!("{}: {e}", c.name));
+    let counts = unsafe { kvio::emulate::update_mla_counted(&op) }
+        .unwrap_or_else(|e| panic!("{}: {e}", c.name));
     assert_same(&c.name, &cache, &c.expected());
+    let want = ErrorCounts {
+        bad_slots: c.bad_slots,
+        ..Default::default()
+    };
+    assert_eq!(counts, want, "{}", c.name);
 }
 
 /// The planned launches executed on the CPU, every format, page size and input form.

@@ -408,8 +408,11 @@ fn emulate(c: &Case) {
         });
     }
     // SAFETY: every view is live host memory of its length.
-    unsafe { kvio::emulate::update_slices(&op) }.unwrap_or_else(|e| panic!("{}: {e}", c.name));
-    assert_same(&c.name, &caches, &c.expected().0);
+    let counts = unsafe { kvio::emulate::update_slices_counted(&op) }
+        .unwrap_or_else(|e| panic!("{}: {e}", c.name));
+    let (want, want_counts) = c.expected();
+    assert_same(&c.name, &caches, &want);
+    assert_eq!(counts, want_counts, "{}", c.name);
     if c.given_list && c.through_list() {
         assert_eq!(list, c.list(), "{}: slot list", c.name);
     }

@@ -15,9 +15,10 @@
 //! `PROPTEST_CASES` sets the number of cases per operation (default 1000). With
 //! `KVIO_PROPTEST_GPU=1` the `gpu_*` tests run the same generators through the real launches
 //! on the GPU, error word included (`KVIO_PROPTEST_GPU_CASES` cases, else `PROPTEST_CASES`,
-//! else 200); without it they return at once and say so. The CPU emulation has no error word
-//! (`DeviceErrors` lives on a device), so there the expected counts are checked against the
-//! reference only.
+//! else 200); without it they return at once and say so. The CPU emulation counts in an error
+//! word of its own (`kvio::emulate::*_counted`), checked as the GPU's.
+
+use std::cell::Cell;
 
 use cust::memory::{CopyDestination, DeviceBuffer};
 use kvio::plan::{slices_to_table, slots_to_slices, validate_slices, validate_slots, Slice};
@@ -157,8 +158,8 @@ impl Buf {
 
 /// Where the launches run.
 enum Exec {
-    /// `kvio::emulate` on host memory.
-    Cpu,
+    /// `kvio::emulate` on host memory; what its error words counted since the last reset.
+    Cpu(Cell<ErrorCounts>),
     /// The real launches.
     Gpu {
         g: &'static Gpu,
@@ -168,6 +169,27 @@ enum Exec {
 }
 
 impl Exec {
+    fn cpu() -> Exec {
+        Exec::Cpu(Cell::new(ErrorCounts::default()))
+    }
+
+    /// Adds what an emulated launch counted (`Ok`) to the counts since the last reset.
+    fn count<T>(&self, r: kvio::Result<(T, ErrorCounts)>) -> kvio::Result<T> {
+        let Exec::Cpu(total) = self else {
+            unreachable!("only the emulation counts on the host")
+        };
+        r.map(|(v, n)| {
+            let t = total.get();
+            total.set(ErrorCounts {
+                bad_slots: t.bad_slots + n.bad_slots,
+                bad_slices: t.bad_slices + n.bad_slices,
+                bad_counts: t.bad_counts + n.bad_counts,
+                bad_blocks: t.bad_blocks + n.bad_blocks,
+            });
+            v
+        })
+    }
+
     fn gpu(g: &'static Gpu) -> Exec {
         Exec::Gpu {
             g,
@@ -181,7 +203,7 @@ impl Exec {
     fn buf(&self, data: &[u8], pinned: bool) -> Buf {
         assert!(!data.is_empty(), "test bug: empty buffer");
         match self {
-            Exec::Cpu => Buf::Host(Arena::new(data)),
+            Exec::Cpu(_) => Buf::Host(Arena::new(data)),
             Exec::Gpu { .. } if pinned => {
                 let mut p = PinnedHost::alloc(data.len()).expect("cuMemHostAlloc");
                 p.as_mut_slice().expect("wait").copy_from_slice(data);
@@ -193,26 +215,32 @@ impl Exec {
 
     fn errors(&self) -> Option<&DeviceErrors> {
         match self {
-            Exec::Cpu => None,
+            Exec::Cpu(_) => None,
             Exec::Gpu { errors, .. } => Some(errors),
         }
     }
 
     fn stream(&self) -> Option<StreamRef<'_>> {
         match self {
-            Exec::Cpu => None,
+            Exec::Cpu(_) => None,
             Exec::Gpu { stream, .. } => Some(StreamRef::from(stream)),
         }
     }
 
     fn reset(&self) {
+        if let Exec::Cpu(total) = self {
+            total.set(ErrorCounts::default());
+        }
         if let (Some(e), Some(s)) = (self.errors(), self.stream()) {
             e.reset(s).expect("reset the error word");
         }
     }
 
-    /// Waits for the launches; the error word's counts on the GPU (`None` on the CPU).
+    /// Waits for the launches; the error word's counts.
     fn finish(&self) -> Option<ErrorCounts> {
+        if let Exec::Cpu(total) = self {
+            return Some(total.get());
+        }
         match (self.errors(), self.stream()) {
             (Some(e), Some(s)) => {
                 Some(e.read(s).expect("read the error word (a fault shows here)"))
@@ -224,7 +252,9 @@ impl Exec {
     fn update_slots(&self, op: &SlotUpdate<'_>) -> kvio::Result<()> {
         match self {
             // SAFETY: every view in `op` is host memory of its length (`Buf::Host`).
-            Exec::Cpu => unsafe { kvio::emulate::update_slots(op) },
+            Exec::Cpu(_) => {
+                self.count(unsafe { kvio::emulate::update_slots_counted(op) }.map(|n| ((), n)))
+            }
             Exec::Gpu { g, stream, .. } => g.kv.update_slots(op, StreamRef::from(stream)),
         }
     }
@@ -232,7 +262,9 @@ impl Exec {
     fn update_slices(&self, op: &SliceUpdate<'_>) -> kvio::Result<()> {
         match self {
             // SAFETY: as above.
-            Exec::Cpu => unsafe { kvio::emulate::update_slices(op) },
+            Exec::Cpu(_) => {
+                self.count(unsafe { kvio::emulate::update_slices_counted(op) }.map(|n| ((), n)))
+            }
             Exec::Gpu { g, stream, .. } => g.kv.update_slices(op, StreamRef::from(stream)),
         }
     }
@@ -240,7 +272,9 @@ impl Exec {
     fn copy_blocks(&self, op: &BlockCopy<'_>) -> kvio::Result<()> {
         match self {
             // SAFETY: as above; a device map's pairs are host memory too.
-            Exec::Cpu => unsafe { kvio::emulate::copy_blocks(op) }.map(|_| ()),
+            Exec::Cpu(_) => {
+                self.count(unsafe { kvio::emulate::copy_blocks_counted(op) }.map(|(_, n)| ((), n)))
+            }
             Exec::Gpu { g, stream, .. } => {
                 g.kv.copy_blocks(op, StreamRef::from(stream)).map(|_| ())
             }
@@ -2415,17 +2449,17 @@ proptest! {
 
     #[test]
     fn slot_update_emulated_matches_reference(c in slot_case()) {
-        run_slot_case(&c, &Exec::Cpu);
+        run_slot_case(&c, &Exec::cpu());
     }
 
     #[test]
     fn slice_update_emulated_matches_reference(c in slice_case()) {
-        run_slice_case(&c, &Exec::Cpu);
+        run_slice_case(&c, &Exec::cpu());
     }
 
     #[test]
     fn block_copy_emulated_matches_reference(c in copy_case()) {
-        run_copy_case(&c, &Exec::Cpu);
+        run_copy_case(&c, &Exec::cpu());
     }
 }
 

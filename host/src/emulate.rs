@@ -3,6 +3,10 @@
 //! launch runs the very same kernel bodies (`kvio_kernels::ops`) for every thread of the planned
 //! grid. For property tests and fuzzing without a GPU; far slower than the GPU.
 //!
+//! The `*_counted` functions also give the kernels an error word, in host memory (a
+//! [`DeviceErrors`](crate::DeviceErrors) lives on a device), and return what they counted: the
+//! in-kernel guards of device-resident indices are tested without a GPU too.
+//!
 //! Every [`DeviceBytes`](crate::DeviceBytes) in the arguments must describe **host** memory
 //! (`DeviceBytes::from_raw(vec.as_ptr() as u64, len)`), hence the `unsafe`. All memory counts as
 //! device memory (so block copies take the device-side entry point).
@@ -12,6 +16,7 @@ use kvio_kernels::ops;
 use crate::alloc::MemoryKind;
 use crate::blocks::{self, Backend, BlockCopy};
 use crate::error::{Error, Result};
+use crate::error_word::{ErrorCounts, WORDS};
 use crate::launch::GridCap;
 use crate::plan::{Kernel, Launch, Plan, Staging, Target};
 use crate::write::{plan as write_plan, MlaUpdate, SliceUpdate, SlotUpdate};
@@ -33,8 +38,18 @@ const EMULATED: Target<'static> = Target {
 /// Every view in `op` (and the error word, if any) is valid host memory of its length.
 pub unsafe fn update_slots(op: &SlotUpdate<'_>) -> Result<()> {
     // SAFETY: forwarded.
-    unsafe { run(&write_plan::slots(op, &EMULATED)?) };
+    unsafe { run(&write_plan::slots(op, &EMULATED)?, None) };
     Ok(())
+}
+
+/// [`update_slots`], returning what its kernels counted in an error word (see the module
+/// documentation); `op`'s own error word, if any, is not used.
+///
+/// # Safety
+/// As [`update_slots`].
+pub unsafe fn update_slots_counted(op: &SlotUpdate<'_>) -> Result<ErrorCounts> {
+    // SAFETY: forwarded.
+    Ok(unsafe { counted(&write_plan::slots(op, &EMULATED)?) })
 }
 
 /// Bytes of slot list the pretend device's scratch holds (1 Mi rows): a slice update through
@@ -49,6 +64,24 @@ pub const SCRATCH_LIST_BYTES: usize = 4 << 20;
 /// # Safety
 /// As [`update_slots`].
 pub unsafe fn update_slices(op: &SliceUpdate<'_>) -> Result<()> {
+    // SAFETY: forwarded.
+    unsafe { run(&slices_plan(op)?, None) };
+    Ok(())
+}
+
+/// [`update_slices`], returning what its kernels counted in an error word (see the module
+/// documentation); `op`'s own error word, if any, is not used.
+///
+/// # Safety
+/// As [`update_slots`].
+pub unsafe fn update_slices_counted(op: &SliceUpdate<'_>) -> Result<ErrorCounts> {
+    // SAFETY: forwarded.
+    Ok(unsafe { counted(&slices_plan(op)?) })
+}
+
+/// The plan of a slice update on the pretend device, whose scratch holds at most
+/// [`SCRATCH_LIST_BYTES`] of slot list.
+fn slices_plan<'a>(op: &SliceUpdate<'a>) -> Result<Plan<'a>> {
     let plan = write_plan::slices(op, &EMULATED)?;
     if let Plan::Expand {
         tokens,
@@ -65,9 +98,7 @@ pub unsafe fn update_slices(op: &SliceUpdate<'_>) -> Result<()> {
             });
         }
     }
-    // SAFETY: forwarded.
-    unsafe { run(&plan) };
-    Ok(())
+    Ok(plan)
 }
 
 /// [`Kvio::update_mla`](crate::Kvio::update_mla) on host memory.
@@ -78,8 +109,18 @@ pub unsafe fn update_slices(op: &SliceUpdate<'_>) -> Result<()> {
 /// As [`update_slots`].
 pub unsafe fn update_mla(op: &MlaUpdate<'_>) -> Result<()> {
     // SAFETY: forwarded.
-    unsafe { run(&write_plan::mla(op, &EMULATED)?) };
+    unsafe { run(&write_plan::mla(op, &EMULATED)?, None) };
     Ok(())
+}
+
+/// [`update_mla`], returning what its kernels counted in an error word (see the module
+/// documentation); `op`'s own error word, if any, is not used.
+///
+/// # Safety
+/// As [`update_slots`].
+pub unsafe fn update_mla_counted(op: &MlaUpdate<'_>) -> Result<ErrorCounts> {
+    // SAFETY: forwarded.
+    Ok(unsafe { counted(&write_plan::mla(op, &EMULATED)?) })
 }
 
 /// [`Kvio::copy_blocks`](crate::Kvio::copy_blocks) on host memory; returns the backend that
@@ -92,15 +133,40 @@ pub unsafe fn update_mla(op: &MlaUpdate<'_>) -> Result<()> {
 pub unsafe fn copy_blocks(op: &BlockCopy<'_>) -> Result<Backend> {
     let (backend, plan) = blocks::plan(op, &EMULATED)?;
     // SAFETY: forwarded.
-    unsafe { run(&plan) };
+    unsafe { run(&plan, None) };
     Ok(backend)
 }
 
-/// Executes a validated plan on host memory, in the order the GPU runner enqueues it.
+/// [`copy_blocks`], returning also what its kernels counted in an error word (see the module
+/// documentation; the DMA backend counts nothing); `op`'s own error word, if any, is not used.
 ///
 /// # Safety
-/// Every address in the plan is host memory valid for what the plan does with it.
-unsafe fn run(plan: &Plan<'_>) {
+/// As [`copy_blocks`].
+pub unsafe fn copy_blocks_counted(op: &BlockCopy<'_>) -> Result<(Backend, ErrorCounts)> {
+    let (backend, plan) = blocks::plan(op, &EMULATED)?;
+    // SAFETY: forwarded.
+    Ok((backend, unsafe { counted(&plan) }))
+}
+
+/// Executes a validated plan on host memory with an error word of its own, and returns its
+/// counters.
+///
+/// # Safety
+/// As [`run`].
+unsafe fn counted(plan: &Plan<'_>) -> ErrorCounts {
+    let mut word = [0u32; WORDS];
+    // SAFETY: forwarded; the word is WORDS aligned u32 alive for the call.
+    unsafe { run(plan, Some(word.as_mut_ptr() as u64)) };
+    ErrorCounts::of(&word)
+}
+
+/// Executes a validated plan on host memory, in the order the GPU runner enqueues it; with
+/// `errors`, its kernels count what they refuse there instead of in the plan's error word.
+///
+/// # Safety
+/// Every address in the plan is host memory valid for what the plan does with it; `errors`
+/// points at `WORDS` aligned `u32`.
+unsafe fn run(plan: &Plan<'_>, errors: Option<u64>) {
     match plan {
         Plan::Nothing => {}
         Plan::Dma(spans) => {
@@ -133,8 +199,10 @@ unsafe fn run(plan: &Plan<'_>) {
             // buffer, or the scratch above).
             unsafe { std::ptr::write_bytes(at as *mut u8, 0xFF, tokens * 4) };
             for l in std::iter::once(expand).chain(update) {
+                let kernel = l.kernel.with_list(at);
+                let kernel = errors.map_or(kernel, |e| kernel.with_errors(e));
                 // SAFETY: forwarded; the list holds at least `tokens` i32 of host memory.
-                unsafe { emulate_launch(l.kernel.with_list(at), l) };
+                unsafe { emulate_launch(kernel, l) };
             }
             drop(scratch); // alive until the kernel bodies have run
         }
@@ -160,6 +228,7 @@ unsafe fn run(plan: &Plan<'_>) {
             }
             for l in std::iter::once(launch).chain(then) {
                 let kernel = map.map_or(l.kernel, |m| l.kernel.with_map(m));
+                let kernel = errors.map_or(kernel, |e| kernel.with_errors(e));
                 // SAFETY: forwarded (the map, if any, uploaded above).
                 unsafe { emulate_launch(kernel, l) };
             }

@@ -35,6 +35,16 @@ impl ErrorCounts {
     pub fn is_clean(&self) -> bool {
         *self == ErrorCounts::default()
     }
+
+    /// The counters of an error word as the kernels left them.
+    pub(crate) fn of(w: &[u32; WORDS]) -> ErrorCounts {
+        ErrorCounts {
+            bad_slots: w[err::BAD_SLOT],
+            bad_slices: w[err::BAD_SLICE],
+            bad_counts: w[err::BAD_COUNT],
+            bad_blocks: w[err::BAD_BLOCK],
+        }
+    }
 }
 
 /// The device-side error word: counters the kernels increment (atomically) for each index
@@ -59,7 +69,8 @@ pub struct DeviceErrors {
     mem: DeviceAlloc,
 }
 
-const WORDS: usize = err::WORDS;
+/// `u32` counters of an error word.
+pub(crate) const WORDS: usize = err::WORDS;
 
 impl DeviceErrors {
     /// Allocates a zeroed error word in the current context (this call synchronises: do it at
@@ -92,11 +103,6 @@ impl DeviceErrors {
     pub fn read(&self, stream: StreamRef<'_>) -> Result<ErrorCounts> {
         let mut w = [0u32; WORDS];
         self.mem.read(0, bytemuck::cast_slice_mut(&mut w), stream)?;
-        Ok(ErrorCounts {
-            bad_slots: w[err::BAD_SLOT],
-            bad_slices: w[err::BAD_SLICE],
-            bad_counts: w[err::BAD_COUNT],
-            bad_blocks: w[err::BAD_BLOCK],
-        })
+        Ok(ErrorCounts::of(&w))
     }
 }

@@ -821,7 +821,8 @@ pub trait SlotCase {
     fn expected(&self) -> Vec<u8>;
 }
 
-/// Runs every case's plan on the CPU (the kernels' own code) and compares with the reference.
+/// Runs every case's plan on the CPU (the kernels' own code) with an error word: caches
+/// compared with the reference, slots past the cache counted.
 pub fn emulate_slot_cases<C: SlotCase>(cases: &[C]) {
     for c in cases {
         let d = c.data();
@@ -838,8 +839,14 @@ pub fn emulate_slot_cases<C: SlotCase>(cases: &[C]) {
         };
         let op = c.op(host_view(&d.keys), host_view(&d.values), dst, slots, scales);
         // SAFETY: every view is live host memory of its length.
-        unsafe { kvio::emulate::update_slots(&op) }.unwrap_or_else(|e| panic!("{}: {e}", d.name));
+        let counts = unsafe { kvio::emulate::update_slots_counted(&op) }
+            .unwrap_or_else(|e| panic!("{}: {e}", d.name));
         assert_same(&d.name, &caches, &c.expected());
+        let want = kvio::ErrorCounts {
+            bad_slots: d.bad_slots,
+            ..Default::default()
+        };
+        assert_eq!(counts, want, "{}", d.name);
     }
 }
 

@@ -162,6 +162,22 @@ impl Kernel {
         }
     }
 
+    /// The same launch counting what it refuses in the error word at `errors` (`err::WORDS`
+    /// `u32`): the emulation's host word ([`crate::emulate`]).
+    pub(crate) fn with_errors(self, errors: u64) -> Kernel {
+        let errors = errors as *mut u32;
+        match self {
+            Kernel::Slots(a) => Kernel::Slots(SlotArgs { errors, ..a }),
+            Kernel::Tiles(a) => Kernel::Tiles(TileArgs { errors, ..a }),
+            Kernel::Slices(a) => Kernel::Slices(SliceArgs { errors, ..a }),
+            Kernel::Expand(a) => Kernel::Expand(SliceArgs { errors, ..a }),
+            Kernel::Copy(a) => Kernel::Copy(CopyArgs { errors, ..a }),
+            Kernel::Transfer(a) => Kernel::Transfer(CopyArgs { errors, ..a }),
+            Kernel::TransferTma(a) => Kernel::TransferTma(CopyArgs { errors, ..a }),
+            Kernel::Convert(a) => Kernel::Convert(CopyArgs { errors, ..a }),
+        }
+    }
+
     /// The same launch reading (a slot update) or writing (`kvio_slices_to_slots`) its slot
     /// list at `list` (other kernels are returned unchanged).
     pub(crate) fn with_list(self, list: u64) -> Kernel {
