@@ -651,8 +651,8 @@ pub unsafe fn update_tiles_one(a: &TileArgs, g: Group) {
 ///
 /// # Safety
 /// As [`update_tiles`], with `a.elem == 2`, no conversion, `a.tile == 1`, `a.subs ==
-/// STREAM_LANES`, `a.src_vec`, and `num_tokens` rounded up to [`STREAM_LANES`] times `heads`
-/// times `groups` below 2^32.
+/// STREAM_LANES`, `a.src_vec`, and at most `u32::MAX` items: `num_tokens` rounded up to
+/// [`STREAM_LANES`], times `heads`, times `groups / STREAM_UNITS` rounded up.
 #[inline(always)]
 pub unsafe fn update_stream(a: &TileArgs, g: Group) {
     // Prefill sizes: dependents are scheduled as the CTAs exit (as `update_pages`).
