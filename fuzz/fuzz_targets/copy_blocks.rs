@@ -1,8 +1,10 @@
-//! `kvio::emulate::copy_blocks` (block-map validation, pool geometry and the kernel body run on
-//! the CPU) with arbitrary pool descriptors (strided bases), host block maps (through a staging
-//! buffer, as the kernel backend requires) or device block maps, and views on small host buffers, the two pools in separate buffers or in one. No panic or
+//! `kvio::emulate::copy_blocks_counted` (block-map validation, pool geometry and the kernel body
+//! run on the CPU, with an error word) with arbitrary pool descriptors (strided bases), host
+//! block maps (through a staging buffer, as the kernel backend requires) or device block maps,
+//! and views on small host buffers, the two pools in separate buffers or in one. No panic or
 //! overflow; an accepted call touches nothing outside its views (AddressSanitizer past the end,
-//! checked bytes before), never writes the source pool (separate buffers) or the map, and —
+//! checked bytes before), never writes the source pool (separate buffers) or the map, counts
+//! each pair with an id past its pool once, and —
 //! when its pools are separate and no two valid pairs share a destination — writes exactly
 //! what `kvio::reference::copy_blocks` writes. A refused call writes nothing.
 #![no_main]
@@ -176,17 +178,29 @@ fn run(u: &mut Unstructured) -> Result<()> {
         map_buf.data().to_vec(),
     );
     // SAFETY: every view (pools, device map) is host memory of its length.
-    let r = unsafe { kvio::emulate::copy_blocks(&op) };
+    let r = unsafe { kvio::emulate::copy_blocks_counted(&op) };
     src_buf.check_pad("src");
     dst_buf.check_pad("dst");
     map_buf.check_pad("map");
     staging_buf.check_pad("staging");
     assert_same("map", map_buf.data(), &before.2);
-    if r.is_err() {
+    let Ok((_, counts)) = r else {
         assert_same("refused: src", src_buf.data(), &before.0);
         assert_same("refused: dst", dst_buf.data(), &before.1);
         return Ok(());
-    }
+    };
+    // Accepted: each pair with an id past its pool is counted once (a negative id is
+    // padding).
+    let (nsrc, ndst) = (src.layout.num_blocks as u64, dst.layout.num_blocks as u64);
+    let bad = pairs
+        .iter()
+        .filter(|&&[a, b]| a >= 0 && b >= 0 && (a as u64 >= nsrc || b as u64 >= ndst))
+        .count() as u32;
+    let want_counts = kvio::ErrorCounts {
+        bad_blocks: bad,
+        ..Default::default()
+    };
+    assert_eq!(counts, want_counts, "error word");
     if shared {
         return Ok(());
     }
@@ -194,7 +208,6 @@ fn run(u: &mut Unstructured) -> Result<()> {
     dst_buf.check_pad("dst");
 
     // Accepted, separate pools: compare with the reference unless a destination repeats.
-    let (nsrc, ndst) = (src.layout.num_blocks as u64, dst.layout.num_blocks as u64);
     let mut dsts: Vec<i64> = pairs
         .iter()
         .filter(|&&[a, b]| a >= 0 && b >= 0 && (a as u64) < nsrc && (b as u64) < ndst)

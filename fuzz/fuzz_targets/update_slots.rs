@@ -1,10 +1,11 @@
-//! `kvio::emulate::update_slots` (the host validation and planning of `Kvio::update_slots`, then
-//! the kernel body run on the CPU) with arbitrary descriptors, views and slots on small host
-//! buffers. No panic or overflow; an accepted call touches nothing outside its views (the
-//! buffers end where the views end, so AddressSanitizer sees any overrun, and the bytes before
-//! each view are checked), never writes its inputs, and — when its in-range slots are distinct
-//! (no write race) — writes exactly what `kvio::reference::update_slots` writes. A refused call
-//! writes nothing.
+//! `kvio::emulate::update_slots_counted` (the host validation and planning of
+//! `Kvio::update_slots`, then the kernel body run on the CPU, with an error word) with arbitrary
+//! descriptors, views and slots on small host buffers. No panic or overflow; an accepted call
+//! touches nothing outside its views (the buffers end where the views end, so AddressSanitizer
+//! sees any overrun, and the bytes before each view are checked), never writes its inputs,
+//! counts each slot past the cache once, and — when its in-range slots are distinct (no write
+//! race) — writes exactly what `kvio::reference::update_slots` writes. A refused call writes
+//! nothing.
 #![no_main]
 
 use kvio::{reference, CacheWrite, SlotMapping, SlotUpdate, TokenLayout};
@@ -142,7 +143,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
         slot_buf.data().to_vec(),
     );
     // SAFETY: every view is host memory of its length.
-    let r = unsafe { kvio::emulate::update_slots(&op) };
+    let r = unsafe { kvio::emulate::update_slots_counted(&op) };
     for (b, what) in [
         (&key, "key"),
         (&value, "value"),
@@ -155,11 +156,22 @@ fn run(u: &mut Unstructured) -> Result<()> {
     assert_same("key", key.data(), &before.0);
     assert_same("value", value.data(), &before.1);
     assert_same("slots", slot_buf.data(), &before.4);
-    if r.is_err() {
+    let Ok(counts) = r else {
         assert_same("refused: key cache", kc.data(), &before.2);
         assert_same("refused: value cache", vc.data(), &before.3);
         return Ok(());
-    }
+    };
+    // Accepted: the kernels read every slot of the view (one per token; the slot count may
+    // be below `num_tokens`) and count each one past the cache once.
+    let bad = used
+        .iter()
+        .filter(|&&s| s >= 0 && s as u64 >= num_slots as u64)
+        .count() as u32;
+    let want_counts = kvio::ErrorCounts {
+        bad_slots: bad,
+        ..Default::default()
+    };
+    assert_eq!(counts, want_counts, "error word");
 
     // Accepted: compare with the reference when no two tokens write one slot.
     let slots = used;
