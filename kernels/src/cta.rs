@@ -77,6 +77,17 @@ pub trait Phases {
     );
 }
 
+/// The item a CTA takes after `item`, its CTAs taking every `step`-th of `items` ([`LAST`]
+/// when `item` is its last).
+#[inline(always)]
+fn next_item(item: u64, step: u64, items: u64) -> u64 {
+    if item + step < items {
+        item + step
+    } else {
+        LAST
+    }
+}
+
 /// Runs `p` on the calling thread of a CTA of [`THREADS`] threads.
 ///
 /// # Safety
@@ -92,16 +103,12 @@ pub unsafe fn run<P: Phases>(p: &P) {
     let mut item = cta as u64;
     let mut carry = P::Carry::default();
     while item < items {
-        let next = if item + (ctas as u64) < items {
-            item + ctas as u64
-        } else {
-            LAST
-        };
+        let next = next_item(item, ctas as u64, items);
         // SAFETY: forwarded; the barriers order the phases as the contract says.
         unsafe {
-            let vote = p.first(item, next, tid as u32, &tile, &mut carry);
+            let vote = p.first(item, next, tid, &tile, &mut carry);
             let all = sync_and(vote);
-            p.second(item, next, tid as u32, &tile, all, &mut carry);
+            p.second(item, next, tid, &tile, all, &mut carry);
         }
         sync();
         item += ctas as u64;
@@ -120,17 +127,12 @@ pub unsafe fn emulate<P: Phases>(p: &P, grid: u32) {
     let tile = Tile {
         base: mem.as_mut_ptr().cast(),
     };
-    let items = p.items();
-    for cta in 0..grid.max(1) as u64 {
+    let (items, step) = (p.items(), grid.max(1) as u64);
+    for cta in 0..step {
         let mut item = cta;
         let mut carry = [P::Carry::default(); THREADS as usize];
         while item < items {
-            let step = grid.max(1) as u64;
-            let next = if item + step < items {
-                item + step
-            } else {
-                LAST
-            };
+            let next = next_item(item, step, items);
             let mut all = true;
             for (tid, c) in carry.iter_mut().enumerate() {
                 // SAFETY: forwarded.

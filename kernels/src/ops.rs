@@ -878,6 +878,35 @@ pub unsafe fn emulate_pages(a: &TileArgs, grid: u32) {
     }
 }
 
+/// The runs around window `$w0 .. $w0 + T` of a `Pages` body `$p` on the GPU
+/// ([`index::window_runs`]): lane `l` of the calling warp (thread `$tid`) takes positions `l`,
+/// `32 + l`, `64 + l`, a round at a time: `$pair`, with round `$k` and token `$t` bound, gives
+/// the position's slot and its predecessor's, then the round's ballots gather the masks. A
+/// macro, not a function taking `$pair` as a closure, so that it expands in place: with a
+/// closure, the search's PTX in the pages entries changed (session 18). Only inside an
+/// `unsafe fn` whose every lane of the warp calls it together.
+#[cfg(target_arch = "nvptx64")]
+macro_rules! window_ballots {
+    ($p:ident, $w0:expr, $tid:expr, |$k:ident, $t:ident| $pair:block) => {{
+        let limit = $p.0.num_blocks * $p.0.block_size;
+        let (mut aligned, mut follows) = (0u128, 0u128);
+        unroll4!($k => {
+            if $k < 3 && 32 * ($k as u64) < 3 * T {
+                let mut bits = (false, false);
+                if let Some($t) = $p.run_token($w0, 32 * $k as u64 + $tid % 32) {
+                    let (s, before) = $pair;
+                    bits = Self::run_bits(s, before, limit);
+                }
+                // SAFETY: every lane of the warp is here (caller).
+                let (x, y) = unsafe { (cta::ballot(bits.0), cta::ballot(bits.1)) };
+                aligned |= (x as u128) << (32 * $k);
+                follows |= (y as u128) << (32 * $k);
+            }
+        });
+        Around::of(index::window_runs::<T>(aligned, follows))
+    }};
+}
+
 /// [`update_pages`]' phases for caches of `E`-byte elements (2: copied; 1: quantized by
 /// conversion `C`), items of `T` tokens ([`PAGE_TOKENS`]; fp8 also [`PAGE_TOKENS_FP8`]).
 struct Pages<'a, const E: usize, const C: u32, const T: u64>(&'a TileArgs);
@@ -1250,23 +1279,10 @@ impl<const E: usize, const C: u32, const T: u64> Pages<'_, E, C, T> {
     #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     unsafe fn runs_around(&self, w0: u64, tid: u64) -> Around {
-        let limit = self.0.num_blocks * self.0.block_size;
-        let (mut aligned, mut follows) = (0u128, 0u128);
-        unroll4!(k => {
-            if k < 3 && 32 * (k as u64) < 3 * T {
-                let mut bits = (false, false);
-                if let Some(t) = self.run_token(w0, 32 * k as u64 + tid % 32) {
-                    // SAFETY: t < num_tokens.
-                    let (s, before) = unsafe { self.run_pair(t) };
-                    bits = Self::run_bits(s, before, limit);
-                }
-                // SAFETY: every lane of the warp is here (caller).
-                let (x, y) = unsafe { (cta::ballot(bits.0), cta::ballot(bits.1)) };
-                aligned |= (x as u128) << (32 * k);
-                follows |= (y as u128) << (32 * k);
-            }
-        });
-        Around::of(index::window_runs::<T>(aligned, follows))
+        window_ballots!(self, w0, tid, |_k, t| {
+            // SAFETY: t < num_tokens.
+            unsafe { self.run_pair(t) }
+        })
     }
 
     /// [`Pages::runs_around`] on the CPU: one thread takes every position.
@@ -1356,30 +1372,21 @@ impl<const E: usize, const C: u32, const T: u64> Pages<'_, E, C, T> {
     #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     unsafe fn runs_fetched(&self, w0: u64, tid: u64, tile: &cta::Tile) -> Around {
-        let limit = self.0.num_blocks * self.0.block_size;
         tile.fetched();
-        let (mut aligned, mut follows) = (0u128, 0u128);
-        unroll4!(k => {
-            if k < 3 && 32 * (k as u64) < 3 * T {
-                let mut bits = (false, false);
-                if let Some(t) = self.run_token(w0, 32 * k as u64 + tid % 32) {
-                    let cell = Self::run_cell(k as u64, tid % 32);
-                    // SAFETY: this lane fetched these cells and waited for them.
-                    let (s, before) = unsafe {
-                        (
-                            self.cell_slot(tile, cell),
-                            if t > 0 { self.cell_slot(tile, cell + 8) } else { i64::MIN },
-                        )
-                    };
-                    bits = Self::run_bits(s, before, limit);
-                }
-                // SAFETY: every lane of the warp is here (caller).
-                let (x, y) = unsafe { (cta::ballot(bits.0), cta::ballot(bits.1)) };
-                aligned |= (x as u128) << (32 * k);
-                follows |= (y as u128) << (32 * k);
+        window_ballots!(self, w0, tid, |k, t| {
+            let cell = Self::run_cell(k as u64, tid % 32);
+            // SAFETY: this lane fetched these cells and waited for them.
+            unsafe {
+                (
+                    self.cell_slot(tile, cell),
+                    if t > 0 {
+                        self.cell_slot(tile, cell + 8)
+                    } else {
+                        i64::MIN
+                    },
+                )
             }
-        });
-        Around::of(index::window_runs::<T>(aligned, follows))
+        })
     }
 
     /// [`Pages::runs_fetched`] on the CPU: one thread reads every lane's cells.
