@@ -160,7 +160,9 @@ fn build_ptx(kernels: &Path, out: &Path) {
 ///   `kvio_update_pages` takes 96 registers uncapped since session 18 (five CTAs; 112, four,
 ///   before). `sm_80`: see [`SM80_DIRECTIVES`].
 /// - `kvio_update_stream` runs 256-thread CTAs (`BLOCK_THREADS`); with `.maxntid 256` ptxas may
-///   give it up to 255 registers, and it takes 96 (two CTAs a multiprocessor).
+///   give it up to 255 registers, and it takes 80 on sm_90 (three CTAs a multiprocessor) and 92
+///   on sm_80, no spills. Capped at three CTAs an earlier build (94 registers uncapped) spilled
+///   112 B and lost 11–24 points on the H200 (BENCHMARKS.md, session 20).
 /// - `kvio_convert_blocks` runs 256-thread CTAs (`BLOCK_THREADS`), a head page per group;
 ///   `kvio_convert_pages` CTAs of `kvio_kernels::cta::THREADS` (128), a page's heads per CTA
 ///   item, at least five per multiprocessor (≤ 102 registers; it takes 90 on sm_90, 96 on

@@ -120,6 +120,7 @@ pub mod shared;
 pub mod span;
 pub mod stage;
 pub mod tile;
+pub mod warp;
 
 #[cfg(target_arch = "nvptx64")]
 mod entry;

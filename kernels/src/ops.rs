@@ -634,25 +634,34 @@ pub unsafe fn update_tiles_one(a: &TileArgs, g: Group) {
 /// [`STREAM_UNITS`] consecutive 8-element groups of one head of its token, K and V, loaded
 /// before any is stored. No shared memory, no barrier: every warp streams on its own.
 ///
-/// With consecutive tokens on a warp's lanes, each of V's element stores writes one element
-/// line of consecutive slots (a page's line is 32 bytes: a whole sector per sixteen lanes),
-/// and K's 16-byte pieces of neighbouring tokens lie side by side; a lane's four groups are 64
-/// contiguous source bytes. Against `update_pages` (a CTA loads an item, transposes it in
-/// shared memory, stores it, and only then loads the next), a warp's next loads wait only for
-/// its own stores' issue. On the H200 (16-token pages, % of the copy ceiling) one sequence of
-/// 16,384 tokens went from 62.4% to 73.1–73.4%, of 4,096 from 60.0% to 70.4–71.5%, of 65,536
-/// from 70.5% to 71.5–72.7%; batches of many sequences from 57.2–59.6% to 58.0–59.8%
-/// (BENCHMARKS.md, session 19). On larger pages the pages entries stay: there a batch whose
-/// sequences start anywhere splits more of a warp's lines between two pages, and an earlier
-/// build of this body lost 1–10 points on 32- and 128-token pages.
+/// Stores. When each octet of the warp's lanes (eight consecutive tokens) goes to eight
+/// consecutive slots from a multiple of 8 in one block (a prefill's whole pages; the plan's
+/// `runs` says V's columns are 16-byte aligned), the octet transposes its V rows across its
+/// lanes ([`crate::warp`]: three butterfly steps of `shfl.sync`): each lane then
+/// holds one element of the group for the octet's eight tokens and stores it as one 16-byte
+/// column, so one V store instruction of the warp writes whole 32-byte sectors (four 128-byte
+/// lines on 16-token pages) where one 2-byte element a lane wrote two sectors; K goes out as
+/// the lanes' 16-byte pieces, which neighbouring tokens place side by side. A warp with any
+/// other octet (a sequence's start or end inside it, padding, a slot past the cache) stores
+/// token by token, K as its pieces and V element by element. The decision is the warp's
+/// (one ballot), so the exchange never diverges. The CPU emulation decides from the slots and
+/// reads the columns from the source instead of exchanging rows; the steps of the exchange
+/// are tested on the CPU lane by lane (`warp`'s tests).
 ///
-/// Tokens need no run: each lane reads its own slot (negative: skipped; past the cache:
-/// counted once per token).
+/// On the H200 (16-token pages, % of the copy ceiling, BENCHMARKS.md sessions 19 and 20):
+/// one sequence of 16,384 tokens 62.4% with `update_pages`, 73.1–73.4% with element stores,
+/// 76.4–76.8% with the columns; 4,096 tokens 60.0% / 70.4–71.5% / 83.4–84.8%. On larger
+/// pages the pages entries stay: with whole-warp runs an earlier build of this body lost
+/// batches of many sequences on 128-token pages (see BENCHMARKS.md, session 20).
+///
+/// Tokens need no run search: each lane reads its own slot (negative: skipped; past the
+/// cache: counted once per token).
 ///
 /// # Safety
 /// As [`update_tiles`], with `a.elem == 2`, no conversion, `a.tile == 1`, `a.subs ==
 /// STREAM_LANES`, `a.src_vec`, and at most `u32::MAX` items: `num_tokens` rounded up to
-/// [`STREAM_LANES`], times `heads`, times `groups / STREAM_UNITS` rounded up.
+/// [`STREAM_LANES`], times `heads`, times `groups / STREAM_UNITS` rounded up. Launched with
+/// CTAs of whole warps (every lane of a warp runs the same items).
 #[inline(always)]
 pub unsafe fn update_stream(a: &TileArgs, g: Group) {
     // Prefill sizes: dependents are scheduled as the CTAs exit (as `update_pages`).
@@ -661,28 +670,30 @@ pub unsafe fn update_stream(a: &TileArgs, g: Group) {
     let items = a.num_tokens.div_ceil(STREAM_LANES) * a.heads * quads as u64 * STREAM_LANES;
     let (k, v) = (TilePart::of(a, 0), TilePart::of(a, 1));
     let with_v = !a.src_v.is_null();
+    // Warps whose octets all go to eight consecutive, 8-aligned slots may store V as
+    // transposed columns, K as whole 16-byte pieces.
+    let columns = with_v && a.runs & 2 != 0 && a.unit_k == 8;
     let bs_shift = index::pow2_shift(a.block_size);
     let mut item = g.first;
     while item < items {
         // Item `((tb * heads + head) * quads + quad) * STREAM_LANES + lane`: token `tb *
         // STREAM_LANES + lane`, groups from `quad * STREAM_UNITS` (32-bit split: host-checked).
-        let (rest, lane) = ((item / STREAM_LANES) as u32, item % STREAM_LANES);
+        let (rest, lane) = ((item / STREAM_LANES) as u32, (item % STREAM_LANES) as u32);
         let (rest, quad) = index::split_u32(rest, quads);
         let (tb, head) = index::split_u32(rest, heads);
         let (t, head, g0) = (
-            tb as u64 * STREAM_LANES + lane,
+            tb as u64 * STREAM_LANES + lane as u64,
             head as u64,
             quad as u64 * STREAM_UNITS,
         );
         item += g.step;
-        if t >= a.num_tokens {
-            continue;
-        }
+        // Every lane stays to the end of the item: the octets exchange their rows.
+        let live = t < a.num_tokens;
         let mut rows = [[[0u32; 8]; 2]; STREAM_UNITS as usize];
         let at = t * a.src_token_stride + head * a.src_head_stride;
         unroll4!(u => {
             let grp = g0 + u as u64;
-            if grp < a.groups {
+            if live && grp < a.groups {
                 let off = (at + 16 * grp) as usize;
                 // SAFETY: t < num_tokens, head < heads, grp < groups: inside the validated
                 // sources, 16-byte aligned (`src_vec`).
@@ -694,8 +705,51 @@ pub unsafe fn update_stream(a: &TileArgs, g: Group) {
                 }
             }
         });
-        // SAFETY: t < num_tokens, the length of the slot array.
-        let slot = unsafe { tile_slot(a, t) };
+        let slot = if live {
+            // SAFETY: t < num_tokens, the length of the slot array.
+            unsafe { tile_slot(a, t) }
+        } else {
+            -1
+        };
+        // SAFETY: every lane of the warp is here (the loop is warp-uniform); `slot` is token
+        // t's (-1 past the last token).
+        if columns && unsafe { warp_runs(a, t, lane, slot, bs_shift) } {
+            // Every octet of the warp a run: K as 16-byte pieces, V as transposed columns.
+            let (block, offset) = index::split_slot(slot as u64, a.block_size, bs_shift);
+            let oct = (lane & 7) as u64;
+            unroll4!(u => {
+                let grp = g0 + u as u64;
+                if grp < a.groups {
+                    // SAFETY: every lane of the warp is here (`groups` is the same on every
+                    // lane); the octet's tokens exist, its group lies in the source.
+                    let col = unsafe {
+                        let from = at - oct * a.src_token_stride + 16 * grp;
+                        octet_column(a, &rows[u][1], lane, from)
+                    };
+                    // SAFETY: a valid target (block < num_blocks, offset < block_size, head <
+                    // heads), elements 8 grp .. 8 grp + 7 of the head; V: element 8 grp + oct
+                    // of the octet's eight slots, consecutive from offset - oct (a multiple of
+                    // 8) in this block, 16-byte aligned (`runs`).
+                    unsafe {
+                        let dk = k.dst.add(
+                            (block * k.block
+                                + head * k.head
+                                + grp * k.piece_stride
+                                + offset * k.token) as usize,
+                        );
+                        tile::store::<2>(dk, &rows[u][0], 0, 8);
+                        let d = v.dst.add(
+                            (block * v.block
+                                + head * v.head
+                                + (8 * grp + oct) * v.piece_stride
+                                + (offset - oct) * v.token) as usize,
+                        );
+                        core::ptr::write(d as *mut V16, V16::from_array(col));
+                    }
+                }
+            });
+            continue;
+        }
         if slot < 0 {
             continue;
         }
@@ -723,7 +777,90 @@ pub unsafe fn update_stream(a: &TileArgs, g: Group) {
     }
 }
 
-/// Tokens a warp of [`update_stream`] takes together, one a lane.
+/// Whether every octet of [`update_stream`]'s warp (token `t` on lane `lane`; octets of eight
+/// consecutive lanes) goes to eight consecutive slots from a multiple of 8 in one block of the
+/// cache, so that the warp can store V as transposed columns. The same on every lane.
+///
+/// # Safety
+/// Every lane of the warp calls it together (GPU); `s` is token `t`'s slot (-1 past the last
+/// token).
+#[inline(always)]
+unsafe fn warp_runs(a: &TileArgs, t: u64, lane: u32, s: i64, bs_shift: u32) -> bool {
+    let first = |s0: i64| {
+        s0 >= 0
+            && s0 & 7 == 0
+            && index::split_slot(s0 as u64, a.block_size, bs_shift).0 < a.num_blocks
+    };
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let _ = t;
+        // SAFETY: every lane of the warp is here (caller).
+        let s0 = unsafe {
+            let src = lane & !7;
+            (crate::warp::shfl_idx(s as u32, src) as u64
+                | (crate::warp::shfl_idx((s as u64 >> 32) as u32, src) as u64) << 32)
+                as i64
+        };
+        // A token past the last has slot -1, which no run holds.
+        let ok = s == s0.wrapping_add((lane & 7) as i64) && first(s0);
+        // SAFETY: as above.
+        unsafe { cta::ballot(ok) == u32::MAX }
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        let _ = s;
+        let tw = t - lane as u64;
+        if tw + STREAM_LANES > a.num_tokens {
+            return false;
+        }
+        let mut j = 0;
+        while j < STREAM_LANES {
+            // SAFETY: tw + j < num_tokens: inside the slot array.
+            let (s0, sj) = unsafe { (tile_slot(a, tw + (j & !7)), tile_slot(a, tw + j)) };
+            if sj != s0.wrapping_add((j & 7) as i64) || !first(s0) {
+                return false;
+            }
+            j += 1;
+        }
+        true
+    }
+}
+
+/// Column `lane & 7` of the V rows of [`update_stream`]'s octet (lanes `lane & !7 ..`) in the
+/// group at source offset `from` for the octet's first token: element `lane & 7` of the group
+/// of each of the octet's eight tokens, the `j`-th token in the `j`-th 2-byte half-word. The
+/// GPU transposes the octet's rows across its lanes (`row` is this lane's); the CPU reads the
+/// column.
+///
+/// # Safety
+/// Every lane of the warp calls it together (GPU); the octet's eight tokens exist and the group
+/// lies in the source.
+#[inline(always)]
+unsafe fn octet_column(a: &TileArgs, row: &Row, lane: u32, from: u64) -> [u32; 4] {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let _ = (a, from);
+        // SAFETY: forwarded.
+        unsafe { crate::warp::transpose(lane & 7, [row[0], row[1], row[2], row[3]]) }
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        let _ = row;
+        let mut col = [0u32; 4];
+        let mut j = 0;
+        while j < 8 {
+            let off = from + j * a.src_token_stride + 2 * (lane & 7) as u64;
+            // SAFETY: the octet's j-th token, element lane & 7 of the group: inside the
+            // validated source.
+            let x = unsafe { core::ptr::read(a.src_v.add(off as usize) as *const u16) };
+            col[j as usize / 2] |= (x as u32) << (16 * (j % 2));
+            j += 1;
+        }
+        col
+    }
+}
+
+/// Tokens a warp of [`update_stream`] takes together, one a lane (four octets of eight).
 pub const STREAM_LANES: u64 = 32;
 /// Consecutive 8-element groups of one (token, head) a lane of [`update_stream`] loads before
 /// it stores any (K and V each).

@@ -365,9 +365,10 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         .checked_mul(kl.num_heads as u64 * groups)
         .filter(|&v| n < TILE_FROM && e <= 2 && v <= u32::MAX as u64);
     // Prefill sizes into 2-byte v0 caches of pages of at most 16 slots, copied: one token a
-    // lane, 32 a warp (`kvio_update_stream`). On the H200 it wrote one sequence of 16,384
-    // tokens at 73% of the copy ceiling against the pages entry's 62%; on larger pages an
-    // earlier build of it lost prefill batches (BENCHMARKS.md, session 19).
+    // lane, 32 a warp (`kvio_update_stream`; V as transposed columns where `runs` allows). On
+    // the H200 it wrote one sequence of 16,384 tokens at 76–77% of the copy ceiling against
+    // the pages entry's 62%; on larger pages it lost prefill batches of many sequences
+    // (BENCHMARKS.md, sessions 19 and 20).
     let stream_items = (n as u64)
         .div_ceil(STREAM_LANES)
         .checked_mul(STREAM_LANES * kl.num_heads as u64 * groups.div_ceil(STREAM_UNITS))
@@ -1114,8 +1115,12 @@ mod tests {
                 assert!(a.streams() && !a.pages());
                 assert_eq!(plan_tiles(&op, 100_000).1, 94 * 32 * 8 * 4 / 256);
                 assert_eq!((a.unit_k, a.unit_v, a.piece_k, a.piece_v), (8, 1, 8, 1));
-                for bs in [1, 8] {
-                    assert!(plan_tiles(&v0(bs, d), 132).0.streams(), "page {bs}");
+                // Both parts may go out as runs: V as transposed columns of octets.
+                assert_eq!(a.runs, 3);
+                for (bs, runs) in [(1, 0), (8, 3)] {
+                    let a = plan_tiles(&v0(bs, d), 132).0;
+                    assert!(a.streams(), "page {bs}");
+                    assert_eq!(a.runs, runs, "page {bs}");
                 }
                 // 32-token pages: items of four heads (128 units each).
                 let (a, grid, threads) = plan_tiles(&v0(32, d), 132);
@@ -1146,6 +1151,8 @@ mod tests {
                     let a = odd(16);
                     assert!(a.streams(), "part {part}");
                     assert_eq!(a.unit_k, if part == 0 { 4 } else { 8 }, "part {part}");
+                    // No columns: K's pieces or V's columns would not be aligned.
+                    assert!(a.unit_k != 8 || a.runs & 2 == 0, "part {part}");
                     assert_eq!(odd(32).tile, 8, "part {part}");
                 }
             }
