@@ -649,10 +649,12 @@ pub unsafe fn update_tiles_one(a: &TileArgs, g: Group) {
 /// are tested on the CPU lane by lane (`warp`'s tests).
 ///
 /// On the H200 (16-token pages, % of the copy ceiling, BENCHMARKS.md sessions 19 and 20):
-/// one sequence of 16,384 tokens 62.4% with `update_pages`, 73.1–73.4% with element stores,
-/// 76.4–76.8% with the columns; 4,096 tokens 60.0% / 70.4–71.5% / 83.4–84.8%. On larger
-/// pages the pages entries stay: with whole-warp runs an earlier build of this body lost
-/// batches of many sequences on 128-token pages (see BENCHMARKS.md, session 20).
+/// one sequence of 16,384 tokens 62.4% with `update_pages`, 72.5–73.5% with element stores,
+/// 75.4–75.9% with the columns; 4,096 tokens 60.0% / 69.6–71.1% / 78.2–78.9%; batches of
+/// many sequences 0.2–1.8 points over element stores. On larger pages the pages entries
+/// stay: there this body gained 7–13 points on one sequence but lost 1–8 on most batches,
+/// whose warps more often hold a sequence's partial first or last page and store token by
+/// token.
 ///
 /// Tokens need no run search: each lane reads its own slot (negative: skipped; past the
 /// cache: counted once per token).

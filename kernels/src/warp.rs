@@ -108,47 +108,43 @@ pub fn take(step: usize, i: u32, w: &[u32; 4], r: [u32; 2]) -> [u32; 4] {
     }
 }
 
-/// `shfl.sync.bfly.b32` over the whole warp: the value `v` of lane `lane ^ mask`.
-///
-/// # Safety
-/// Every lane of the warp executes it together.
-#[cfg(target_arch = "nvptx64")]
-#[inline(always)]
-pub unsafe fn shfl_xor(v: u32, mask: u32) -> u32 {
-    let r: u32;
-    // SAFETY: register operands; every lane of the warp is here (caller).
-    unsafe {
-        core::arch::asm!(
-            "shfl.sync.bfly.b32 {r}, {v}, {m}, 0x1f, 0xffffffff;",
-            r = out(reg32) r,
-            v = in(reg32) v,
-            m = in(reg32) mask,
-            options(nostack, nomem)
-        )
+/// A whole-warp `shfl.sync` of one mode: `$name(v, b)` returns the value `v` of the lane that
+/// mode `$mode` picks with operand `b`.
+macro_rules! shfl {
+    ($(#[$doc:meta])* $name:ident, $mode:literal) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// Every lane of the warp executes it together.
+        #[cfg(target_arch = "nvptx64")]
+        #[inline(always)]
+        pub unsafe fn $name(v: u32, b: u32) -> u32 {
+            let r: u32;
+            // SAFETY: register operands; every lane of the warp is here (caller).
+            unsafe {
+                core::arch::asm!(
+                    concat!("shfl.sync.", $mode, ".b32 {r}, {v}, {b}, 0x1f, 0xffffffff;"),
+                    r = out(reg32) r,
+                    v = in(reg32) v,
+                    b = in(reg32) b,
+                    options(nostack, nomem)
+                )
+            };
+            r
+        }
     };
-    r
 }
 
-/// `shfl.sync.idx.b32` over the whole warp: the value `v` of lane `src`.
-///
-/// # Safety
-/// Every lane of the warp executes it together.
-#[cfg(target_arch = "nvptx64")]
-#[inline(always)]
-pub unsafe fn shfl_idx(v: u32, src: u32) -> u32 {
-    let r: u32;
-    // SAFETY: register operands; every lane of the warp is here (caller).
-    unsafe {
-        core::arch::asm!(
-            "shfl.sync.idx.b32 {r}, {v}, {s}, 0x1f, 0xffffffff;",
-            r = out(reg32) r,
-            v = in(reg32) v,
-            s = in(reg32) src,
-            options(nostack, nomem)
-        )
-    };
-    r
-}
+shfl!(
+    /// `shfl.sync.bfly.b32`: the value `v` of lane `lane ^ b`.
+    shfl_xor,
+    "bfly"
+);
+shfl!(
+    /// `shfl.sync.idx.b32`: the value `v` of lane `b`.
+    shfl_idx,
+    "idx"
+);
 
 /// The 8 × 8 transpose of this lane's row `w` across its octet (lanes `lane & !7 ..`), `i`
 /// being `lane & 7` (see the module docs).

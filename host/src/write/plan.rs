@@ -366,7 +366,7 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         .filter(|&v| n < TILE_FROM && e <= 2 && v <= u32::MAX as u64);
     // Prefill sizes into 2-byte v0 caches of pages of at most 16 slots, copied: one token a
     // lane, 32 a warp (`kvio_update_stream`; V as transposed columns where `runs` allows). On
-    // the H200 it wrote one sequence of 16,384 tokens at 76–77% of the copy ceiling against
+    // the H200 it wrote one sequence of 16,384 tokens at 75–76% of the copy ceiling against
     // the pages entry's 62%; on larger pages it lost prefill batches of many sequences
     // (BENCHMARKS.md, sessions 19 and 20).
     let stream_items = (n as u64)
