@@ -1,10 +1,13 @@
-//! `kvio::emulate::update_slices` (the host validation and planning of `Kvio::update_slices`,
-//! then the kernel body run on the CPU) with arbitrary descriptors, slice tables, capacities and
-//! counts on small host buffers. No panic or overflow; an accepted call touches nothing outside
-//! its views (AddressSanitizer past the end, checked bytes before), never writes its input,
-//! table or count, and — when the slices it uses never write one slot twice (nor, for heads
-//! apart, which go through a slot list, read one row twice) — writes exactly what
-//! `kvio::reference::update_slices` writes. A refused call writes nothing.
+//! `kvio::emulate::update_slices_counted` (the host validation and planning of
+//! `Kvio::update_slices`, then the kernel bodies run on the CPU with an error word) with
+//! arbitrary descriptors, slice tables, capacities and counts on small host buffers. No panic
+//! or overflow; an accepted call touches nothing outside its views (AddressSanitizer past the
+//! end, checked bytes before), never writes its input, table or count, counts what the
+//! kernels refuse (a count outside `0..=padded` once; else each used slice that is not copied
+//! once, and, through a slot list, each extra claim of a source row), and — when the slices
+//! it uses never write one slot twice (nor, for heads apart, which go through a slot list,
+//! read one row twice) — writes exactly what `kvio::reference::update_slices` writes. A
+//! refused call writes nothing.
 #![no_main]
 
 use kvio::plan::Slice;
@@ -114,7 +117,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
         count_buf.data().to_vec(),
     );
     // SAFETY: every view is host memory of its length.
-    let r = unsafe { kvio::emulate::update_slices(&op) };
+    let r = unsafe { kvio::emulate::update_slices_counted(&op) };
     for (b, what) in [
         (&src, "new_kv"),
         (&cache, "cache"),
@@ -126,10 +129,10 @@ fn run(u: &mut Unstructured) -> Result<()> {
     assert_same("new_kv", src.data(), &before.0);
     assert_same("slices", table_buf.data(), &before.2);
     assert_same("num_slices", count_buf.data(), &before.3);
-    if r.is_err() {
+    let Ok(counts) = r else {
         assert_same("refused: cache", cache.data(), &before.1);
         return Ok(());
-    }
+    };
 
     // Accepted: the table view holds [3, padded] (the host checked its length).
     let t: Vec<i32> = before.2[..12 * padded]
@@ -144,6 +147,31 @@ fn run(u: &mut Unstructured) -> Result<()> {
         })
         .collect();
     let count = i32::from_ne_bytes(before.3[..4].try_into().unwrap());
+    // Heads apart go through a slot list: a source row named twice is written once (and each
+    // extra claim counted).
+    let rows = |h: usize, stride: usize, d: usize| h == 1 || stride == d;
+    let row_copy = !layout.is_pieced()
+        && rows(layout.num_heads, layout.head_stride, layout.head_dim)
+        && rows(input.num_heads, input.head_stride, input.head_dim);
+    let mut want_counts = kvio::ErrorCounts::default();
+    if count < 0 || count as usize > padded {
+        want_counts.bad_counts = 1;
+    } else {
+        let used = &listed[..count as usize];
+        let copied = |s: &&Slice| slice_copied(s, bs, num_slots, tokens);
+        want_counts.bad_slices = used.iter().filter(|s| s.len != 0 && !copied(s)).count() as u32;
+        if !row_copy {
+            let mut claims = vec![0u32; tokens];
+            for s in used.iter().filter(copied) {
+                let from = s.new_kv_start as usize;
+                for c in &mut claims[from..from + s.len as usize] {
+                    *c += 1;
+                }
+            }
+            want_counts.bad_slices += claims.iter().map(|&c| c.saturating_sub(1)).sum::<u32>();
+        }
+    }
+    assert_eq!(counts, want_counts, "error word");
     if count >= 0 && (count as usize) <= padded {
         // Whether two copied slices overlap in the rows `at` names (cache or source).
         let overlap = |at: fn(&Slice) -> i32| {
@@ -158,10 +186,6 @@ fn run(u: &mut Unstructured) -> Result<()> {
         if overlap(|s| s.cache_start) {
             return Ok(()); // two slices write one slot: a race, no defined result
         }
-        // Heads apart go through a slot list: a source row named twice is written once.
-        let rows = |h: usize, stride: usize, d: usize| h == 1 || stride == d;
-        let row_copy = rows(layout.num_heads, layout.head_stride, layout.head_dim)
-            && rows(input.num_heads, input.head_stride, input.head_dim);
         if !row_copy && overlap(|s| s.new_kv_start) {
             return Ok(());
         }

@@ -187,7 +187,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
     let k_at = (key_cache.ptr() - kc.view(0, 0).ptr()) as usize;
     let mut want_k = before.2.clone();
     let mut want_v = before.3.clone();
-    let vsrc = with_value.then(|| before.1.as_slice());
+    let vsrc = with_value.then_some(before.1.as_slice());
     if shared && with_value {
         let v_at = (value_cache.ptr() - kc.view(0, 0).ptr()) as usize;
         reference::update_slots(
