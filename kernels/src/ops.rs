@@ -815,11 +815,17 @@ unsafe fn warp_runs(a: &TileArgs, t: u64, lane: u32, s: i64, bs_shift: u32) -> b
         if tw + STREAM_LANES > a.num_tokens {
             return false;
         }
-        let mut j = 0;
+        let (mut j, mut s0) = (0, 0);
         while j < STREAM_LANES {
             // SAFETY: tw + j < num_tokens: inside the slot array.
-            let (s0, sj) = unsafe { (tile_slot(a, tw + (j & !7)), tile_slot(a, tw + j)) };
-            if sj != s0.wrapping_add((j & 7) as i64) || !first(s0) {
+            let sj = unsafe { tile_slot(a, tw + j) };
+            if j & 7 == 0 {
+                // An octet's first token.
+                s0 = sj;
+                if !first(s0) {
+                    return false;
+                }
+            } else if sj != s0.wrapping_add((j & 7) as i64) {
                 return false;
             }
             j += 1;
