@@ -1,6 +1,6 @@
 //! Exchanges between the lanes of a warp: an 8 × 8 transpose of 2-byte elements across the
-//! eight lanes of an octet (lanes whose indices differ only in three consecutive bits), in
-//! three butterfly steps.
+//! eight lanes of an octet (eight consecutive lanes from a multiple of 8), in three butterfly
+//! steps.
 //!
 //! Lane `i` of an octet starts with row `i` (eight 2-byte elements, packed two a word, element
 //! `2k` in the low half of word `k`) and ends with column `i`: element `i` of rows `0 .. 7`,
@@ -67,7 +67,7 @@ pub fn send(step: usize, i: u32, w: &[u32; 4]) -> [u32; 2] {
 /// What the lane of octet index `i` holds after step `step`, having held `w` and received `r`
 /// (its partner's [`send`]).
 ///
-/// After step 0 a lane holds a 2 × 4 block (rows `i & 3` and `i | 4`, its half of the
+/// After step 0 a lane holds a 2 × 4 block (rows `i & 3` and `(i & 3) | 4`, its half of the
 /// columns: two words each); after step 1 a 4 × 2 block (rows `i & 1`, `+ 2`, `+ 4`, `+ 6`,
 /// one word each: its column pair); after step 2 its column, rows 0..7.
 #[inline(always)]
