@@ -1023,6 +1023,25 @@ pub unsafe fn emulate_pages(a: &TileArgs, grid: u32) {
     }
 }
 
+/// The slot of window position `t` and of its predecessor (`i64::MIN` for the first
+/// position, which has none) from the fetch cells `cell` and `cell + 8`: what the GPU and CPU
+/// forms of `Pages::runs_fetched` read for each position. A macro, not a method: as a
+/// function it changed the pages entries' PTX. Expands to `unsafe` calls: the caller's
+/// `unsafe` block covers them (the cells were fetched and their copies are complete).
+macro_rules! cell_pair {
+    ($p:expr, $tile:expr, $cell:expr, $t:expr) => {{
+        let cell = $cell;
+        (
+            $p.cell_slot($tile, cell),
+            if $t > 0 {
+                $p.cell_slot($tile, cell + 8)
+            } else {
+                i64::MIN
+            },
+        )
+    }};
+}
+
 /// The runs around window `$w0 .. $w0 + T` of a `Pages` body `$p` on the GPU
 /// ([`index::window_runs`]): lane `l` of the calling warp (thread `$tid`) takes positions `l`,
 /// `32 + l`, `64 + l`, a round at a time: `$pair`, with round `$k` and token `$t` bound, gives
@@ -1519,18 +1538,8 @@ impl<const E: usize, const C: u32, const T: u64> Pages<'_, E, C, T> {
     unsafe fn runs_fetched(&self, w0: u64, tid: u64, tile: &cta::Tile) -> Around {
         tile.fetched();
         window_ballots!(self, w0, tid, |k, t| {
-            let cell = Self::run_cell(k as u64, tid % 32);
             // SAFETY: this lane fetched these cells and waited for them.
-            unsafe {
-                (
-                    self.cell_slot(tile, cell),
-                    if t > 0 {
-                        self.cell_slot(tile, cell + 8)
-                    } else {
-                        i64::MIN
-                    },
-                )
-            }
+            unsafe { cell_pair!(self, tile, Self::run_cell(k as u64, tid % 32), t) }
         })
     }
 
@@ -1541,18 +1550,8 @@ impl<const E: usize, const C: u32, const T: u64> Pages<'_, E, C, T> {
     #[cfg(not(target_arch = "nvptx64"))]
     unsafe fn runs_fetched(&self, w0: u64, _tid: u64, tile: &cta::Tile) -> Around {
         self.runs_cpu(w0, |p, t| {
-            let cell = Self::run_cell(p / 32, p % 32);
             // SAFETY: fetched by the lane of position p.
-            unsafe {
-                (
-                    self.cell_slot(tile, cell),
-                    if t > 0 {
-                        self.cell_slot(tile, cell + 8)
-                    } else {
-                        i64::MIN
-                    },
-                )
-            }
+            unsafe { cell_pair!(self, tile, Self::run_cell(p / 32, p % 32), t) }
         })
     }
 }
