@@ -841,7 +841,7 @@ fn host(rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
         measure_host(rec, grp, t, v, calls, stream, || {
             g.kv.update_slots(&op, s).expect("update_slots v0")
         });
-        let mla = MlaSetup::new(t, fp8, 4003);
+        let mla = MlaSetup::new(t, fp8, 4003, false);
         let op = mla.op();
         let v = if fp8 { "mla-fp8" } else { "mla" };
         measure_host(rec, grp, t, v, calls, stream, || {
@@ -1305,9 +1305,20 @@ struct MlaSetup {
 }
 
 impl MlaSetup {
-    fn new(t: usize, fp8: bool, seed: u64) -> MlaSetup {
+    /// `t` rows at random slots of a cache of 64-token pages (as vLLM's kernel benchmark draws
+    /// them), or with `prefill` as a prefill writes them: whole pages, taken in random order.
+    fn new(t: usize, fp8: bool, seed: u64, prefill: bool) -> MlaSetup {
         let bs = 64;
         let blocks = t.div_ceil(bs) + 8;
+        let slots = if prefill {
+            let mut pages: Vec<i64> = (0..blocks as i64).collect();
+            Rng::new(seed).shuffle(&mut pages);
+            (0..t)
+                .map(|i| pages[i / bs] * bs as i64 + (i % bs) as i64)
+                .collect()
+        } else {
+            random_slots(blocks * bs, t, seed)
+        };
         let layout = PagedLayout::nhd(blocks, bs, 1, 576, if fp8 { 1 } else { 2 });
         let ext = layout.extent("c").unwrap() as usize;
         MlaSetup {
@@ -1315,7 +1326,7 @@ impl MlaSetup {
             cache: random_mem(ext, seed + 1),
             layout,
             scale: upload(&[0.37f32]),
-            slots: upload(&random_slots(blocks * bs, t, seed)),
+            slots: upload(&slots),
             t,
         }
     }
@@ -1348,29 +1359,34 @@ impl MlaSetup {
 }
 
 /// MLA cache writes (vLLM `concat_and_cache_mla`), bf16 copied and quantized to e4m3; bytes =
-/// bf16 read + cache bytes written; then decode sizes in a CUDA graph. vLLM's anchor on this GPU: bf16 1,013 / 735 GB/s, fp8 732 /
-/// 532 GB/s at T = 16,384 / 65,536.
+/// bf16 read + cache bytes written. `mla-update/T`: random slots; `mla-update/prefill`
+/// (T ≥ 4,096): whole 64-token pages in random order. Then decode sizes in a CUDA graph.
+/// vLLM's anchor on this GPU (random slots): bf16 1,013 / 735 GB/s, fp8 732 / 532 GB/s at
+/// T = 16,384 / 65,536.
 fn mla_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
     let mut grp = c.benchmark_group("mla-update");
     for fp8 in [false, true] {
         let variant = if fp8 { "kvio-fp8-e4m3" } else { "kvio-bf16" };
         for t in [1usize, 16, 256, 4096, 16384, 65536] {
-            let s = MlaSetup::new(t, fp8, 700 + t as u64);
-            let u = s.op();
             let bytes = (t * 576 * (2 + if fp8 { 1 } else { 2 })) as u64;
-            measure(
-                &mut grp,
-                rec,
-                "mla-update/T",
-                t,
-                variant,
-                bytes,
-                stream,
-                || {
+            // Random slots at every size; from T = 4,096 also whole pages in random order
+            // (`mla-update/prefill`), as a prefill's slot mapping places its rows.
+            for prefill in [false, true] {
+                if prefill && t < 4096 {
+                    continue;
+                }
+                let s = MlaSetup::new(t, fp8, 700 + t as u64, prefill);
+                let u = s.op();
+                let name = if prefill {
+                    "mla-update/prefill"
+                } else {
+                    "mla-update/T"
+                };
+                measure(&mut grp, rec, name, t, variant, bytes, stream, || {
                     g.kv.update_mla(&u, StreamRef::from(stream))
                         .expect("update_mla")
-                },
-            );
+                });
+            }
         }
     }
     // Decode sizes in a CUDA graph: time per call.
@@ -1381,7 +1397,7 @@ fn mla_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
             "kvio-bf16-x100"
         };
         for t in [1usize, 64, 256] {
-            let s = MlaSetup::new(t, fp8, 750 + t as u64);
+            let s = MlaSetup::new(t, fp8, 750 + t as u64, false);
             let u = s.op();
             let graph = Graph::capture(stream, |st| {
                 for _ in 0..100 {
