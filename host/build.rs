@@ -138,11 +138,12 @@ fn build_ptx(kernels: &Path, out: &Path) {
 ///   warps to hide that latency. Since MLA rows left it for `kvio_update_rows_convert` it
 ///   takes 59 registers on sm_90 (62 on sm_80), no spills (uncapped: 62, 72 on sm_80); with
 ///   their path it took 88 uncapped and spilled 28 B / 64 B at 64 (sm_90).
-/// - `kvio_update_rows_convert` holds a whole MLA row's loads per group (five 16-byte units a
-///   lane): three 256-thread CTAs per multiprocessor (≤ 80 registers), as many as the copying
-///   `kvio_update_rows` gets with its 78. Uncapped it takes 94 registers on sm_90 (102 on
-///   sm_80), two CTAs; at three, 78 (78), no spills; at four, 144 B / 368 B of spills (sm_90).
-///   (ptxas 12.9, since wide rows share the one-round path's conversion code.)
+/// - `kvio_update_rows_convert` holds two rounds of an MLA row per lane (the one it converts
+///   and the next, loading: five 16-byte units each): two 256-thread CTAs per multiprocessor
+///   (≤ 128 registers). It takes 94 on sm_90 (108 on sm_80), no spills; 106 uncapped; at
+///   three CTAs, 80 with 36 B / 104 B of spills (sm_90). On the H100 (BENCHMARKS.md, session
+///   21) two CTAs wrote e4m3 rows at 16,384 tokens 6% faster than three, and both were faster
+///   than the entry without the next round's loads (three CTAs, 76 registers).
 /// - `kvio_transfer_blocks_tma` runs one-warp CTAs (`kvio_kernels::bulk::THREADS`).
 /// - `kvio_update_tiles_staged` runs CTAs of `kvio_kernels::stage::THREADS` (128) threads, each
 ///   with 48 KiB of staging (four fit a multiprocessor's shared memory), at least three per
@@ -197,7 +198,7 @@ const DIRECTIVES: [(&str, &str); 12] = [
     ),
     (
         "kvio_update_rows_convert",
-        ".maxntid 256, 1, 1\n.minnctapersm 3\n",
+        ".maxntid 256, 1, 1\n.minnctapersm 2\n",
     ),
 ];
 

@@ -13,8 +13,8 @@ use crate::fp8::Divider;
 use crate::index::{self, chunk_at, err, PairCheck, PoolSide, SliceCheck, SlotTarget, TablePtr};
 use crate::pdl;
 use crate::span::{
-    self, copy_span, copy_spans, load_round, load_staged, store_round, store_staged, Unit,
-    BATCH_UNITS, STAGE_UNITS, V16,
+    self, copy_span, copy_spans, load_round, load_staged, store_staged, Unit, BATCH_UNITS,
+    STAGE_UNITS, V16,
 };
 use crate::stage::Stage;
 use crate::tile::{self, Row, TILE};
@@ -186,10 +186,66 @@ macro_rules! for_each_row {
     }};
 }
 
+/// One round of a row's two parts as a lane holds it ([`load_row`]): up to `P` values of the
+/// latent part `K` and one of the rope part `V`. A row's parts are lopsided (an MLA row of
+/// bf16 is 64 + 8 units of 16 bytes): holding one value of `V`, not `P`, keeps the registers
+/// to what such a row needs.
+type RowRound<T, const P: usize> = ([T; P], T);
+
+/// Steps of a lane's unit positions (of `K`, of `V`) from one round of a row to the next, for
+/// `lanes` lanes: `P` units of `K` and one of `V` a lane.
+#[inline(always)]
+fn row_step<const P: usize>(lanes: u32) -> [u32; 2] {
+    [P as u32 * lanes, lanes]
+}
+
+/// Loads one lane's round of a row ([`RowRound`]): values `u[0] + j * lanes` (`j < P`) of
+/// span `K` at `from[0]` and value `u[1]` of span `V` at `from[1]`, those below the span's
+/// `units`, as accesses of `T` ([`load_round`]; `VOLATILE` as there).
+///
+/// # Safety
+/// `units[k]` values of `T` readable at `from[k]`, aligned for `T`.
+#[inline(always)]
+unsafe fn load_row<T: Unit, const P: usize, const VOLATILE: bool>(
+    from: &[*const u8; 2],
+    units: [u32; 2],
+    u: [u32; 2],
+    lanes: u32,
+) -> RowRound<T, P> {
+    // SAFETY: forwarded, one span at a time.
+    unsafe {
+        let k = load_round::<T, 1, P, VOLATILE>(&[from[0]], &[true], |_| units[0], u[0], lanes);
+        let v = load_round::<T, 1, 1, VOLATILE>(&[from[1]], &[true], |_| units[1], u[1], lanes);
+        (k[0], v[0][0])
+    }
+}
+
+/// Stores what [`load_row`] loaded for the same `(units, u, lanes)` at `to`, each value
+/// passed through `f` on its way ([`span::store_round_map`]).
+///
+/// # Safety
+/// `units[k]` values of `O` writable at `to[k]`, aligned for `O`.
+#[inline(always)]
+unsafe fn store_row_map<T: Copy, O, const P: usize>(
+    to: &[*mut u8; 2],
+    units: [u32; 2],
+    u: [u32; 2],
+    lanes: u32,
+    v: &RowRound<T, P>,
+    f: impl Fn(&T) -> O,
+) {
+    // SAFETY: forwarded, one span at a time.
+    unsafe {
+        span::store_round_map(&[to[0]], &[true], |_| units[0], u[0], lanes, &[v.0], &f);
+        span::store_round_map(&[to[1]], &[true], |_| units[1], u[1], lanes, &[[v.1]], &f);
+    }
+}
+
 /// The copying update of one-row items (`a.rows`: an MLA row, latent part `K` then rope part
 /// `V`, one head), with accesses of `T`, through [`for_each_row`]: a group copies a token's two
-/// spans together, in one round of loads when both fit ([`load_round`]: issued before the slot
-/// is read, so the two latencies overlap), else round by round once the slot is known.
+/// parts together, [`BATCH_UNITS`] units of `K` and one of `V` a lane per round
+/// ([`load_row`]), in one round when both fit (loaded before the slot is read, so the two
+/// latencies overlap), else round by round once the slot is known.
 ///
 /// # Safety
 /// As [`update_slots`], with every address, stride and chunk a multiple of `size_of::<T>()`.
@@ -199,12 +255,11 @@ unsafe fn rows_body<T: Unit>(a: &SlotArgs, g: Group) {
     let w = core::mem::size_of::<T>() as u64;
     // Chunks are far below 4 GiB (host-checked): unit counts fit in 32 bits.
     let units = [(a.chunk_bytes / w) as u32, (a.chunk_bytes_v / w) as u32];
-    let most = units[0].max(units[1]);
     let (lane, lanes) = (g.lane as u32, g.lanes as u32);
-    let live = [true; 2];
+    let step = row_step::<P>(lanes);
     // A whole row in one round (the lanes the host gives a row of 16-byte units): loaded before
-    // the slot is read, so the two latencies overlap. Narrower rows go round by round.
-    let one_round = most <= BATCH_UNITS * lanes;
+    // the slot is read, so the two latencies overlap. Other rows go round by round.
+    let one_round = units[0] <= step[0] && units[1] <= step[1];
     for_each_row!(
         a,
         g,
@@ -213,9 +268,9 @@ unsafe fn rows_body<T: Unit>(a: &SlotArgs, g: Group) {
             let held = if one_round {
                 // SAFETY: `from` is a token's row ([`for_each_row`]): `units` values of T per
                 // part, aligned for T.
-                unsafe { load_round::<T, 2, P, true>(&from, &live, |k| units[k], lane, lanes) }
+                unsafe { load_row::<T, P, true>(&from, units, [lane; 2], lanes) }
             } else {
-                [[T::ZERO; P]; 2]
+                ([T::ZERO; P], T::ZERO)
             };
         },
         |to| {
@@ -223,13 +278,13 @@ unsafe fn rows_body<T: Unit>(a: &SlotArgs, g: Group) {
             // caches ([`for_each_row`]): `units` values of T per part, aligned for T.
             unsafe {
                 if one_round {
-                    store_round::<T, 2, P>(&to, &live, |k| units[k], lane, lanes, &held);
+                    store_row_map(&to, units, [lane; 2], lanes, &held, |x: &T| *x);
                 } else {
-                    let mut u = lane;
-                    while u < most {
-                        let v = load_round::<T, 2, P, false>(&from, &live, |k| units[k], u, lanes);
-                        store_round::<T, 2, P>(&to, &live, |k| units[k], u, lanes, &v);
-                        u += BATCH_UNITS * lanes;
+                    let mut u = [lane; 2];
+                    while u[0] < units[0] || u[1] < units[1] {
+                        let v = load_row::<T, P, false>(&from, units, u, lanes);
+                        store_row_map(&to, units, u, lanes, &v, |x: &T| *x);
+                        u = [u[0] + step[0], u[1] + step[1]];
                     }
                 }
             }
@@ -254,7 +309,8 @@ pub unsafe fn update_slots_convert(a: &SlotArgs, g: Group) {
 /// [`update_slots`] for converting updates of one row per token (`a.rows`: an MLA row, latent
 /// part `K` then rope part `V`, one head, K's per-tensor scale): `rows_convert_body` compiled
 /// once per conversion code, with the unit a lane loads per 8 elements (one 16-byte access of
-/// bf16/f16, two of f32) and [`convert::batch`] units per part and lane in a round.
+/// bf16/f16, two of f32) and [`convert::batch`] units of the latent part (one of the rope
+/// part) per lane in a round.
 ///
 /// # Safety
 /// As [`update_slots`], with `rows`; `a.convert` is a valid conversion code.
@@ -272,16 +328,18 @@ pub unsafe fn update_rows_convert(a: &SlotArgs, g: Group) {
     })
 }
 
-/// The converting update of one-row items for conversion `C` ([`update_rows_convert`]): as
-/// [`rows_body`] (through [`for_each_row`]), a group loads a token's two parts together, `P`
-/// vector units (loaded as `U`) of each part per lane in one round ([`load_round`]), issued
-/// with the scale's load before the slot is read so the latencies overlap, then converts and
-/// stores them ([`span::store_round_map`] through [`convert::unit`]). A row whose larger part
-/// has more than `P * lanes` units continues round by round once the slot is known, through
-/// the same (single) copy of the round's conversion code: each copy converts `2 * P` units,
-/// inlined, and this entry holds one per conversion, so a second copy for wide rows would
-/// double it. A row without the vector alignment (`width` 1) goes element by element
-/// ([`Span::convert_scalar`]).
+/// The converting update of one-row items for conversion `C` ([`update_rows_convert`]): a
+/// group takes a token's two parts a round at a time, `P` vector units (loaded as `U`) of `K`
+/// and one of `V` per lane ([`load_row`]; an MLA row is one round), and converts and stores
+/// each round ([`store_row_map`] through [`convert::unit`]). Before converting a round it
+/// loads the next one (the same row's next round, or the next row's first with that row's
+/// slot), so the group's loads are in flight while it converts: converting is arithmetic
+/// enough that, with the next row loaded only after the current one was stored, the entry
+/// waited on its loads at about half its issue rate (Nsight Compute, H100, T = 65,536).
+/// One (single) copy of the round's conversion code serves every row: each copy converts
+/// `P + 1` units, inlined, and this entry holds one per conversion. A row without the vector
+/// alignment (`width` 1) goes element by element once its slot is known
+/// ([`Span::convert_scalar`], through [`for_each_row`]).
 ///
 /// # Safety
 /// As [`update_slots`], with `rows`; `C` is the conversion code of `a.convert`, `U` the unit
@@ -296,55 +354,103 @@ unsafe fn rows_convert_body<const C: u32, U: convert::Loaded, const P: usize>(
     // bytes, one per element; far below 4 GiB, host-checked).
     let per = if vec { convert::VEC } else { 1 };
     let units = [(a.chunk_bytes / per) as u32, (a.chunk_bytes_v / per) as u32];
-    let most = units[0].max(units[1]);
     let (lane, lanes) = (g.lane as u32, g.lanes as u32);
-    let live = [true; 2];
-    let one_round = vec && most <= P as u32 * lanes;
-    for_each_row!(
-        a,
-        g,
-        true,
-        |from| {
-            // The first round (the whole row where `one_round`).
-            let held = if vec {
-                // SAFETY: `vec`: `from` is a token's row ([`for_each_row`]), `units` vector units
-                // per part, 16-byte aligned (host-checked).
-                unsafe { load_round::<U, 2, P, true>(&from, &live, |k| units[k], lane, lanes) }
-            } else {
-                [[U::ZERO; P]; 2]
-            };
-            // SAFETY: the host checked one per-tensor scale (K's) for the row.
-            let scale = unsafe { *a.k_scale };
-        },
-        |to| {
-            // SAFETY: `from` and `to` are the token's row in the sources and at its slot in the
-            // caches ([`for_each_row`]), with the vector alignment where `vec` (8 bytes of fp8 per
-            // unit); later rounds load units below `units` of the source rows, as the first.
+    let step = row_step::<P>(lanes);
+    if !vec {
+        // Rows without the vector alignment: element by element, once the slot is known.
+        for_each_row!(a, g, true, |from| {}, |to| {
+            // SAFETY: `from` and `to` are the token's row in the sources and at its slot in
+            // the caches ([`for_each_row`]); the host checked K's per-tensor scale.
             unsafe {
-                let div = Divider::new(scale);
-                let q = |v: &U| convert::unit::<C>(&v.raw(), &div);
-                if vec {
-                    // Round after round: one copy of the conversion for both kinds of row.
-                    let (mut v, mut u) = (held, lane);
-                    loop {
-                        span::store_round_map(&to, &live, |k| units[k], u, lanes, &v, q);
-                        u += P as u32 * lanes;
-                        if one_round || u >= most {
-                            break;
-                        }
-                        v = load_round::<U, 2, P, false>(&from, &live, |k| units[k], u, lanes);
-                    }
-                } else {
-                    let sp = Span {
-                        src: from,
-                        split: units[0],
-                        total: units[0] + units[1],
-                    };
-                    sp.convert_scalar::<C>(to, lane, lanes, scale);
+                let sp = Span {
+                    src: from,
+                    split: units[0],
+                    total: units[0] + units[1],
+                };
+                sp.convert_scalar::<C>(to, lane, lanes, *a.k_scale);
+            }
+        });
+        return;
+    }
+    // Vector rows, a round at a time ([`load_row`]; one round per row where both parts fit,
+    // as for an MLA row). The round after the one being converted (the same row's next, or
+    // the next row's first with its slot) is loaded before the conversion, so a group's
+    // loads are in flight while it converts: one copy of the conversion for every row.
+    let one_round = units[0] <= step[0] && units[1] <= step[1];
+    let source = |tok: u64| {
+        // SAFETY: only called with tok < num_tokens: both parts' rows lie in the
+        // (host-validated) sources.
+        unsafe {
+            [
+                a.src_k.add((tok * a.src_token_stride) as usize),
+                a.src_v.add((tok * a.src_token_stride_v) as usize),
+            ]
+        }
+    };
+    let mut tok = g.first;
+    if tok >= a.num_tokens {
+        return;
+    }
+    let mut u = [lane; 2];
+    // SAFETY: tok < num_tokens: its rows hold `units` vector units per part, 16-byte aligned
+    // (host-checked); the slot array holds num_tokens entries.
+    let (mut held, mut slot) = unsafe {
+        (
+            load_row::<U, P, true>(&source(tok), units, u, lanes),
+            slot_of(a, tok),
+        )
+    };
+    // SAFETY: the host checked one per-tensor scale (K's) for the rows.
+    let div = Divider::new(unsafe { *a.k_scale });
+    loop {
+        let first = u[0] == lane;
+        if first {
+            pdl::signal_at_last(tok, g.step, a.num_tokens);
+        }
+        // The next round: this row's next, or the next row's first.
+        let rest = !one_round && (u[0] + step[0] < units[0] || u[1] + step[1] < units[1]);
+        let (next_tok, next_u) = if rest {
+            (tok, [u[0] + step[0], u[1] + step[1]])
+        } else {
+            (tok + g.step, [lane; 2])
+        };
+        let more = next_tok < a.num_tokens;
+        let (next, next_slot) = if more {
+            // SAFETY: next_tok < num_tokens (as for the first round).
+            unsafe {
+                (
+                    load_row::<U, P, true>(&source(next_tok), units, next_u, lanes),
+                    if rest { slot } else { slot_of(a, next_tok) },
+                )
+            }
+        } else {
+            (([U::ZERO; P], U::ZERO), slot)
+        };
+        match index::slot_target(slot, a.block_size, a.num_blocks) {
+            SlotTarget::Skip => {}
+            SlotTarget::OutOfRange => {
+                if first && g.lane == 0 {
+                    // SAFETY: see count_error.
+                    unsafe { count_error(a.errors, err::BAD_SLOT) };
+                }
+            }
+            SlotTarget::At { block, offset } => {
+                let at = (block * a.dst_block_stride + offset * a.dst_token_stride) as usize;
+                // SAFETY: block < num_blocks, offset < block_size: the host checked that the
+                // row (both parts, at the same offset of their caches) lies in the cache; the
+                // round's units lie below `units` of each part, 8 bytes of fp8 each, aligned.
+                unsafe {
+                    let to = [a.dst_k.add(at), a.dst_v.add(at)];
+                    let q = |v: &U| convert::unit::<C>(&v.raw(), &div);
+                    store_row_map(&to, units, u, lanes, &held, q);
                 }
             }
         }
-    );
+        if !more {
+            break;
+        }
+        (tok, u, held, slot) = (next_tok, next_u, next, next_slot);
+    }
 }
 
 /// The slot update: plain copies, or (`GENERAL`) K and V of different widths or input

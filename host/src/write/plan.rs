@@ -705,11 +705,15 @@ fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<P
         args.shift = if items.saturating_mul(1 << wide) <= resident {
             wide
         } else if args.rows != 0 && vec {
-            // `kvio_update_rows_convert` holds `convert::batch` units of each part per lane
-            // (four 16-byte loads: four units of bf16/f16, two of f32) and loads a whole row
-            // in one round when its larger part fits: an MLA row (latent then rope part: 64 +
-            // 8 units) gets 16 lanes from bf16/f16 (4 + 1 units a lane), 32 from f32 (2 + 1).
-            group_shift(units, convert::batch(args.convert) as u64)
+            // `kvio_update_rows_convert` holds `convert::batch` units of the latent part and
+            // one of the rope part per lane (four 16-byte loads: four units of bf16/f16, two
+            // of f32) and loads a whole row in one round when both parts fit: an MLA row
+            // (64 + 8 units) gets 16 lanes from bf16/f16 (4 + 1 units a lane), 32 from f32
+            // (2 + 1).
+            row_shift(
+                [args.chunk_bytes, args.chunk_bytes_v].map(|b| b / convert::VEC),
+                convert::batch(args.convert) as u64,
+            )
         } else {
             group_shift(units, PER_LANE)
         };
@@ -728,7 +732,13 @@ fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<P
             args.chunk_bytes,
             args.chunk_bytes_v,
         ]);
-        args.shift = group_shift(chunk / args.width as u64, PER_LANE);
+        let w = args.width as u64;
+        args.shift = if args.rows != 0 {
+            // `kvio_update_rows`: PER_LANE units of the latent part, one of the rope part.
+            row_shift([args.chunk_bytes / w, args.chunk_bytes_v / w], PER_LANE)
+        } else {
+            group_shift(chunk / w, PER_LANE)
+        };
     }
     let cap = if args.converts_rows() {
         target.caps.rows_convert
@@ -751,6 +761,13 @@ fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<P
             threads,
         },
     })
+}
+
+/// Lanes (as `log2`) for one-row items whose parts have `units` accesses each: the rows
+/// kernels hold `per_lane` of the first part (the latent part) and one of the second (the rope
+/// part) per lane and round, so a row takes one round where both fit.
+fn row_shift(units: [u64; 2], per_lane: u64) -> u32 {
+    group_shift(units[0], per_lane).max(group_shift(units[1], 1))
 }
 
 /// Bytes of rows one work item of the slice update copies (at most).
