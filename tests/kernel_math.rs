@@ -3,7 +3,7 @@
 
 use kvio_kernels::index::{
     access_width, check_slice, checked_count, div_u64, group_shift, slot_target, split3,
-    SliceCheck, SlotTarget,
+    split_n_divide, Digits, SliceCheck, SlotTarget,
 };
 use kvio_kernels::span::copy_span;
 use rand::rngs::SmallRng;
@@ -458,6 +458,46 @@ fn checked_count_accepts_exactly_zero_to_capacity() {
             None
         };
         assert_eq!(checked_count(raw, cap), want, "checked_count({raw}, {cap})");
+    }
+}
+
+/// `Digits::add` (the transfer entry's stepping) agrees with splitting the sum afresh, for
+/// random extents (ones, powers of two, up to 2^32 - 1), items and strides, chained as the
+/// entry chains it; the digits reassemble to the item.
+#[test]
+fn digit_steps_match_fresh_splits() {
+    let mut rng = SmallRng::seed_from_u64(0xd161);
+    for case in 0..20_000 {
+        let dims: [u32; 5] = core::array::from_fn(|_| match rng.gen_range(0..4) {
+            0 => 1,
+            1 => 1 << rng.gen_range(0..6),
+            2 => rng.gen_range(1..64),
+            _ => rng.gen_range(1..=u32::MAX),
+        });
+        let per: u128 = dims.iter().map(|&d| d as u128).product();
+        let wide = dims.map(|d| d as u64);
+        // Items and strides up to a few hundred pairs' worth (or any u64 where that is more).
+        let span = (per * 300).min(u64::MAX as u128 / 8) as u64;
+        let mut item = rng.gen_range(0..=span);
+        let step = rng.gen_range(1..=span);
+        let stride = Digits::split(step, dims);
+        let mut at = Digits::split(item, dims);
+        for _ in 0..4 {
+            let mut want = [0u64; 5];
+            let top = split_n_divide(item, wide, &mut want);
+            assert_eq!(at.top, top, "case {case}: {item} over {dims:?}");
+            assert_eq!(at.digits.map(|d| d as u64), want, "case {case}: {item} over {dims:?}");
+            let back = at
+                .digits
+                .iter()
+                .zip(dims)
+                .fold(at.top as u128, |acc, (&d, e)| acc * e as u128 + d as u128);
+            assert_eq!(back, item as u128);
+            let Some(next) = item.checked_add(step) else {
+                break;
+            };
+            (item, at) = (next, at.add(&stride, dims));
+        }
     }
 }
 

@@ -435,6 +435,53 @@ pub fn split_n_divide<const N: usize>(item: u64, dims: [u64; N], out: &mut [u64;
     split_with::<N, false>(item, dims, out)
 }
 
+/// A flat item index split over nested extents ([`split_n_divide`]), each extent below 2^32:
+/// the outermost quotient `top` and one digit per extent (the last fastest), each below its
+/// extent. [`Digits::add`] advances it by another split index without dividing, so a loop with
+/// a fixed stride splits its first item and its stride once and then adds: a few instructions
+/// per extent instead of one division each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Digits<const N: usize> {
+    /// The index past all of the extents (the outermost quotient).
+    pub top: u64,
+    /// The index within each extent, outermost first.
+    pub digits: [u32; N],
+}
+
+impl<const N: usize> Digits<N> {
+    /// `item` split over `dims` (outermost first, each non-zero and below 2^32).
+    #[inline(always)]
+    pub fn split(item: u64, dims: [u32; N]) -> Self {
+        let mut wide = [0u64; N];
+        let top = split_n_divide(item, dims.map(|d| d as u64), &mut wide);
+        Digits {
+            top,
+            // Each digit is below its extent, so below 2^32.
+            digits: wide.map(|d| d as u32),
+        }
+    }
+
+    /// The split of the sum of the two indices `self` and `step`, both split over `dims`:
+    /// digit by digit from the fastest, carrying (each sum of two digits and a carry lies below
+    /// twice the extent, so one subtraction reduces it; twice an extent below 2^32 fits in 64
+    /// bits).
+    #[inline(always)]
+    pub fn add(&self, step: &Self, dims: [u32; N]) -> Self {
+        let mut out = *self;
+        let mut carry = 0u64;
+        let mut i = N;
+        while i > 0 {
+            i -= 1;
+            let v = self.digits[i] as u64 + step.digits[i] as u64 + carry;
+            let over = v >= dims[i] as u64;
+            out.digits[i] = (if over { v - dims[i] as u64 } else { v }) as u32;
+            carry = over as u64;
+        }
+        out.top = self.top + step.top + carry;
+        out
+    }
+}
+
 #[inline(always)]
 fn split_with<const N: usize, const SHIFT: bool>(
     mut item: u64,

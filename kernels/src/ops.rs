@@ -10,7 +10,9 @@ use crate::bulk;
 use crate::convert::{self, Span};
 use crate::cta;
 use crate::fp8::Divider;
-use crate::index::{self, chunk_at, err, PairCheck, PoolSide, SliceCheck, SlotTarget, TablePtr};
+use crate::index::{
+    self, chunk_at, err, Digits, PairCheck, PoolSide, SliceCheck, SlotTarget, TablePtr,
+};
 use crate::pdl;
 use crate::span::{
     self, copy_span, copy_spans, load_round, load_staged, store_staged, Unit, BATCH_UNITS,
@@ -3211,6 +3213,12 @@ unsafe fn transfer_body<T: Unit>(a: &CopyArgs, g: Group) {
     // A piece is at most 16 KiB (the host's MAX_PIECE): unit indices fit in 32 bits.
     let units = (a.piece / core::mem::size_of::<T>() as u64) as u32;
     let mut item = g.first;
+    // The items' splits: the first one's and the stride's once, then added (small pages make
+    // many small items, and a division per extent per item was most of a group's work).
+    // Every extent is below 2^32 (host-checked).
+    let dims = copy_dims(a).map(|d| d as u32);
+    let stride = Digits::split(g.step, dims);
+    let mut at = Digits::split(item, dims);
     while item < items {
         let mut from = [core::ptr::null::<u8>(); B];
         let mut to = [core::ptr::null_mut::<u8>(); B];
@@ -3219,12 +3227,15 @@ unsafe fn transfer_body<T: Unit>(a: &CopyArgs, g: Group) {
         unroll4!(k => {
             let it = item + k as u64 * g.step;
             if k < B && it < items {
-                // SAFETY: it < items.
-                if let Some((f, t)) = unsafe { item_span(a, it, per_pair, g.lane) } {
+                // SAFETY: it < items, and `at` is its split.
+                if let Some((f, t)) = unsafe { item_span_at(a, &at, g.lane) } {
                     from[k] = f;
                     to[k] = t;
                     live[k] = true;
                 }
+            }
+            if k < B {
+                at = at.add(&stride, dims);
             }
         });
         // SAFETY: each live item's piece (`units` values of T) lies in both pools, aligned.
@@ -3403,9 +3414,50 @@ unsafe fn item_span(
     per_pair: u64,
     lane: u64,
 ) -> Option<(*const u8, *mut u8)> {
-    let ext = [a.layers, a.parts, a.tokens, a.heads, a.pieces];
     let mut ix = [0u64; 5];
-    let pair = index::split_n_divide(item, ext, &mut ix);
+    let pair = index::split_n_divide(item, copy_dims(a), &mut ix);
+    // SAFETY: forwarded (the split of item).
+    unsafe { pair_span(a, pair, ix, lane, || item == pair * per_pair) }
+}
+
+/// The extents a block copy's flat item index splits over, outermost first (the pair index
+/// above them): layer, part, token, head, piece.
+#[inline(always)]
+fn copy_dims(a: &CopyArgs) -> [u64; 5] {
+    [a.layers, a.parts, a.tokens, a.heads, a.pieces]
+}
+
+/// [`item_span`] of the item split as `at` ([`Digits`] over [`copy_dims`]).
+///
+/// # Safety
+/// As [`copy_blocks`]; `at` is the split of an item below `num_pairs * per_pair`.
+#[inline(always)]
+unsafe fn item_span_at(a: &CopyArgs, at: &Digits<5>, lane: u64) -> Option<(*const u8, *mut u8)> {
+    // A pair's first item has every digit zero (OR-ed: an array comparison would call
+    // `memcmp`, which the driver cannot link).
+    let d = at.digits;
+    // SAFETY: forwarded.
+    unsafe {
+        pair_span(a, at.top, d.map(|v| v as u64), lane, || {
+            d[0] | d[1] | d[2] | d[3] | d[4] == 0
+        })
+    }
+}
+
+/// [`item_span`] of the item at `ix = [layer, part, token, head, piece]` of pair `pair`;
+/// `first()`: it is the pair's first item (the one whose group counts a bad pair), asked only
+/// for a pair out of range.
+///
+/// # Safety
+/// As [`copy_blocks`]; `pair < num_pairs` and every index below its extent.
+#[inline(always)]
+unsafe fn pair_span(
+    a: &CopyArgs,
+    pair: u64,
+    ix: [u64; 5],
+    lane: u64,
+    first: impl Fn() -> bool,
+) -> Option<(*const u8, *mut u8)> {
     let [layer, part, token, head, piece] = ix;
     // SAFETY: pair < num_pairs.
     let (s, d) = unsafe {
@@ -3417,7 +3469,7 @@ unsafe fn item_span(
     match index::check_pair(s, d, a.src_blocks, a.dst_blocks) {
         PairCheck::Skip => None,
         PairCheck::OutOfRange => {
-            if lane == 0 && item == pair * per_pair {
+            if lane == 0 && first() {
                 // SAFETY: see count_error.
                 unsafe { count_error(a.errors, err::BAD_BLOCK) };
             }

@@ -683,6 +683,15 @@ fn launch(
         shift,
         errors: op.errors.map_or(0, DeviceErrors::ptr) as *mut u32,
     };
+    // The transfer entry steps its items' indices digit by digit in 32 bits
+    // (`kvio_kernels::index::Digits`): refuse an extent past that (each is bounded by a pool's
+    // bytes, so only a pool of billions of layers, tokens, heads or pieces comes near).
+    if [args.layers, args.parts, args.tokens, args.heads, args.pieces]
+        .iter()
+        .any(|&e| e > u32::MAX as u64)
+    {
+        return Err(Error::Overflow { name: "map" });
+    }
     if tma {
         // A CTA (one warp) moves batches of `lanes_for(piece)` items, one item per lane.
         let batches = items.div_ceil(bulk::lanes_for(piece));
@@ -1127,6 +1136,23 @@ mod tests {
         };
         let r = geo(p, nhd(DST, NB, L, BS, H, D, E));
         assert_eq!(r, Err(Error::Overflow { name: "src" }));
+    }
+
+    /// An extent past 2^32 (here 2^32 layers of one-token, one-byte blocks) is refused before
+    /// launch: the transfer entry steps item indices in 32-bit digits.
+    #[test]
+    fn extents_past_32_bits_refused() {
+        let (l, far) = (1usize << 32, SRC + (1 << 40));
+        let pairs = [[0i64, 1]];
+        let (s, d) = (nhd(SRC, 2, l, 1, 1, 1, 1), layer_first(far, 2, l, 1, 1, 1, 1));
+        let r = plan(&op(s, d, &pairs), &target(MemoryKind::PinnedHost));
+        assert_eq!(r.err(), Some(Error::Overflow { name: "map" }));
+        // One layer fewer than 2^32 plans.
+        let (s, d) = (
+            nhd(SRC, 2, l - 1, 1, 1, 1, 1),
+            layer_first(far, 2, l - 1, 1, 1, 1, 1),
+        );
+        assert!(plan(&op(s, d, &pairs), &target(MemoryKind::PinnedHost)).is_ok());
     }
 
     // ---- plans: backend choice, staging, DMA spans -----------------------------------------
