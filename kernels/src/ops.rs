@@ -2823,14 +2823,20 @@ pub unsafe fn copy_blocks(a: &CopyArgs, g: Group) {
     let per_pair = a.layers * a.parts * a.tokens * a.heads * a.pieces;
     let items = a.num_pairs * per_pair;
     let mut item = g.first;
+    // The items' splits stepped, as in [`transfer_body`] (every extent below 2^32,
+    // host-checked).
+    let dims = copy_dims(a).map(|d| d as u32);
+    let stride = Digits::split(g.step, dims);
+    let mut at = Digits::split(item, dims);
     while item < items {
-        // SAFETY: item < items; a valid item's piece lies in both pools.
+        // SAFETY: item < items, `at` its split; a valid item's piece lies in both pools.
         unsafe {
-            if let Some((from, to)) = item_span(a, item, per_pair, g.lane) {
+            if let Some((from, to)) = item_span_at(a, &at, g.lane) {
                 copy_span(from, to, a.piece, g.lane, g.lanes, a.width);
             }
         }
         item += g.step;
+        at = at.add(&stride, dims);
     }
 }
 
