@@ -486,7 +486,11 @@ fn digit_steps_match_fresh_splits() {
             let mut want = [0u64; 5];
             let top = split_n_divide(item, wide, &mut want);
             assert_eq!(at.top, top, "case {case}: {item} over {dims:?}");
-            assert_eq!(at.digits.map(|d| d as u64), want, "case {case}: {item} over {dims:?}");
+            assert_eq!(
+                at.digits.map(|d| d as u64),
+                want,
+                "case {case}: {item} over {dims:?}"
+            );
             let back = at
                 .digits
                 .iter()

@@ -686,9 +686,15 @@ fn launch(
     // The transfer entry steps its items' indices digit by digit in 32 bits
     // (`kvio_kernels::index::Digits`): refuse an extent past that (each is bounded by a pool's
     // bytes, so only a pool of billions of layers, tokens, heads or pieces comes near).
-    if [args.layers, args.parts, args.tokens, args.heads, args.pieces]
-        .iter()
-        .any(|&e| e > u32::MAX as u64)
+    if [
+        args.layers,
+        args.parts,
+        args.tokens,
+        args.heads,
+        args.pieces,
+    ]
+    .iter()
+    .any(|&e| e > u32::MAX as u64)
     {
         return Err(Error::Overflow { name: "map" });
     }
@@ -1144,7 +1150,10 @@ mod tests {
     fn extents_past_32_bits_refused() {
         let (l, far) = (1usize << 32, SRC + (1 << 40));
         let pairs = [[0i64, 1]];
-        let (s, d) = (nhd(SRC, 2, l, 1, 1, 1, 1), layer_first(far, 2, l, 1, 1, 1, 1));
+        let (s, d) = (
+            nhd(SRC, 2, l, 1, 1, 1, 1),
+            layer_first(far, 2, l, 1, 1, 1, 1),
+        );
         let r = plan(&op(s, d, &pairs), &target(MemoryKind::PinnedHost));
         assert_eq!(r.err(), Some(Error::Overflow { name: "map" }));
         // One layer fewer than 2^32 plans.
