@@ -33,7 +33,8 @@ pub(crate) fn one_cta_threads(items: u64, sms: u32) -> u32 {
 /// Threads per CTA of block copies touching host memory: few CTAs, many bytes in flight. The
 /// build gives that entry point `.maxntid 512`, so ptxas may use 128 registers per thread:
 /// each group holds three items' loads at once (`kvio_kernels::ops::TRANSFER_BATCH`), which
-/// needs ~120 registers (at 1024 threads and 64 registers, even one item per group spilled).
+/// takes all 128 without spilling (at 1024 threads and 64 registers, even one item per group
+/// spilled).
 /// Bytes in flight per CTA: 512 threads × 3 items × 4 units × 16 B = 96 KiB, so the two
 /// offload CTAs hold ~192 KiB, above the ~110 KB (55 GB/s × 2 µs) a PCIe link needs.
 pub(crate) const TRANSFER_THREADS: u32 = 512;

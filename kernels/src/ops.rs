@@ -3187,9 +3187,10 @@ impl cta::Phases for ConvertPages<'_> {
 /// small chunks the batch is what keeps the link busy: a 1-KiB chunk (64 units) gets a
 /// 16-lane group, so a warp has 2 groups × 3 = 6 chunks (6 KiB) in flight, where one item
 /// per group left it 1 KiB behind a chain of dependent lookups; a 2-KiB chunk gets a whole
-/// warp, 3 chunks (6 KiB) in flight. Three items need ~120 registers (data: 3 × 4 × 4 = 48;
-/// the rest is the three items' addresses and index splits), under the 128 a 512-thread CTA
-/// allows, without spills; four spill, and at 1024 threads (64 registers) even two do.
+/// warp, 3 chunks (6 KiB) in flight. Three items take the 128 registers a 512-thread CTA
+/// allows, without spills (data: 3 × 4 × 4 = 48; the rest is the three items' addresses and
+/// the stepped index digits, [`Digits`]; 120 when each item was divided anew); four spill, and
+/// at 1024 threads (64 registers) even two do.
 pub const TRANSFER_BATCH: usize = 3;
 
 /// [`copy_blocks`] for copies touching pinned host memory (`kvio_transfer_blocks`: few
