@@ -474,10 +474,10 @@ fn digit_steps_match_fresh_splits() {
             2 => rng.gen_range(1..64),
             _ => rng.gen_range(1..=u32::MAX),
         });
-        let per: u128 = dims.iter().map(|&d| d as u128).product();
+        let per = dims.iter().fold(1u128, |p, &d| p.saturating_mul(d as u128));
         let wide = dims.map(|d| d as u64);
         // Items and strides up to a few hundred pairs' worth (or any u64 where that is more).
-        let span = (per * 300).min(u64::MAX as u128 / 8) as u64;
+        let span = per.saturating_mul(300).min(u64::MAX as u128 / 8) as u64;
         let mut item = rng.gen_range(0..=span);
         let step = rng.gen_range(1..=span);
         let stride = Digits::split(step, dims);
