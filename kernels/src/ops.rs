@@ -2817,7 +2817,8 @@ pub unsafe fn slices_to_slots(a: &SliceArgs, g: Group) {
 ///
 /// # Safety
 /// Host-validated descriptors: every chunk of a valid pair lies inside both pools; `pairs`
-/// holds `2 * num_pairs` entries.
+/// holds `2 * num_pairs` entries; every extent (`layers`, `parts`, `tokens`, `heads`,
+/// `pieces`) is non-zero and below 2^32 (the item indices step in 32-bit digits, [`Digits`]).
 #[inline(always)]
 pub unsafe fn copy_blocks(a: &CopyArgs, g: Group) {
     let per_pair = a.layers * a.parts * a.tokens * a.heads * a.pieces;
