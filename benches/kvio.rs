@@ -1313,9 +1313,7 @@ impl MlaSetup {
         let slots = if prefill {
             let mut pages: Vec<i64> = (0..blocks as i64).collect();
             Rng::new(seed).shuffle(&mut pages);
-            (0..t)
-                .map(|i| pages[i / bs] * bs as i64 + (i % bs) as i64)
-                .collect()
+            kvio_suite::batch_slots(&[(0, t)], bs, pages)
         } else {
             random_slots(blocks * bs, t, seed)
         };

@@ -2824,11 +2824,7 @@ pub unsafe fn copy_blocks(a: &CopyArgs, g: Group) {
     let per_pair = a.layers * a.parts * a.tokens * a.heads * a.pieces;
     let items = a.num_pairs * per_pair;
     let mut item = g.first;
-    // The items' splits stepped, as in [`transfer_body`] (every extent below 2^32,
-    // host-checked).
-    let dims = copy_dims(a).map(|d| d as u32);
-    let stride = Digits::split(g.step, dims);
-    let mut at = Digits::split(item, dims);
+    let (dims, stride, mut at) = item_steps(a, g);
     while item < items {
         // SAFETY: item < items, `at` its split; a valid item's piece lies in both pools.
         unsafe {
@@ -3221,12 +3217,7 @@ unsafe fn transfer_body<T: Unit>(a: &CopyArgs, g: Group) {
     // A piece is at most 16 KiB (the host's MAX_PIECE): unit indices fit in 32 bits.
     let units = (a.piece / core::mem::size_of::<T>() as u64) as u32;
     let mut item = g.first;
-    // The items' splits: the first one's and the stride's once, then added (small pages make
-    // many small items, and a division per extent per item was most of a group's work).
-    // Every extent is below 2^32 (host-checked).
-    let dims = copy_dims(a).map(|d| d as u32);
-    let stride = Digits::split(g.step, dims);
-    let mut at = Digits::split(item, dims);
+    let (dims, stride, mut at) = item_steps(a, g);
     while item < items {
         let mut from = [core::ptr::null::<u8>(); B];
         let mut to = [core::ptr::null_mut::<u8>(); B];
@@ -3433,6 +3424,20 @@ unsafe fn item_span(
 #[inline(always)]
 fn copy_dims(a: &CopyArgs) -> [u64; 5] {
     [a.layers, a.parts, a.tokens, a.heads, a.pieces]
+}
+
+/// A block-copy loop's item stepping for group `g`: the extents ([`copy_dims`], each below
+/// 2^32: host-checked), the split of the grid stride and that of the group's first item. The
+/// loop adds the stride ([`Digits::add`]) instead of dividing each item anew: small pages make
+/// many small items, and a division per extent per item was most of a transfer group's work.
+#[inline(always)]
+fn item_steps(a: &CopyArgs, g: Group) -> ([u32; 5], Digits<5>, Digits<5>) {
+    let dims = copy_dims(a).map(|d| d as u32);
+    (
+        dims,
+        Digits::split(g.step, dims),
+        Digits::split(g.first, dims),
+    )
 }
 
 /// [`item_span`] of the item split as `at` ([`Digits`] over [`copy_dims`]).

@@ -101,7 +101,7 @@ impl Unit for [V16; 2] {
 }
 
 /// One round of a multi-span copy in registers: up to `P ≤` [`BATCH_UNITS`] values of each of
-/// `B` spans ([`load_round`], [`store_round`]).
+/// `B` spans ([`load_round`], [`store_round_map`]).
 pub type Round<T, const B: usize, const P: usize> = [[T; P]; B];
 
 /// Loads one lane's share of one round of `B ≤ 4` spans: values `u + j * lanes` (`j < P ≤`
@@ -142,26 +142,10 @@ pub unsafe fn load_round<T: Unit, const B: usize, const P: usize, const VOLATILE
     v
 }
 
-/// Stores what [`load_round`] loaded for the same `(live, units, u, lanes)` at `to`.
-///
-/// # Safety
-/// Every live span: `units(k)` values of `T` writable at `to[k]`, aligned for `T`.
-#[inline(always)]
-pub unsafe fn store_round<T: Unit, const B: usize, const P: usize>(
-    to: &[*mut u8; B],
-    live: &[bool; B],
-    units: impl Fn(usize) -> u32,
-    u: u32,
-    lanes: u32,
-    v: &Round<T, B, P>,
-) {
-    // SAFETY: forwarded (values of T stored as themselves).
-    unsafe { store_round_map(to, live, units, u, lanes, v, |x: &T| *x) }
-}
-
-/// [`store_round`] with every value passed through `f` on its way (a conversion: values of
-/// `T` loaded, values of `O` stored, span `k`'s `i`-th at `to[k] + i * size_of::<O>()`). Only
-/// the values the round holds are passed through `f`.
+/// Stores what [`load_round`] loaded for the same `(live, units, u, lanes)` at `to`, every
+/// value passed through `f` on its way (a copy: the identity; a conversion: values of `T`
+/// loaded, values of `O` stored, span `k`'s `i`-th at `to[k] + i * size_of::<O>()`). Only the
+/// values the round holds are passed through `f`.
 ///
 /// # Safety
 /// Every live span: `units(k)` values of `O` writable at `to[k]`, aligned for `O`.
@@ -205,7 +189,7 @@ pub unsafe fn copy_spans<T: Unit, const B: usize>(
     lane: u32,
     lanes: u32,
 ) {
-    // The body of load_round and store_round with one count for every span, kept inline: this
+    // The body of load_round and store_round_map with one count for every span, kept inline: this
     // form is what the transfer kernel was tuned with (the two calls measured 2% slower at
     // 1-token pages on the H200, through different code).
     const P: usize = BATCH_UNITS as usize;
