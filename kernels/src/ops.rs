@@ -165,23 +165,15 @@ macro_rules! for_each_row {
             $($early)*
             // SAFETY: tok < num_tokens, the length of the slot array.
             let slot = unsafe { slot_of($a, tok) };
-            match index::slot_target(slot, $a.block_size, $a.num_blocks) {
-                SlotTarget::Skip => {}
-                SlotTarget::OutOfRange => {
-                    if $g.lane == 0 {
-                        // SAFETY: see count_error.
-                        unsafe { count_error($a.errors, err::BAD_SLOT) };
-                    }
-                }
-                SlotTarget::At { block, offset } => {
-                    let at =
-                        (block * $a.dst_block_stride + offset * $a.dst_token_stride) as usize;
-                    // SAFETY: block < num_blocks, offset < block_size: the host checked that
-                    // the row (both parts, at the same offset of their caches) lies in the
-                    // cache.
-                    let $to = unsafe { [$a.dst_k.add(at), $a.dst_v.add(at)] };
+            // SAFETY: the error word is the launch's. A row's offset ([`at_slot`], head 0): the
+            // host checked that the row (both parts, at the same offset of their caches) lies
+            // in the cache. (The callers' store blocks keep their own `unsafe` blocks.)
+            #[allow(unused_unsafe)]
+            unsafe {
+                at_slot($a, slot, 0, || $g.lane == 0, |at| {
+                    let $to = [$a.dst_k.add(at), $a.dst_v.add(at)];
                     $store
-                }
+                })
             }
             tok += $g.step;
         }
@@ -428,25 +420,22 @@ unsafe fn rows_convert_body<const C: u32, U: convert::Loaded, const P: usize>(
         } else {
             (([U::ZERO; P], U::ZERO), slot)
         };
-        match index::slot_target(slot, a.block_size, a.num_blocks) {
-            SlotTarget::Skip => {}
-            SlotTarget::OutOfRange => {
-                if first && g.lane == 0 {
-                    // SAFETY: see count_error.
-                    unsafe { count_error(a.errors, err::BAD_SLOT) };
-                }
-            }
-            SlotTarget::At { block, offset } => {
-                let at = (block * a.dst_block_stride + offset * a.dst_token_stride) as usize;
-                // SAFETY: block < num_blocks, offset < block_size: the host checked that the
-                // row (both parts, at the same offset of their caches) lies in the cache; the
-                // round's units lie below `units` of each part, 8 bytes of fp8 each, aligned.
-                unsafe {
+        // SAFETY: the error word is the launch's; counted at a row's first round only. A row's
+        // offset ([`at_slot`], head 0): the host checked that the row (both parts, at the same
+        // offset of their caches) lies in the cache; the round's units lie below `units` of
+        // each part, 8 bytes of fp8 each, aligned.
+        unsafe {
+            at_slot(
+                a,
+                slot,
+                0,
+                || first && g.lane == 0,
+                |at| {
                     let to = [a.dst_k.add(at), a.dst_v.add(at)];
                     let q = |v: &U| convert::unit::<C>(&v.raw(), &div);
                     store_row_map(&to, units, u, lanes, &held, q);
-                }
-            }
+                },
+            )
         }
         if !more {
             break;
@@ -501,29 +490,18 @@ unsafe fn slots_body<const GENERAL: bool>(a: &SlotArgs, g: Group) {
         };
         // SAFETY: tok < num_tokens, the length of the slot array.
         let slot = unsafe { slot_of(a, tok) };
-        match index::slot_target(slot, a.block_size, a.num_blocks) {
-            SlotTarget::Skip => {}
-            SlotTarget::OutOfRange => {
-                if g.lane == 0 && part == 0 && head == 0 {
-                    // SAFETY: see count_error.
-                    unsafe { count_error(a.errors, err::BAD_SLOT) };
+        let count = || g.lane == 0 && part == 0 && head == 0;
+        // SAFETY: the error word is the launch's, counted by one lane of the token's first
+        // item. head < heads: [`at_slot`]'s offset of a span in the caches.
+        unsafe {
+            at_slot(a, slot, head, count, |at| {
+                let d = dst.add(at);
+                if staged {
+                    store_staged(d, &held, units, g.lane, g.lanes);
+                } else {
+                    copy_span(s, d, chunk, g.lane, g.lanes, a.width);
                 }
-            }
-            SlotTarget::At { block, offset } => {
-                let at = block * a.dst_block_stride
-                    + offset * a.dst_token_stride
-                    + head * a.dst_head_stride;
-                // SAFETY: block < num_blocks, offset < block_size, head < heads: the host
-                // checked that all such spans lie in the caches.
-                unsafe {
-                    let d = dst.add(at as usize);
-                    if staged {
-                        store_staged(d, &held, units, g.lane, g.lanes);
-                    } else {
-                        copy_span(s, d, chunk, g.lane, g.lanes, a.width);
-                    }
-                }
-            }
+            })
         }
         item += g.step;
         if pdl::SPLIT_EARLY {
@@ -532,6 +510,36 @@ unsafe fn slots_body<const GENERAL: bool>(a: &SlotArgs, g: Group) {
             }
             next = index::split3(item, parts, a.heads);
         }
+    }
+}
+
+/// Calls `store` with the byte offset in the caches (`dst_k`, `dst_v`) where `slot` puts head
+/// `head`'s chunk; a negative slot is skipped, one past the cache skipped and counted in
+/// `a.errors` where `count()` (true for one lane of the token; evaluated only for such a slot).
+///
+/// # Safety
+/// `a.errors` as [`count_error`]'s. The offset `store` gets lies in the caches for any
+/// `head < heads` (the host checked every such span).
+#[inline(always)]
+unsafe fn at_slot(
+    a: &SlotArgs,
+    slot: i64,
+    head: u64,
+    count: impl FnOnce() -> bool,
+    store: impl FnOnce(usize),
+) {
+    match index::slot_target(slot, a.block_size, a.num_blocks) {
+        SlotTarget::Skip => {}
+        SlotTarget::OutOfRange => {
+            if count() {
+                // SAFETY: forwarded (see count_error).
+                unsafe { count_error(a.errors, err::BAD_SLOT) };
+            }
+        }
+        SlotTarget::At { block, offset } => store(
+            (block * a.dst_block_stride + offset * a.dst_token_stride + head * a.dst_head_stride)
+                as usize,
+        ),
     }
 }
 
@@ -627,6 +635,8 @@ unsafe fn slots_convert_body<const C: u32>(a: &SlotArgs, g: Group) {
         };
         // SAFETY: tok < num_tokens, the length of the slot array.
         let slot = unsafe { slot_of(a, tok) };
+        // [`at_slot`]'s match, written out: through the helper ptxas spills this entry (92
+        // bytes of spill stores on sm_90 instead of 28, 64 on sm_80 instead of none).
         match index::slot_target(slot, a.block_size, a.num_blocks) {
             SlotTarget::Skip => {}
             SlotTarget::OutOfRange => {
