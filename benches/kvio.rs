@@ -9,7 +9,8 @@
 //! Settings (environment): `KVIO_BENCH_LAYERS` (32), `KVIO_BENCH_HEADS` (8), `KVIO_BENCH_DIM`
 //! (128), `KVIO_BENCH_ELEM` (2 = bf16), `KVIO_BENCH_PAGES` (`1,2,4,8,16,32,64,128,256`),
 //! `KVIO_BENCH_GROUPS` (comma list of groups to run; default all), `KVIO_BENCH_SPLIT`
-//! (`2,4`: CTAs of the offload and onload kernels in group `concurrent`),
+//! (`2,4,1,4`: pairs of CTA budgets, offload then onload, of the kernel transfers in group
+//! `concurrent`; the first pair is the main split),
 //! `KVIO_BENCH_PRODUCER_ITERS` (256: arithmetic steps per thread of the `pdl` group's
 //! producer). Without a GPU it says so and exits 0.
 //!
@@ -27,12 +28,14 @@
 //!   param = page size): 128 MiB offloaded on A while as many bytes of other pools are onloaded
 //!   on B. Variant `<offload>+<onload>`: `kernelN` = kvio's transfer kernel on at most N CTAs
 //!   (device block map), `dma` = kvio's DMA backend (host map; one `cuMemcpyBatchAsync` per
-//!   call where the driver has it). GB/s of both directions together, as % of `bidirectional`;
+//!   call where the driver has it); every further `KVIO_BENCH_SPLIT` pair adds a
+//!   `kernelN+kernelM` variant. GB/s of both directions together, as % of `bidirectional`;
 //!   `/offload` and `/onload` rows against the same direction's stream in `bidirectional`.
 //! - `concurrent/interference/<layout>` (page size 16): the compute-bound spin yardstick
 //!   (`kvio_spin`: a dependent multiply-add chain per thread, `SMs - (offload + onload CTAs)`
-//!   CTAs of 1024 threads, calibrated to about 1 ms a round) alone on a third stream
-//!   (`spin-alone`), then beside the kernel+kernel and dma+dma pairs (`<pair>/spin`: its time
+//!   CTAs of 1024 threads for the largest split, calibrated to about 1 ms a round) alone on a
+//!   third stream (`spin-alone`), then beside every kernel+kernel pair, the dma+dma and the
+//!   bulk-copy pairs (`<pair>/spin`: its time
 //!   there; the report gives the slowdown and whether both transfers outlasted it).
 //!
 //! Group `pdl` (programmatic dependent launch, `StreamRef::pdl`): the per-call floor of a
@@ -93,8 +96,12 @@ struct Cfg {
     elem: usize,
     pages: Vec<usize>,
     groups: Option<Vec<String>>,
-    /// CTA budgets of the kernel transfers in group `concurrent`: (offload, onload).
+    /// CTA budgets of the kernel transfers in group `concurrent`: (offload, onload), the main
+    /// split (`KVIO_BENCH_SPLIT`'s first pair).
     split: (u32, u32),
+    /// Further (offload, onload) budgets of group `concurrent`'s kernel pairs
+    /// (`KVIO_BENCH_SPLIT`'s later pairs).
+    more_splits: Vec<(u32, u32)>,
     /// Page sizes of group `concurrent`: `KVIO_BENCH_PAGES` when set, else 1, 16 and 256.
     concurrent_pages: Vec<usize>,
 }
@@ -119,10 +126,16 @@ impl Cfg {
             .ok()
             .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
             .unwrap_or_default();
-        let split = match split[..] {
-            [off, on] if off > 0 && on > 0 => (off, on),
-            _ => (2, 4),
-        };
+        // Pairs (offload, onload); the first is the main split.
+        let mut splits: Vec<(u32, u32)> = split
+            .chunks_exact(2)
+            .filter(|p| p[0] > 0 && p[1] > 0)
+            .map(|p| (p[0], p[1]))
+            .collect();
+        if splits.is_empty() {
+            splits = vec![(2, 4), (1, 4)];
+        }
+        let split = splits[0];
         let concurrent_pages = if std::env::var("KVIO_BENCH_PAGES").is_ok() {
             pages.clone()
         } else {
@@ -136,6 +149,7 @@ impl Cfg {
             pages,
             groups,
             split,
+            more_splits: splits[1..].to_vec(),
             concurrent_pages,
         }
     }
@@ -2141,13 +2155,15 @@ const SPIN_THREADS: u32 = 1024;
 ///   and `concurrent/cross-layer` (cross-layer on both sides), param = page size: an offload
 ///   of `PCIE_BYTES` (GPU pool -> host pool) on A and an onload of as many bytes (another host
 ///   pool -> another GPU pool) on B, shuffled block ids, each by kvio's kernel (`kernelN`, N =
-///   CTA budget, `KVIO_BENCH_SPLIT`, 2,4 by default) or its DMA backend (`dma`, host map,
+///   CTA budget: `KVIO_BENCH_SPLIT`'s pairs, 2,4 and 1,4 by default, the first for the mixed
+///   and bulk-copy pairs) or its DMA backend (`dma`, host map,
 ///   batched where the driver has `cuMemcpyBatchAsync`): variant `<offload>+<onload>`, with
 ///   `/offload` and `/onload` the two streams' own spans.
 /// - `concurrent/interference/<layout>` (param = page size: 16, or the first page size when 16
 ///   is not swept): the spin yardstick (`kvio_spin`, a dependent multiply-add chain per
-///   thread, `sms - (off + on)` CTAs of 1024 threads, about 1 ms a round) alone on stream C
-///   (`spin-alone`), then beside the kernel+kernel and dma+dma pairs on A and B (all three
+///   thread, `sms - (off + on)` CTAs of 1024 threads for the largest split, about 1 ms a
+///   round) alone on stream C (`spin-alone`), then beside the kernel+kernel (every split),
+///   dma+dma and bulk-copy pairs on A and B (all three
 ///   released by one event): `<pair>/spin` is the spin's own time, `<pair>/offload` and
 ///   `/onload` the transfers', `<pair>` the wall time (GB/s of both transfers).
 fn concurrent(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, cfg: &Cfg) {
@@ -2156,9 +2172,10 @@ fn concurrent(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, cfg: &Cfg) {
         assert!(s.is_non_blocking().expect("cuStreamGetFlags"));
     }
     println!(
-        "concurrent: kernel transfers on {} (offload) + {} (onload) CTAs; DMA batched: {}",
+        "concurrent: kernel transfers on {} (offload) + {} (onload) CTAs, also {:?}; DMA batched: {}",
         cfg.split.0,
         cfg.split.1,
+        cfg.more_splits,
         g.kv.batched_dma()
     );
     let mut grp = c.benchmark_group("concurrent");
@@ -2208,7 +2225,11 @@ fn concurrent(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, cfg: &Cfg) {
     // The spin yardstick: its grid leaves off + on SMs free for the transfer kernel (512-thread
     // CTAs of 120 registers: each needs nearly a whole SM's register file). At 10 registers two spin
     // CTAs could share an SM; the block scheduler spreads them over empty SMs first in practice.
-    let reserved = cfg.split.0 + cfg.split.1;
+    let reserved = std::iter::once(cfg.split)
+        .chain(cfg.more_splits.iter().copied())
+        .map(|(off, on)| off + on)
+        .max()
+        .unwrap_or(0);
     let spin_grid = g.kv.sm_count().saturating_sub(reserved).max(1);
     let spin_out = Mem::new(false, spin_grid as usize * SPIN_THREADS as usize * 4);
     let spin = |iters: u32| {
@@ -2294,12 +2315,24 @@ fn concurrent(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, cfg: &Cfg) {
             let tma = g.kv.copy_blocks(&off_t, a.sref()).expect("tma offload") == Backend::Tma;
             a.synchronize().expect("sync");
             let tt = format!("tma{}+tma{}", 4 * cfg.split.0, 4 * cfg.split.1);
-            let mut pairs = vec![
-                (kk.clone(), &off_k, &on_k),
+            let more: Vec<_> = cfg
+                .more_splits
+                .iter()
+                .map(|&(o, i)| {
+                    (
+                        format!("kernel{o}+kernel{i}"),
+                        kernel_copy(cfg, bs, &off_src, &off_dst, &off_map, n, o),
+                        kernel_copy(cfg, bs, &on_src, &on_dst, &on_map, n, i),
+                    )
+                })
+                .collect();
+            let mut pairs = vec![(kk.clone(), &off_k, &on_k)];
+            pairs.extend(more.iter().map(|(name, off, on)| (name.clone(), off, on)));
+            pairs.extend([
                 (dd.clone(), &off_d, &on_d),
                 (format!("kernel{}+dma", cfg.split.0), &off_k, &on_d),
                 (format!("dma+kernel{}", cfg.split.1), &off_d, &on_k),
-            ];
+            ]);
             if tma {
                 pairs.push((tt.clone(), &off_t, &on_t));
             }
@@ -2333,9 +2366,9 @@ fn concurrent(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, cfg: &Cfg) {
                     &[(&cs, "spin", 0)],
                     || spin(spin_iters),
                 );
-                for (variant, off, on) in
-                    pairs.iter().filter(|p| p.0 == kk || p.0 == dd || p.0 == tt)
-                {
+                let beside =
+                    |v: &str| v == kk || v == dd || v == tt || more.iter().any(|m| m.0 == v);
+                for (variant, off, on) in pairs.iter().filter(|p| beside(&p.0)) {
                     measure_across(
                         &mut grp,
                         rec,
