@@ -176,11 +176,11 @@ pub struct BlockCopy<'a> {
     /// An offload and an onload running at once share the link: the offload's stores to
     /// host memory and the onload's read requests travel the same direction. Give the
     /// offload fewer CTAs than the onload: measured on an H100 (`cargo bench`, group
-    /// `concurrent`, 128 MiB each way), an offload on 1 CTA beside an onload on 4 moved
-    /// 79–81 GB/s together, 88–90% of that process's bidirectional DMA ceiling (81% for
-    /// layer-separate 1-token pages), against 69–70 GB/s (77–78%) for 2 + 4. Where the runs
-    /// are long (cross-layer blocks, or pages of 256 tokens), [`Backend::Dma`] on both sides
-    /// moved 90–100% with no CTA at all.
+    /// `concurrent`, 128 MiB each way, three processes), an offload on 1 CTA beside an
+    /// onload on 4 moved 76–81 GB/s together, 88–97% of its process's bidirectional DMA
+    /// ceiling (70–74 GB/s, 81–84%, for layer-separate 1-token pages), against 67–71 GB/s
+    /// for 2 + 4. Where the runs are long (cross-layer blocks, or pages of 256 tokens),
+    /// [`Backend::Dma`] on both sides moved 90–100% with no CTA at all.
     pub max_ctas: Option<u32>,
     /// Device memory of `16 × pairs` bytes, 8-byte aligned, for a host map on the kernel
     /// backend (the map is copied there on the stream; not capturable). `None`: kvio uploads
