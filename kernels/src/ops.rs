@@ -155,13 +155,8 @@ macro_rules! for_each_row {
             if $late {
                 pdl::signal_at_last(tok, $g.step, $a.num_tokens);
             }
-            // SAFETY: tok < num_tokens: both parts' rows lie in the (host-validated) sources.
-            let $from = unsafe {
-                [
-                    $a.src_k.add((tok * $a.src_token_stride) as usize),
-                    $a.src_v.add((tok * $a.src_token_stride_v) as usize),
-                ]
-            };
+            // SAFETY: tok < num_tokens.
+            let $from = unsafe { row_source($a, tok) };
             $($early)*
             // SAFETY: tok < num_tokens, the length of the slot array.
             let slot = unsafe { slot_of($a, tok) };
@@ -178,6 +173,21 @@ macro_rules! for_each_row {
             tok += $g.step;
         }
     }};
+}
+
+/// Token `tok`'s row in the sources: its latent part `K` and its rope part `V`.
+///
+/// # Safety
+/// `tok < num_tokens`: both parts' rows lie in the (host-validated) sources.
+#[inline(always)]
+unsafe fn row_source(a: &SlotArgs, tok: u64) -> [*const u8; 2] {
+    // SAFETY: forwarded.
+    unsafe {
+        [
+            a.src_k.add((tok * a.src_token_stride) as usize),
+            a.src_v.add((tok * a.src_token_stride_v) as usize),
+        ]
+    }
 }
 
 /// One round of a row's two parts as a lane holds it ([`load_row`]): up to `P` values of the
@@ -371,16 +381,8 @@ unsafe fn rows_convert_body<const C: u32, U: convert::Loaded, const P: usize>(
     // the next row's first with its slot) is loaded before the conversion, so a group's
     // loads are in flight while it converts: one copy of the conversion for every row.
     let one_round = units[0] <= step[0] && units[1] <= step[1];
-    let source = |tok: u64| {
-        // SAFETY: only called with tok < num_tokens: both parts' rows lie in the
-        // (host-validated) sources.
-        unsafe {
-            [
-                a.src_k.add((tok * a.src_token_stride) as usize),
-                a.src_v.add((tok * a.src_token_stride_v) as usize),
-            ]
-        }
-    };
+    // SAFETY: only called with tok < num_tokens.
+    let source = |tok: u64| unsafe { row_source(a, tok) };
     let mut tok = g.first;
     if tok >= a.num_tokens {
         return;
