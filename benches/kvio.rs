@@ -49,7 +49,10 @@
 //! `pair-pdl-x100` (the update launched with PDL: a programmatic edge in the graph). The
 //! report gives µs per item and the time a pair adds to the producer alone
 //! (`added` = pair − producer, `added-pdl` = pair-pdl − producer), the target being ≤ 1.0 µs
-//! with PDL.
+//! with PDL. The floor of any kernel chained so: `wait-x100` and `wait-pdl-x100` chain
+//! `kvio_wait` (one thread that only runs `griddepcontrol.wait`, as every kvio entry point
+//! does before it touches memory) after the producer instead of the update, plainly and with
+//! PDL (`floor` = wait − producer, `floor-pdl` = wait-pdl − producer).
 //!
 //! Group `host` (`KVIO_BENCH_GROUPS=host`): host time per call of every operation, the CPU
 //! side of the per-call floor (plan + enqueue; issue 13's target is 2 µs). Each variant runs
@@ -750,6 +753,25 @@ fn pdl(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cf
                         produce(s);
                         g.kv.update_slots(&op, s.pdl(true))
                             .expect("update_slots with PDL");
+                    }
+                }),
+            ),
+            // The floor: a kernel that only waits for the producer, chained the same two ways.
+            (
+                "wait-x100",
+                Graph::capture(stream, |s| {
+                    for _ in 0..100 {
+                        produce(s);
+                        g.kv.bench_wait(s.pdl(false)).expect("wait kernel");
+                    }
+                }),
+            ),
+            (
+                "wait-pdl-x100",
+                Graph::capture(stream, |s| {
+                    for _ in 0..100 {
+                        produce(s);
+                        g.kv.bench_wait(s.pdl(true)).expect("wait kernel with PDL");
                     }
                 }),
             ),
@@ -2538,8 +2560,16 @@ fn report(rec: &Rec, device: &str, driver: i32) {
         println!("\n--- {group} ---");
         if group == "pdl" {
             println!(
-                "{:>8} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
-                "T", "producer", "update", "pair", "pair-pdl", "added", "added-pdl"
+                "{:>8} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
+                "T",
+                "producer",
+                "update",
+                "pair",
+                "pair-pdl",
+                "added",
+                "added-pdl",
+                "floor",
+                "floor-pdl"
             );
             let params: std::collections::BTreeSet<usize> = rec
                 .runs
@@ -2561,8 +2591,9 @@ fn report(rec: &Rec, device: &str, driver: i32) {
                     us("pair-pdl-x100"),
                 );
                 let (added, added_pdl) = (pair - prod, pdl - prod);
+                let (floor, floor_pdl) = (us("wait-x100") - prod, us("wait-pdl-x100") - prod);
                 println!(
-                    "{p:>8} {prod:>12.3} {upd:>12.3} {pair:>12.3} {pdl:>12.3} {added:>12.3} {added_pdl:>12.3}"
+                    "{p:>8} {prod:>12.3} {upd:>12.3} {pair:>12.3} {pdl:>12.3} {added:>12.3} {added_pdl:>12.3} {floor:>12.3} {floor_pdl:>12.3}"
                 );
                 for (v, x) in [
                     ("producer-x100", prod),
@@ -2571,6 +2602,8 @@ fn report(rec: &Rec, device: &str, driver: i32) {
                     ("pair-pdl-x100", pdl),
                     ("added", added),
                     ("added-pdl", added_pdl),
+                    ("floor", floor),
+                    ("floor-pdl", floor_pdl),
                 ] {
                     rows.push(format!(
                         "    {{\"group\": \"{group}\", \"param\": {p}, \"variant\": \"{v}\", \"us_per_item\": {x:.3}}}"

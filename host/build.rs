@@ -169,7 +169,7 @@ fn build_ptx(kernels: &Path, out: &Path) {
 ///   item, at least five per multiprocessor (≤ 102 registers; it takes 90 on sm_90, 96 on
 ///   sm_80, no spills; uncapped 108 and 94, four CTAs): 4–6 points more inside the GPU on the
 ///   H100 (BENCHMARKS.md, session 12), the same over PCIe.
-const DIRECTIVES: [(&str, &str); 12] = [
+const DIRECTIVES: [(&str, &str); 13] = [
     ("kvio_transfer_blocks", ".maxntid 512, 1, 1\n"),
     ("kvio_transfer_blocks_tma", ".maxntid 32, 1, 1\n"),
     ("kvio_convert_blocks", ".maxntid 256, 1, 1\n"),
@@ -179,6 +179,10 @@ const DIRECTIVES: [(&str, &str); 12] = [
     ),
     ("kvio_update_tiles", ".maxntid 256, 1, 1\n.minnctapersm 2\n"),
     ("kvio_update_stream", ".maxntid 256, 1, 1\n"),
+    (
+        "kvio_update_stream_fp8",
+        ".maxntid 256, 1, 1\n.minnctapersm 3\n",
+    ),
     (
         "kvio_update_tiles_staged",
         ".maxntid 128, 1, 1\n.minnctapersm 3\n",
@@ -264,9 +268,10 @@ fn declare(text: &str, decl: &str) -> String {
 ///   `sm_89` (more registers): at five CTAs per multiprocessor the first one's `sm_80` code
 ///   spills 248 B / 384 B (8 B / 8 B uncapped), so both go uncapped there (no `sm_80` GPU
 ///   measured either way).
-const SM80_DIRECTIVES: [(&str, &str); 2] = [
+const SM80_DIRECTIVES: [(&str, &str); 3] = [
     ("kvio_update_pages_fp8", ".maxntid 128, 1, 1\n"),
     ("kvio_update_pages_fp8_32", ".maxntid 128, 1, 1\n"),
+    ("kvio_update_stream_fp8", ".maxntid 256, 1, 1\n"),
 ];
 
 fn add_directives(path: &Path, tag: &str) {

@@ -32,6 +32,7 @@ fn host_parameter_lists_match_the_ptx() {
     for (arch, ptx) in [("sm_80", kvio::PTX_SM80), ("sm_90", kvio::PTX_SM90)] {
         let mut all: Vec<(&str, Vec<usize>)> = vec![
             ("kvio_noop", vec![]),
+            ("kvio_wait", vec![]),
             // dst, n, iters, seed, early
             ("kvio_produce", vec![8, 8, 4, 4, 4]),
         ];
@@ -174,6 +175,7 @@ fn sm90_entry_points_wait_before_touching_memory() {
             "kvio_update_pages_fp8_32",
             "kvio_update_tiles_staged",
             "kvio_update_stream",
+            "kvio_update_stream_fp8",
         ];
         if CopyArgs::ENTRIES.contains(&name) || never.contains(&name) {
             assert!(!signals, "sm_90 {name}: signals early");

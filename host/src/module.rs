@@ -42,6 +42,7 @@ pub struct Kvio {
     update_tiles: cu::CUfunction,
     update_tiles_one: cu::CUfunction,
     update_stream: cu::CUfunction,
+    update_stream_fp8: cu::CUfunction,
     update_tiles_wide: cu::CUfunction,
     update_tiles_staged: cu::CUfunction,
     update_pages: cu::CUfunction,
@@ -55,6 +56,7 @@ pub struct Kvio {
     convert_blocks: cu::CUfunction,
     convert_pages: cu::CUfunction,
     noop: cu::CUfunction,
+    wait: cu::CUfunction,
     naive_spans: cu::CUfunction,
     spin: cu::CUfunction,
     produce: cu::CUfunction,
@@ -122,6 +124,7 @@ impl Kvio {
             update_tiles: ptr::null_mut(),
             update_tiles_one: ptr::null_mut(),
             update_stream: ptr::null_mut(),
+            update_stream_fp8: ptr::null_mut(),
             update_tiles_wide: ptr::null_mut(),
             update_tiles_staged: ptr::null_mut(),
             update_pages: ptr::null_mut(),
@@ -135,6 +138,7 @@ impl Kvio {
             convert_blocks: ptr::null_mut(),
             convert_pages: ptr::null_mut(),
             noop: ptr::null_mut(),
+            wait: ptr::null_mut(),
             naive_spans: ptr::null_mut(),
             spin: ptr::null_mut(),
             produce: ptr::null_mut(),
@@ -156,6 +160,7 @@ impl Kvio {
         this.update_tiles = this.function("kvio_update_tiles")?;
         this.update_tiles_one = this.function("kvio_update_tiles_one")?;
         this.update_stream = this.function("kvio_update_stream")?;
+        this.update_stream_fp8 = this.function("kvio_update_stream_fp8")?;
         this.update_tiles_wide = this.function("kvio_update_tiles_wide")?;
         this.update_tiles_staged = this.function("kvio_update_tiles_staged")?;
         // Its CTAs each hold 48 KiB of staging: ask for the largest shared-memory carveout, so
@@ -190,6 +195,7 @@ impl Kvio {
             tiles: resident_ctas(this.update_tiles, BLOCK_THREADS, sms)?,
             tiles_one: resident_ctas(this.update_tiles_one, ONE_CTA_THREADS, sms)?,
             stream: resident_ctas(this.update_stream, BLOCK_THREADS, sms)?,
+            stream_fp8: resident_ctas(this.update_stream_fp8, BLOCK_THREADS, sms)?,
             tiles_wide: resident_ctas(this.update_tiles_wide, BLOCK_THREADS, sms)?,
             tiles_staged: resident_ctas(this.update_tiles_staged, STAGED_THREADS, sms)?,
             pages: resident_ctas(this.update_pages, PAGE_THREADS, sms)?,
@@ -209,6 +215,7 @@ impl Kvio {
         };
         this.scratch = Scratch::new(ctx, dev)?;
         this.noop = this.function("kvio_noop")?;
+        this.wait = this.function("kvio_wait")?;
         this.naive_spans = this.function("kvio_naive_spans")?;
         this.spin = this.function("kvio_spin")?;
         this.produce = this.function("kvio_produce")?;
@@ -234,6 +241,7 @@ impl Kvio {
             Kernel::Slots(a) if a.copies_rows() => self.update_rows,
             Kernel::Slots(_) => self.update_slots,
             Kernel::Tiles(a) if a.elem == 4 => self.update_tiles_wide,
+            Kernel::Tiles(a) if a.streams() && a.elem == 1 => self.update_stream_fp8,
             Kernel::Tiles(a) if a.streams() => self.update_stream,
             Kernel::Tiles(a) if a.tile == 1 => self.update_tiles_one,
             Kernel::Tiles(a) if a.pages() && a.elem == 1 && a.tile as u64 == PAGE_TOKENS_FP8 => {
@@ -334,6 +342,15 @@ impl Kvio {
     #[doc(hidden)]
     pub fn bench_noop(&self, stream: crate::StreamRef<'_>) -> Result<()> {
         crate::driver::Params::new(&[], &[]).launch(self.noop, 1, 1, stream)
+    }
+
+    /// Launches a kernel (one block of one thread) that only waits for the grids it depends on
+    /// (`kvio_wait`; with programmatic dependent launch where `stream` asks for it, else
+    /// plainly): the benchmarks' floor of what a kernel chained after a producer adds.
+    #[doc(hidden)]
+    pub fn bench_wait(&self, stream: crate::StreamRef<'_>) -> Result<()> {
+        let ex = self.launch_ex(stream, false);
+        crate::driver::Params::new(&[], &[]).launch_with(self.wait, 1, 1, stream, ex)
     }
 
     /// The benchmarks' naive baseline: one thread per element over `n` spans listed as

@@ -4,6 +4,15 @@
 #[no_mangle]
 pub extern "ptx-kernel" fn kvio_noop() {}
 
+/// A kernel that only waits for the grids it programmatically depends on
+/// (`griddepcontrol.wait`; at once without such grids and on targets before `sm_90`): the
+/// benchmarks' floor of what any kernel chained after a producer adds, since every kvio entry
+/// point waits so before it touches memory.
+#[no_mangle]
+pub extern "ptx-kernel" fn kvio_wait() {
+    crate::pdl::wait();
+}
+
 /// The benchmarks' and tests' stand-in for the kernel that computes K/V before a slot update
 /// (a projection and its epilogue): every thread first runs `iters` dependent integer steps,
 /// then the grid stores `n / 4` 32-bit words (grid-stride, each a hash of the thread's result

@@ -788,6 +788,46 @@ pub unsafe fn update_tiles_one(a: &TileArgs, g: Group) {
 pub unsafe fn update_stream(a: &TileArgs, g: Group) {
     // Prefill sizes: dependents are scheduled as the CTAs exit (as `update_pages`).
     pdl::prologue(false);
+    // SAFETY: forwarded.
+    unsafe { stream_body::<{ convert::NONE }>(a, g) }
+}
+
+/// [`update_stream`] for quantizing updates into fp8 v0 caches (bf16 or f16 sources, e4m3 or
+/// e5m2, scales per tensor or per head) whose key pieces hold 16 elements: the same lanes and
+/// loads, compiled once per conversion code (dispatched here, once). A warp whose octets are
+/// runs and whose every loaded element lies on the division's fast path (`convert::fast`, one
+/// ballot) converts in one straight-line copy of the conversion: K's two units of a piece as
+/// one 16-byte store, V's transposed column of eight tokens, quantized, as one 8-byte store
+/// (two octets fill a page's 16-byte value line, a warp's store two whole 128-byte lines). Any
+/// other warp goes token by token, each lane converting its token's groups again from the
+/// source with the general conversion (infinities, NaNs, magnitudes past 2^80).
+///
+/// # Safety
+/// As [`update_stream`], except: `a.elem == 1`, `a.convert` converts 2-byte source elements
+/// (another code writes nothing), K's pieces hold 16 elements, and with V runs (`a.runs & 2`)
+/// and `a.unit_k == 8` the key cache's pieces are 16-byte aligned; a converting update's
+/// scales hold one f32 (or one per head) per part.
+#[inline(always)]
+pub unsafe fn update_stream_fp8(a: &TileArgs, g: Group) {
+    pdl::prologue(false);
+    // SAFETY: forwarded. `C` is a constant in each arm.
+    unsafe {
+        convert::by_code!(a.convert, C => {
+            if convert::src_bytes(C) == 2 {
+                stream_body::<C>(a, g)
+            }
+        })
+    }
+}
+
+/// The body of [`update_stream`] (`C` = [`convert::NONE`]: 2-byte caches, copied) and of
+/// [`update_stream_fp8`] (`C` a conversion of 2-byte sources into 1-byte caches).
+///
+/// # Safety
+/// As the entry point of `C`.
+#[inline(always)]
+unsafe fn stream_body<const C: u32>(a: &TileArgs, g: Group) {
+    let quant = C != convert::NONE;
     let (heads, quads) = (a.heads as u32, a.groups.div_ceil(STREAM_UNITS) as u32);
     let items = a.num_tokens.div_ceil(STREAM_LANES) * a.heads * quads as u64 * STREAM_LANES;
     let (k, v) = (TilePart::of(a, 0), TilePart::of(a, 1));
@@ -833,44 +873,65 @@ pub unsafe fn update_stream(a: &TileArgs, g: Group) {
         } else {
             -1
         };
+        // The scales (the same on every lane of the warp: one head).
+        let (sk, sv) = if quant {
+            (tile_scale(a, C, 0, head), tile_scale(a, C, 1, head))
+        } else {
+            (Divider::UNUSED, Divider::UNUSED)
+        };
         // SAFETY: every lane of the warp is here (the loop is warp-uniform); `slot` is token
         // t's (-1 past the last token).
-        if columns && unsafe { warp_runs(a, t, lane, slot, bs_shift) } {
-            // Every octet of the warp a run: K as 16-byte pieces, V as transposed columns.
+        let run = if columns {
+            unsafe { warp_runs(a, t, lane, slot, bs_shift, quant) }
+        } else {
+            None
+        };
+        // SAFETY: as above (`run` is the same on every lane).
+        let run = run
+            .filter(|_| !quant || unsafe { warp_fast::<C>(a, &rows, t, lane, head, g0, &sk, &sv) });
+        let mut v_only = false;
+        if let Some(run) = run {
+            // Every virtual octet of the warp a run: K as 16-byte pieces (each lane its own
+            // token's), V as transposed columns.
             let (block, offset) = index::split_slot(slot as u64, a.block_size, bs_shift);
-            let oct = (lane & 7) as u64;
-            unroll4!(u => {
-                let grp = g0 + u as u64;
-                if grp < a.groups {
-                    // SAFETY: every lane of the warp is here (`groups` is the same on every
-                    // lane); the octet's tokens exist, its group lies in the source.
-                    let col = unsafe {
-                        let from = at - oct * a.src_token_stride + 16 * grp;
-                        octet_column(a, &rows[u][1], lane, from)
-                    };
-                    // SAFETY: a valid target (block < num_blocks, offset < block_size, head <
-                    // heads), elements 8 grp .. 8 grp + 7 of the head; V: element 8 grp + oct
-                    // of the octet's eight slots, consecutive from offset - oct (a multiple of
-                    // 8) in this block, 16-byte aligned (`runs`).
-                    unsafe {
-                        let dk = k.dst.add(
-                            (block * k.block
-                                + head * k.head
-                                + grp * k.piece_stride
-                                + offset * k.token) as usize,
-                        );
-                        tile::store::<2>(dk, &rows[u][0], 0, 8);
-                        let d = v.dst.add(
-                            (block * v.block
-                                + head * v.head
-                                + (8 * grp + oct) * v.piece_stride
-                                + (offset - oct) * v.token) as usize,
-                        );
-                        core::ptr::write(d as *mut V16, V16::from_array(col));
+            // The warp's first token's source offset.
+            let at_w = at - lane as u64 * a.src_token_stride;
+            if quant {
+                // SAFETY: as in the copy's loop below; the key pieces are 16-byte aligned
+                // (the entry's contract).
+                unsafe {
+                    stream_columns_fp8::<C>(
+                        a, &rows, &run, bs_shift, lane, at_w, g0, head, block, offset, &sk, &sv,
+                    )
+                };
+            } else {
+                unroll4!(u => {
+                    let grp = g0 + u as u64;
+                    if grp < a.groups {
+                        // SAFETY: every lane of the warp is here (`groups` is the same on every
+                        // lane); the warp's tokens exist, its group lies in the source.
+                        let col = unsafe { octet_column::<false>(a, &rows[u][1], lane, run.d, at_w + 16 * grp) };
+                        // SAFETY: a valid target (block < num_blocks, offset < block_size, head <
+                        // heads), elements 8 grp .. 8 grp + 7 of the head; V: `run`'s slots,
+                        // columns 16-byte aligned (`runs`).
+                        unsafe {
+                            let dk = k.dst.add(
+                                (block * k.block
+                                    + head * k.head
+                                    + grp * k.piece_stride
+                                    + offset * k.token) as usize,
+                            );
+                            tile::store::<2>(dk, &rows[u][0], 0, 8);
+                            store_column::<2>(&v, a, &run, bs_shift, lane, head, grp, col);
+                        }
                     }
-                }
-            });
-            continue;
+                });
+            }
+            if !run.own_v(lane) {
+                continue;
+            }
+            // This lane's token lies in the split last virtual octet: its V below.
+            v_only = true;
         }
         if slot < 0 {
             continue;
@@ -881,6 +942,13 @@ pub unsafe fn update_stream(a: &TileArgs, g: Group) {
                 // SAFETY: see count_error.
                 unsafe { count_error(a.errors, err::BAD_SLOT) };
             }
+            continue;
+        }
+        if quant || v_only {
+            core::hint::cold_path();
+            // SAFETY: t < num_tokens (a live lane: its slot is not -1), head < heads; a valid
+            // target.
+            unsafe { stream_tokens::<C>(a, at, head, g0, block, offset, &sk, &sv, v_only as u64) };
             continue;
         }
         unroll4!(u => {
@@ -899,54 +967,182 @@ pub unsafe fn update_stream(a: &TileArgs, g: Group) {
     }
 }
 
-/// Whether every octet of [`update_stream`]'s warp (token `t` on lane `lane`; octets of eight
-/// consecutive lanes) goes to eight consecutive slots from a multiple of 8 in one block of the
-/// cache, so that the warp can store V as transposed columns. The same on every lane.
+/// [`stream_body`]'s column path for a conversion `C` (every virtual octet of the warp a run,
+/// every element of the warp's groups on the division's fast path): K's units `2h` and `2h +
+/// 1` quantized into piece `g0 / 2 + h` as one 16-byte store (pieces of 16 elements; groups
+/// come in pairs, as `head_dim` is a multiple of 16), V's transposed columns of the virtual
+/// octet's eight tokens quantized into one 8-byte store each ([`store_column`]).
 ///
 /// # Safety
-/// Every lane of the warp calls it together (GPU); `s` is token `t`'s slot (-1 past the last
-/// token).
+/// Every lane of the warp calls it together (GPU). `run` is the warp's ([`warp_runs`]), the
+/// warp's first token's group lies at source offset `at_w`, (`block`, `offset`) is this lane's
+/// valid target; the key pieces are 16-byte aligned, the value columns 8-byte aligned.
 #[inline(always)]
-unsafe fn warp_runs(a: &TileArgs, t: u64, lane: u32, s: i64, bs_shift: u32) -> bool {
-    let first = |s0: i64| {
-        s0 >= 0
-            && s0 & 7 == 0
-            && index::split_slot(s0 as u64, a.block_size, bs_shift).0 < a.num_blocks
-    };
+#[allow(clippy::too_many_arguments)]
+unsafe fn stream_columns_fp8<const C: u32>(
+    a: &TileArgs,
+    rows: &[[Row; 2]; STREAM_UNITS as usize],
+    run: &Run,
+    bs_shift: u32,
+    lane: u32,
+    at_w: u64,
+    g0: u64,
+    head: u64,
+    block: u64,
+    offset: u64,
+    sk: &Divider,
+    sv: &Divider,
+) {
+    let (k, v) = (TilePart::of(a, 0), TilePart::of(a, 1));
+    let kb = block * k.block + head * k.head + offset * k.token;
+    unroll2!(h => {
+        let grp = g0 + 2 * h as u64;
+        if grp < a.groups {
+            let lo = convert::unit_fast::<C>(&raw_of(&rows[2 * h][0]), sk);
+            let hi = convert::unit_fast::<C>(&raw_of(&rows[2 * h + 1][0]), sk);
+            let w = [lo as u32, (lo >> 32) as u32, hi as u32, (hi >> 32) as u32];
+            // SAFETY: a valid target's head, elements 8 grp .. 8 grp + 15: one whole piece,
+            // 16-byte aligned (caller).
+            unsafe {
+                let d = k.dst.add((kb + (grp / 2) * k.piece_stride) as usize);
+                core::ptr::write(d as *mut V16, V16::from_array(w));
+            }
+        }
+    });
+    unroll4!(u => {
+        let grp = g0 + u as u64;
+        if grp < a.groups {
+            // SAFETY: every lane of the warp is here (`groups` is the same on every lane);
+            // the warp's tokens exist, its group lies in the source.
+            let col = unsafe { octet_column::<true>(a, &rows[u][1], lane, run.d, at_w + 16 * grp) };
+            let q = convert::unit_fast::<C>(&[V16::from_array(col), V16::splat(0)], sv);
+            // SAFETY: `run`'s slots, head < heads, grp < groups; columns 8-byte aligned
+            // (caller).
+            unsafe {
+                store_column::<1>(&v, a, run, bs_shift, lane, head, grp, [q as u32, (q >> 32) as u32, 0, 0])
+            };
+        }
+    });
+}
+
+/// A loaded group of 2-byte source elements (the first four words of `row`) as a conversion's
+/// raw unit.
+#[inline(always)]
+fn raw_of(row: &Row) -> convert::Raw {
+    [
+        V16::from_array([row[0], row[1], row[2], row[3]]),
+        V16::splat(0),
+    ]
+}
+
+/// [`stream_body`]'s token-by-token path: the groups `g0 ..` of head `head` of the token whose
+/// row starts at source offset `at`, parts `first_part ..` (0: K, then V if any), loaded
+/// again from the source, converted with the general conversion (any element) for a
+/// conversion `C`, and stored at slot (`block`, `offset`). A loop, not unrolled, so that the
+/// kernel holds one more copy of the conversion, not eight.
+///
+/// # Safety
+/// The token's groups lie in the sources (16-byte aligned), `head < heads`, (`block`,
+/// `offset`) is a valid target; as the entry point.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn stream_tokens<const C: u32>(
+    a: &TileArgs,
+    at: u64,
+    head: u64,
+    g0: u64,
+    block: u64,
+    offset: u64,
+    dk: &Divider,
+    dv: &Divider,
+    first_part: u64,
+) {
+    let parts = if a.src_v.is_null() { 1 } else { 2 };
+    let mut j = first_part * STREAM_UNITS;
+    while j < parts * STREAM_UNITS {
+        let (part, grp) = (j / STREAM_UNITS, g0 + j % STREAM_UNITS);
+        if grp < a.groups {
+            let (src, div) = if part == 0 {
+                (a.src_k, dk)
+            } else {
+                (a.src_v, dv)
+            };
+            let p = TilePart::of(a, part);
+            // SAFETY: the token's group grp < groups: inside the validated source, 16-byte
+            // aligned; a valid target's head, elements 8 grp .. 8 grp + 7.
+            unsafe {
+                let src = src.add((at + 16 * grp) as usize);
+                if C == convert::NONE {
+                    let row = tile::load_copy::<2>(src, true, 1);
+                    store_part::<2>(&p, block, offset, head, &row, 8 * grp, 1);
+                } else {
+                    let row = tile::row_of(convert::unit::<C>(&load_group::<C>(src), div));
+                    store_part::<1>(&p, block, offset, head, &row, 8 * grp, 1);
+                }
+            }
+        }
+        j += 1;
+    }
+}
+
+/// Whether every element of the groups that [`stream_body`]'s warp loaded (`rows`: this lane's,
+/// of token `t`, head `head`, groups `g0 ..`) lies on the division's fast path of conversion
+/// `C` with the scales `dk` (K) and `dv` (V) ([`convert::fast`]). The same on every lane.
+///
+/// # Safety
+/// Every lane of the warp calls it together (GPU); the warp's live tokens' groups lie in the
+/// sources (16-byte aligned).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn warp_fast<const C: u32>(
+    a: &TileArgs,
+    rows: &[[Row; 2]; STREAM_UNITS as usize],
+    t: u64,
+    lane: u32,
+    head: u64,
+    g0: u64,
+    dk: &Divider,
+    dv: &Divider,
+) -> bool {
     #[cfg(target_arch = "nvptx64")]
     {
-        let _ = t;
-        // SAFETY: every lane of the warp is here (caller).
-        let s0 = unsafe {
-            let src = lane & !7;
-            (crate::warp::shfl_idx(s as u32, src) as u64
-                | (crate::warp::shfl_idx((s as u64 >> 32) as u32, src) as u64) << 32)
-                as i64
+        let _ = (a, t, lane, head, g0);
+        let raws = |p: usize| {
+            [
+                raw_of(&rows[0][p]),
+                raw_of(&rows[1][p]),
+                raw_of(&rows[2][p]),
+                raw_of(&rows[3][p]),
+            ]
         };
-        // A token past the last has slot -1, which no run holds.
-        let ok = s == s0.wrapping_add((lane & 7) as i64) && first(s0);
-        // SAFETY: as above.
+        let ok = convert::fast::<C, 4>(&raws(0), dk) && convert::fast::<C, 4>(&raws(1), dv);
+        // SAFETY: every lane of the warp is here (caller).
         unsafe { cta::ballot(ok) == u32::MAX }
     }
     #[cfg(not(target_arch = "nvptx64"))]
     {
-        let _ = s;
+        // The warp's lanes in turn: each live token's groups, as the lanes loaded them.
+        let _ = rows;
         let tw = t - lane as u64;
-        if tw + STREAM_LANES > a.num_tokens {
-            return false;
-        }
-        let (mut j, mut s0) = (0, 0);
-        while j < STREAM_LANES {
-            // SAFETY: tw + j < num_tokens: inside the slot array.
-            let sj = unsafe { tile_slot(a, tw + j) };
-            if j & 7 == 0 {
-                // An octet's first token.
-                s0 = sj;
-                if !first(s0) {
+        let mut j = 0;
+        while j < STREAM_LANES && tw + j < a.num_tokens {
+            let at = (tw + j) * a.src_token_stride + head * a.src_head_stride;
+            let mut u = 0;
+            while u < STREAM_UNITS && g0 + u < a.groups {
+                let off = (at + 16 * (g0 + u)) as usize;
+                // SAFETY: a live token's group: inside the sources (caller).
+                let (rk, rv) = unsafe {
+                    (
+                        tile::load_copy::<2>(a.src_k.add(off), true, 1),
+                        tile::load_copy::<2>(a.src_v.add(off), true, 1),
+                    )
+                };
+                if !convert::fast::<C, 1>(&[raw_of(&rk)], dk)
+                    || !convert::fast::<C, 1>(&[raw_of(&rv)], dv)
+                {
                     return false;
                 }
-            } else if sj != s0.wrapping_add((j & 7) as i64) {
-                return false;
+                u += 1;
             }
             j += 1;
         }
@@ -954,22 +1150,151 @@ unsafe fn warp_runs(a: &TileArgs, t: u64, lane: u32, s: i64, bs_shift: u32) -> b
     }
 }
 
-/// Column `lane & 7` of the V rows of [`update_stream`]'s octet (lanes `lane & !7 ..`) in the
-/// group at source offset `from` for the octet's first token: element `lane & 7` of the group
-/// of each of the octet's eight tokens, the `j`-th token in the `j`-th 2-byte half-word. The
-/// GPU transposes the octet's rows across its lanes (`row` is this lane's); the CPU reads the
-/// column.
+/// Where [`stream_body`]'s warp stores V as transposed columns: the lanes are read as
+/// *virtual* lanes, virtual lane `L` holding the token of lane `(L + d) % 32`, so that each
+/// virtual octet (lanes `8m .. 8m + 8`) goes to eight consecutive slots from a multiple of 8 in
+/// one block, whatever the first token's slot modulo 8 (a batch's sequences start at any token
+/// of the warp). With `d > 0` the last virtual octet holds two pieces of octets (the warp's
+/// last `8 - d` tokens and, wrapped around, its first `d`): their lanes store their own
+/// tokens' V instead, element by element.
+#[derive(Clone, Copy)]
+struct Run {
+    /// The lanes' rotation.
+    d: u32,
+    /// The first slot of this lane's virtual octet (a multiple of 8).
+    base: u64,
+}
+
+impl Run {
+    /// Whether virtual lane `lane`'s octet is stored as columns (not the split last one).
+    #[inline(always)]
+    fn columns(&self, lane: u32) -> bool {
+        self.d == 0 || lane < 24
+    }
+
+    /// Whether lane `lane`'s own token lies in the split last virtual octet, so that the lane
+    /// stores its V element by element.
+    #[inline(always)]
+    fn own_v(&self, lane: u32) -> bool {
+        self.d != 0 && (lane < self.d || lane >= 24 + self.d)
+    }
+}
+
+/// The warp's [`Run`] when every virtual octet of [`stream_body`]'s warp (token `t` on lane
+/// `lane`, slot `s`) goes to consecutive slots of one aligned octet of a block (see [`Run`]),
+/// so that the warp can store V as transposed columns; `None` otherwise (a sequence's start or
+/// end inside the warp, a skipped or out-of-range slot, padding). The same on every lane.
 ///
 /// # Safety
-/// Every lane of the warp calls it together (GPU); the octet's eight tokens exist and the group
-/// lies in the source.
+/// Every lane of the warp calls it together (GPU); `s` is token `t`'s slot (-1 past the last
+/// token).
 #[inline(always)]
-unsafe fn octet_column(a: &TileArgs, row: &Row, lane: u32, from: u64) -> [u32; 4] {
+unsafe fn warp_runs(
+    a: &TileArgs,
+    t: u64,
+    lane: u32,
+    s: i64,
+    bs_shift: u32,
+    rotate: bool,
+) -> Option<Run> {
+    // Virtual lane `l` with slot `vs`, its piece's first virtual lane holding `first_base`:
+    // the slot is at its place in an aligned octet of a valid block, the same octet as the
+    // piece's first lane's. A token past the last has slot -1, which no run holds.
+    let ok = |l: u32, vs: i64, first_base: i64| {
+        vs >= 0
+            && (vs & 7) as u32 == l & 7
+            && vs & !7 == first_base
+            && index::split_slot(vs as u64, a.block_size, bs_shift).0 < a.num_blocks
+    };
+    // The first virtual lane of virtual lane `l`'s piece.
+    let first = |l: u32, d: u32| if l + d >= 32 { 32 - d } else { l & !7 };
     #[cfg(target_arch = "nvptx64")]
     {
-        let _ = (a, from);
+        let _ = t;
+        // SAFETY: every lane of the warp is here (caller).
+        let sh = |x: i64, src: u32| unsafe {
+            (crate::warp::shfl_idx(x as u32, src) as u64
+                | (crate::warp::shfl_idx((x as u64 >> 32) as u32, src) as u64) << 32)
+                as i64
+        };
+        let d = if rotate {
+            (8 - (sh(s, 0) as u32 & 7)) & 7
+        } else {
+            0
+        };
+        let vs = if rotate { sh(s, (lane + d) & 31) } else { s };
+        let base = vs & !7;
+        let fb = sh(base, first(lane, d));
+        // SAFETY: as above.
+        if unsafe { cta::ballot(ok(lane, vs, fb)) } != u32::MAX {
+            return None;
+        }
+        Some(Run {
+            d,
+            base: base as u64,
+        })
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        let _ = s;
+        let tw = t - lane as u64;
+        let slot = |j: u32| {
+            let tj = tw + j as u64;
+            if tj < a.num_tokens {
+                // SAFETY: tj < num_tokens: inside the slot array.
+                unsafe { tile_slot(a, tj) }
+            } else {
+                -1
+            }
+        };
+        let d = if rotate {
+            (8 - (slot(0) as u32 & 7)) & 7
+        } else {
+            0
+        };
+        let vslot = |l: u32| slot((l + d) & 31);
+        let mut l = 0;
+        while l < 32 {
+            if !ok(l, vslot(l), vslot(first(l, d)) & !7) {
+                return None;
+            }
+            l += 1;
+        }
+        Some(Run {
+            d,
+            base: (vslot(lane) & !7) as u64,
+        })
+    }
+}
+
+/// Column `lane & 7` of the V rows of [`stream_body`]'s virtual octet (virtual lanes `lane &
+/// !7 ..` of `run`'s rotation `d`) in one group: element `lane & 7` of the group of each of the
+/// octet's eight tokens, the `j`-th virtual token in the `j`-th 2-byte half-word. The GPU
+/// rotates the rows across the warp (`row` is this lane's) and transposes each octet's; the
+/// CPU reads the column, the warp's first token's group lying at source offset `at_w`.
+///
+/// # Safety
+/// Every lane of the warp calls it together (GPU); the warp's 32 tokens exist and the group
+/// lies in the source.
+#[inline(always)]
+unsafe fn octet_column<const ROTATE: bool>(
+    a: &TileArgs,
+    row: &Row,
+    lane: u32,
+    d: u32,
+    at_w: u64,
+) -> [u32; 4] {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let _ = (a, at_w);
+        let mut w = [row[0], row[1], row[2], row[3]];
+        if ROTATE {
+            let src = (lane + d) & 31;
+            // SAFETY: every lane of the warp is here.
+            w = unsafe { w.map(|x| crate::warp::shfl_idx(x, src)) };
+        }
         // SAFETY: forwarded.
-        unsafe { crate::warp::transpose(lane & 7, [row[0], row[1], row[2], row[3]]) }
+        unsafe { crate::warp::transpose(lane & 7, w) }
     }
     #[cfg(not(target_arch = "nvptx64"))]
     {
@@ -977,14 +1302,55 @@ unsafe fn octet_column(a: &TileArgs, row: &Row, lane: u32, from: u64) -> [u32; 4
         let mut col = [0u32; 4];
         let mut j = 0;
         while j < 8 {
-            let off = from + j * a.src_token_stride + 2 * (lane & 7) as u64;
-            // SAFETY: the octet's j-th token, element lane & 7 of the group: inside the
+            let tok = ((lane & !7) + j as u32 + d) & 31;
+            let off = at_w + tok as u64 * a.src_token_stride + 2 * (lane & 7) as u64;
+            // SAFETY: the warp's tok-th token, element lane & 7 of the group: inside the
             // validated source.
             let x = unsafe { core::ptr::read(a.src_v.add(off as usize) as *const u16) };
-            col[j as usize / 2] |= (x as u32) << (16 * (j % 2));
+            col[j / 2] |= (x as u32) << (16 * (j % 2));
             j += 1;
         }
         col
+    }
+}
+
+/// Stores column `col` of [`stream_body`]'s virtual octet ([`octet_column`], quantized into
+/// its first two words for 1-byte caches: `E`): element `8 grp + (lane & 7)` of the octet's
+/// eight slots, one store of `8 E` bytes from `run.base`; nothing for a split last octet
+/// ([`Run::own_v`] stores those tokens).
+///
+/// # Safety
+/// `run` is the warp's ([`warp_runs`]): every slot it names is valid; `head < heads`, `grp <
+/// groups`; the value cache's columns are aligned to `8 E` bytes (`runs`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn store_column<const E: usize>(
+    v: &TilePart,
+    a: &TileArgs,
+    run: &Run,
+    bs_shift: u32,
+    lane: u32,
+    head: u64,
+    grp: u64,
+    col: [u32; 4],
+) {
+    if !run.columns(lane) {
+        return;
+    }
+    let (block, offset) = index::split_slot(run.base, a.block_size, bs_shift);
+    let at = block * v.block
+        + head * v.head
+        + (8 * grp + (lane & 7) as u64) * v.piece_stride
+        + offset * v.token;
+    // SAFETY: a valid octet's first slot (the caller's contract), element 8 grp + (lane & 7)
+    // of the head; a whole column from an aligned octet's first slot is aligned to its size.
+    unsafe {
+        let d = v.dst.add(at as usize);
+        if E == 2 {
+            core::ptr::write(d as *mut V16, V16::from_array(col));
+        } else {
+            core::ptr::write(d as *mut u64, col[0] as u64 | (col[1] as u64) << 32);
+        }
     }
 }
 

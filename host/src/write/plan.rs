@@ -373,9 +373,17 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         .div_ceil(STREAM_LANES)
         .checked_mul(STREAM_LANES * kl.num_heads as u64 * groups.div_ceil(STREAM_UNITS))
         .filter(|&v| v <= u32::MAX as u64);
+    // Quantizing bf16 or f16 into fp8 v0 caches of pages of 8 or 16 slots runs
+    // `kvio_update_stream_fp8` where the key cache's 16-byte pieces (16 elements) are 16-byte
+    // aligned, so that a run's two quantized units go out as one store (pages of fewer slots
+    // hold no run: the tiles).
+    let stream_fp8 = e == 1
+        && ie == 2
+        && quant.is_some()
+        && kl.block_size.is_multiple_of(8)
+        && strides_aligned(kl, kv_dst, 16);
     let stream = n >= TILE_FROM
-        && e == 2
-        && quant.is_none()
+        && ((e == 2 && quant.is_none()) || stream_fp8)
         && src_vec
         && kl.block_size <= PAGE_TOKENS as usize
         && stream_items.is_some()
@@ -499,6 +507,8 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         (target.caps.pages, PAGE_THREADS)
     } else if tile == 8 && e == 1 {
         (target.caps.tiles_staged, STAGED_THREADS)
+    } else if stream && e == 1 {
+        (target.caps.stream_fp8, BLOCK_THREADS)
     } else if stream {
         (target.caps.stream, BLOCK_THREADS)
     } else if tile == 1 {
@@ -1222,13 +1232,14 @@ mod tests {
         assert_eq!(a.runs, 0);
     }
 
-    /// Quantizing bf16 or f16 into fp8 v0 caches at prefill size: `kvio_update_pages_fp8`, on
-    /// 16-token pages items of sixteen tokens (four heads of 128 an item, a head having 64
-    /// units of 32 tile bytes), on pages of a multiple of 32 items of 32 tokens (two heads);
-    /// 8-token pages, heads too wide for the tile and caches only 8-byte aligned stay on the
-    /// staged tiles, f32 sources on the tiles (plain fp8 copies: `v0_plans_store_runs`).
+    /// Quantizing bf16 or f16 into fp8 v0 caches at prefill size: on pages of 8 or 16 slots
+    /// `kvio_update_stream_fp8` (one token a lane, runs of both parts), on pages of a multiple
+    /// of 32 `kvio_update_pages_fp8` with items of 32 tokens (two heads of 128, a head having
+    /// 128 units of 32 tile bytes); key caches only 8-byte aligned and pages of fewer than 8
+    /// slots stay on the staged tiles or the tiles, f32 sources on the tiles (plain fp8
+    /// copies: `v0_plans_store_runs`).
     #[test]
-    fn fp8_v0_prefill_plans_pages() {
+    fn fp8_v0_prefill_plans() {
         let (h, d, n) = (8, 128, 3000);
         let quant = |src: SrcType, bs: usize, d: usize| {
             let mut op = slot_op(PagedLayout::v0_key(n / bs + 8, bs, h, d, 1), n);
@@ -1241,14 +1252,23 @@ mod tests {
             op.quantize = Some(Quantize::new(src, Fp8::E4m3, scale).value_scale(scale));
             op
         };
+        let streams = |op: &SlotUpdate<'_>| {
+            let (a, _, threads) = plan_tiles(op, 132);
+            a.streams() && a.elem == 1 && threads == 256
+        };
         for src in [SrcType::Bf16, SrcType::F16] {
-            let (a, grid, threads) = plan_tiles(&quant(src, 16, d), 100_000);
-            assert!(a.pages(), "{src:?}");
-            assert_eq!((a.elem, a.subs, a.staged, threads), (1, 4, 0, 128));
-            // 188 sixteen-token items × K and V × two groups of four heads.
-            assert_eq!(grid, 188 * 2 * 2);
-            assert_eq!(plan_tiles(&quant(src, 16, 256), 132).0.subs, 2);
-            assert_eq!(plan_tiles(&quant(src, 16, 512), 132).0.subs, 1);
+            let (a, grid, _) = plan_tiles(&quant(src, 16, d), 100_000);
+            assert!(streams(&quant(src, 16, d)), "{src:?}");
+            assert_eq!(
+                (a.tile, a.subs, a.runs, a.unit_k, a.piece_k),
+                (1, 32, 3, 8, 16)
+            );
+            // 94 warps of 32 tokens × 8 heads × 4 quads of groups, one item a thread.
+            assert_eq!(grid, 94 * 32 * 8 * 4 / 256);
+            for d in [256, 512, 1024] {
+                assert!(streams(&quant(src, 16, d)), "{src:?} {d}");
+            }
+            assert!(streams(&quant(src, 8, d)), "{src:?}");
         }
         let staged = |op: &SlotUpdate<'_>| {
             let (a, _, _) = plan_tiles(op, 132);
@@ -1262,8 +1282,11 @@ mod tests {
             assert!(a.pages());
             assert_eq!((a.tile, a.subs), (32, 2), "bs {bs}");
         }
-        assert!(staged(&quant(SrcType::Bf16, 8, d)));
-        assert!(staged(&quant(SrcType::F16, 16, 1024)));
+        // Pages of 4 slots hold no run of eight.
+        let (a, _, _) = plan_tiles(&quant(SrcType::Bf16, 4, d), 132);
+        assert!(!a.streams() && a.tile == 8);
+        // A key cache only 8-byte aligned: its 16-byte pieces could not go out whole (the
+        // staged tiles); a value cache so aligned still takes 8-byte columns.
         for part in [0, 1] {
             let mut odd = quant(SrcType::Bf16, 16, d);
             let dst = if part == 0 {
@@ -1272,7 +1295,12 @@ mod tests {
                 &mut odd.value.as_mut().unwrap().dst
             };
             *dst = bytes_mut(dst.ptr() + 8, dst.len());
-            assert!(staged(&odd), "part {part}");
+            if part == 0 {
+                assert!(staged(&odd));
+            } else {
+                assert!(streams(&odd));
+                assert_eq!(plan_tiles(&odd, 132).0.runs, 3);
+            }
         }
     }
 
