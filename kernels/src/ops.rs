@@ -889,7 +889,6 @@ unsafe fn stream_body<const C: u32>(a: &TileArgs, g: Group) {
         // SAFETY: as above (`run` is the same on every lane).
         let run = run
             .filter(|_| !quant || unsafe { warp_fast::<C>(a, &rows, t, lane, head, g0, &sk, &sv) });
-        let mut v_only = false;
         if let Some(run) = run {
             // Every virtual octet of the warp a run: K as 16-byte pieces (each lane its own
             // token's), V as transposed columns.
@@ -927,11 +926,7 @@ unsafe fn stream_body<const C: u32>(a: &TileArgs, g: Group) {
                     }
                 });
             }
-            if !run.own_v(lane) {
-                continue;
-            }
-            // This lane's token lies in the split last virtual octet: its V below.
-            v_only = true;
+            continue;
         }
         if slot < 0 {
             continue;
@@ -944,11 +939,11 @@ unsafe fn stream_body<const C: u32>(a: &TileArgs, g: Group) {
             }
             continue;
         }
-        if quant || v_only {
+        if quant {
             core::hint::cold_path();
             // SAFETY: t < num_tokens (a live lane: its slot is not -1), head < heads; a valid
             // target.
-            unsafe { stream_tokens::<C>(a, at, head, g0, block, offset, &sk, &sv, v_only as u64) };
+            unsafe { stream_tokens::<C>(a, at, head, g0, block, offset, &sk, &sv) };
             continue;
         }
         unroll4!(u => {
@@ -1035,11 +1030,11 @@ fn raw_of(row: &Row) -> convert::Raw {
     ]
 }
 
-/// [`stream_body`]'s token-by-token path: the groups `g0 ..` of head `head` of the token whose
-/// row starts at source offset `at`, parts `first_part ..` (0: K, then V if any), loaded
-/// again from the source, converted with the general conversion (any element) for a
-/// conversion `C`, and stored at slot (`block`, `offset`). A loop, not unrolled, so that the
-/// kernel holds one more copy of the conversion, not eight.
+/// [`stream_body`]'s token-by-token path for a conversion `C`: the groups `g0 ..` of head
+/// `head` (K, then V if any) of the token whose row starts at source offset `at`, loaded again
+/// from the source, converted with the general conversion (any element) and stored at slot
+/// (`block`, `offset`). A loop, not unrolled, so that the kernel holds one more copy of the
+/// conversion, not eight.
 ///
 /// # Safety
 /// The token's groups lie in the sources (16-byte aligned), `head < heads`, (`block`,
@@ -1055,10 +1050,9 @@ unsafe fn stream_tokens<const C: u32>(
     offset: u64,
     dk: &Divider,
     dv: &Divider,
-    first_part: u64,
 ) {
     let parts = if a.src_v.is_null() { 1 } else { 2 };
-    let mut j = first_part * STREAM_UNITS;
+    let mut j = 0;
     while j < parts * STREAM_UNITS {
         let (part, grp) = (j / STREAM_UNITS, g0 + j % STREAM_UNITS);
         if grp < a.groups {
@@ -1067,18 +1061,20 @@ unsafe fn stream_tokens<const C: u32>(
             } else {
                 (a.src_v, dv)
             };
-            let p = TilePart::of(a, part);
             // SAFETY: the token's group grp < groups: inside the validated source, 16-byte
             // aligned; a valid target's head, elements 8 grp .. 8 grp + 7.
             unsafe {
                 let src = src.add((at + 16 * grp) as usize);
-                if C == convert::NONE {
-                    let row = tile::load_copy::<2>(src, true, 1);
-                    store_part::<2>(&p, block, offset, head, &row, 8 * grp, 1);
-                } else {
-                    let row = tile::row_of(convert::unit::<C>(&load_group::<C>(src), div));
-                    store_part::<1>(&p, block, offset, head, &row, 8 * grp, 1);
-                }
+                let row = tile::row_of(convert::unit::<C>(&load_group::<C>(src), div));
+                store_part::<1>(
+                    &TilePart::of(a, part),
+                    block,
+                    offset,
+                    head,
+                    &row,
+                    8 * grp,
+                    1,
+                );
             }
         }
         j += 1;
@@ -1154,30 +1150,19 @@ unsafe fn warp_fast<const C: u32>(
 /// *virtual* lanes, virtual lane `L` holding the token of lane `(L + d) % 32`, so that each
 /// virtual octet (lanes `8m .. 8m + 8`) goes to eight consecutive slots from a multiple of 8 in
 /// one block, whatever the first token's slot modulo 8 (a batch's sequences start at any token
-/// of the warp). With `d > 0` the last virtual octet holds two pieces of octets (the warp's
-/// last `8 - d` tokens and, wrapped around, its first `d`): their lanes store their own
-/// tokens' V instead, element by element.
+/// of the warp). With `d > 0` the last virtual octet holds two pieces: virtual lanes `24 ..
+/// 32 - d` (the warp's last tokens) at slots `pa .. pa + 8 - d`, and `32 - d .. 32` (its first
+/// `d` tokens, wrapped around) at `pb + 8 - d .. pb + 8`. Only the quantizing stream rotates
+/// (`d` is 0 in the copying one).
 #[derive(Clone, Copy)]
 struct Run {
     /// The lanes' rotation.
     d: u32,
     /// The first slot of this lane's virtual octet (a multiple of 8).
     base: u64,
-}
-
-impl Run {
-    /// Whether virtual lane `lane`'s octet is stored as columns (not the split last one).
-    #[inline(always)]
-    fn columns(&self, lane: u32) -> bool {
-        self.d == 0 || lane < 24
-    }
-
-    /// Whether lane `lane`'s own token lies in the split last virtual octet, so that the lane
-    /// stores its V element by element.
-    #[inline(always)]
-    fn own_v(&self, lane: u32) -> bool {
-        self.d != 0 && (lane < self.d || lane >= 24 + self.d)
-    }
+    /// With `d > 0`: the first slots of the octets of the last virtual octet's two pieces.
+    pa: u64,
+    pb: u64,
 }
 
 /// The warp's [`Run`] when every virtual octet of [`stream_body`]'s warp (token `t` on lane
@@ -1229,9 +1214,16 @@ unsafe fn warp_runs(
         if unsafe { cta::ballot(ok(lane, vs, fb)) } != u32::MAX {
             return None;
         }
+        let (pa, pb) = if rotate {
+            (sh(base, 24), sh(base, 31))
+        } else {
+            (0, 0)
+        };
         Some(Run {
             d,
             base: base as u64,
+            pa: pa as u64,
+            pb: pb as u64,
         })
     }
     #[cfg(not(target_arch = "nvptx64"))]
@@ -1263,6 +1255,8 @@ unsafe fn warp_runs(
         Some(Run {
             d,
             base: (vslot(lane) & !7) as u64,
+            pa: (vslot(24) & !7) as u64,
+            pb: (vslot(31) & !7) as u64,
         })
     }
 }
@@ -1316,12 +1310,15 @@ unsafe fn octet_column<const ROTATE: bool>(
 
 /// Stores column `col` of [`stream_body`]'s virtual octet ([`octet_column`], quantized into
 /// its first two words for 1-byte caches: `E`): element `8 grp + (lane & 7)` of the octet's
-/// eight slots, one store of `8 E` bytes from `run.base`; nothing for a split last octet
-/// ([`Run::own_v`] stores those tokens).
+/// eight slots, one store of `8 E` bytes from `run.base`; for a lane of a split last octet
+/// (1-byte caches only: the copying stream does not rotate), the first `8 - d` bytes from
+/// `run.pa` and the last `d` up to the end of `run.pb`'s octet, each piece in at most three
+/// stores of 4, 2 and 1 bytes, aligned to their sizes.
 ///
 /// # Safety
 /// `run` is the warp's ([`warp_runs`]): every slot it names is valid; `head < heads`, `grp <
-/// groups`; the value cache's columns are aligned to `8 E` bytes (`runs`).
+/// groups`; the value cache's columns are aligned to `8 E` bytes and a slot's element is the
+/// byte after the previous slot's (`runs`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn store_column<const E: usize>(
@@ -1334,22 +1331,52 @@ unsafe fn store_column<const E: usize>(
     grp: u64,
     col: [u32; 4],
 ) {
-    if !run.columns(lane) {
-        return;
-    }
-    let (block, offset) = index::split_slot(run.base, a.block_size, bs_shift);
-    let at = block * v.block
-        + head * v.head
-        + (8 * grp + (lane & 7) as u64) * v.piece_stride
-        + offset * v.token;
-    // SAFETY: a valid octet's first slot (the caller's contract), element 8 grp + (lane & 7)
-    // of the head; a whole column from an aligned octet's first slot is aligned to its size.
+    let at = |slot: u64| {
+        let (block, offset) = index::split_slot(slot, a.block_size, bs_shift);
+        let at = block * v.block
+            + head * v.head
+            + (8 * grp + (lane & 7) as u64) * v.piece_stride
+            + offset * v.token;
+        // SAFETY: a valid slot's element of the head (the caller's contract).
+        unsafe { v.dst.add(at as usize) }
+    };
+    // SAFETY (both arms): valid slots, each store inside its octet's eight elements, aligned
+    // to its size (a whole column from an aligned octet's first slot; a piece's stores in
+    // decreasing sizes from an octet's start, or increasing sizes up to an octet's end).
     unsafe {
-        let d = v.dst.add(at as usize);
-        if E == 2 {
-            core::ptr::write(d as *mut V16, V16::from_array(col));
-        } else {
-            core::ptr::write(d as *mut u64, col[0] as u64 | (col[1] as u64) << 32);
+        if run.d == 0 || lane < 24 {
+            let d = at(run.base);
+            if E == 2 {
+                core::ptr::write(d as *mut V16, V16::from_array(col));
+            } else {
+                core::ptr::write(d as *mut u64, col[0] as u64 | (col[1] as u64) << 32);
+            }
+        } else if E == 1 {
+            let x = col[0] as u64 | (col[1] as u64) << 32;
+            let n = 8 - run.d as usize;
+            let pa = at(run.pa);
+            if n & 4 != 0 {
+                core::ptr::write(pa as *mut u32, x as u32);
+            }
+            if n & 2 != 0 {
+                core::ptr::write(pa.add(n & 4) as *mut u16, (x >> (8 * (n & 4))) as u16);
+            }
+            if n & 1 != 0 {
+                core::ptr::write(pa.add(n & 6), (x >> (8 * (n & 6))) as u8);
+            }
+            let (pb, d) = (at(run.pb), run.d as usize);
+            let mut o = n;
+            if d & 1 != 0 {
+                core::ptr::write(pb.add(o), (x >> (8 * o)) as u8);
+                o += 1;
+            }
+            if d & 2 != 0 {
+                core::ptr::write(pb.add(o) as *mut u16, (x >> (8 * o)) as u16);
+                o += 2;
+            }
+            if d & 4 != 0 {
+                core::ptr::write(pb.add(o) as *mut u32, (x >> (8 * o)) as u32);
+            }
         }
     }
 }
