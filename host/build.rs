@@ -164,6 +164,11 @@ fn build_ptx(kernels: &Path, out: &Path) {
 ///   give it up to 255 registers, and it takes 80 on sm_90 (three CTAs a multiprocessor) and 92
 ///   on sm_80, no spills. Capped at three CTAs an earlier build (94 registers uncapped) spilled
 ///   112 B and lost 11–24 points on the H200 (BENCHMARKS.md, session 20).
+/// - `kvio_update_stream_fp8` runs 256-thread CTAs, at least three per multiprocessor (≤ 80
+///   registers; it takes 80 on sm_90, no spills, 81 uncapped: two CTAs). On the H100
+///   (BENCHMARKS.md, session 23) builds at 101–112 registers (two CTAs) lost 3–4 points of
+///   e4m3 prefill against three. The `sm_80` PTX keeps `.maxntid 256` alone (126 registers, no
+///   spills; capped at three it spilled 32 B / 60 B): [`SM80_DIRECTIVES`].
 /// - `kvio_convert_blocks` runs 256-thread CTAs (`BLOCK_THREADS`), a head page per group;
 ///   `kvio_convert_pages` CTAs of `kvio_kernels::cta::THREADS` (128), a page's heads per CTA
 ///   item, at least five per multiprocessor (≤ 102 registers; it takes 90 on sm_90, 96 on

@@ -794,13 +794,24 @@ pub unsafe fn update_stream(a: &TileArgs, g: Group) {
 
 /// [`update_stream`] for quantizing updates into fp8 v0 caches (bf16 or f16 sources, e4m3 or
 /// e5m2, scales per tensor or per head) whose key pieces hold 16 elements: the same lanes and
-/// loads, compiled once per conversion code (dispatched here, once). A warp whose octets are
-/// runs and whose every loaded element lies on the division's fast path (`convert::fast`, one
-/// ballot) converts in one straight-line copy of the conversion: K's two units of a piece as
-/// one 16-byte store, V's transposed column of eight tokens, quantized, as one 8-byte store
-/// (two octets fill a page's 16-byte value line, a warp's store two whole 128-byte lines). Any
+/// loads, compiled once per conversion code (dispatched here, once). A warp whose virtual
+/// octets are runs ([`Run`]: the lanes read rotated so that octets line up with aligned slots
+/// wherever a batch's sequence starts) and whose every loaded element lies on the division's
+/// fast path (`convert::fast`, one ballot) converts in one straight-line copy of the
+/// conversion: K's two units of a piece as one 16-byte store, V's transposed column of eight
+/// tokens, quantized, as one 8-byte store (two octets fill a page's 16-byte value line, a
+/// warp's store two whole 128-byte lines; the split last octet in two partial columns). Any
 /// other warp goes token by token, each lane converting its token's groups again from the
 /// source with the general conversion (infinities, NaNs, magnitudes past 2^80).
+///
+/// On the H100 (BENCHMARKS.md, session 23; `kvio_update_pages_fp8` or the staged tiles
+/// before, same calls), e4m3 v0 prefill in % of the copy ceiling: one sequence of 16,384
+/// tokens on 16-token pages 74.9 -> 76.9, on 8-token pages 69.3 -> 77.0; batches on 16-token
+/// pages 64.2 -> 66.8 (chunked), 65.1 -> 66.4 (sequences of 1,024 tokens), 52.7 -> 58.4 (of
+/// 128); batches on 8-token pages 13-15 -> 59-69. Without the rotation (a warp whose octets
+/// do not start at multiples of 8 token by token) batches of 1,024-token sequences on
+/// 16-token pages lost 7 points; rotated with the split octet's tokens stored element by
+/// element, 3.
 ///
 /// # Safety
 /// As [`update_stream`], except: `a.elem == 1`, `a.convert` converts 2-byte source elements
