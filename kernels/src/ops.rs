@@ -816,8 +816,9 @@ pub unsafe fn update_stream(a: &TileArgs, g: Group) {
 /// # Safety
 /// As [`update_stream`], except: `a.elem == 1`, `a.convert` converts 2-byte source elements
 /// (another code writes nothing), K's pieces hold 16 elements, and with V runs (`a.runs & 2`)
-/// and `a.unit_k == 8` the key cache's pieces are 16-byte aligned; a converting update's
-/// scales hold one f32 (or one per head) per part.
+/// and `a.unit_k == 8` the key cache's pieces are 16-byte aligned; V is present (`src_v`
+/// non-null: the body reads both parts' scales) and the scales hold one f32 (or one per head)
+/// for each part.
 #[inline(always)]
 pub unsafe fn update_stream_fp8(a: &TileArgs, g: Group) {
     pdl::prologue(false);
