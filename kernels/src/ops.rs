@@ -921,7 +921,7 @@ unsafe fn stream_body<const C: u32>(a: &TileArgs, g: Group) {
                     if grp < a.groups {
                         // SAFETY: every lane of the warp is here (`groups` is the same on every
                         // lane); the warp's tokens exist, its group lies in the source.
-                        let col = unsafe { octet_column::<false>(a, &rows[u][1], lane, run.d, at_w + 16 * grp) };
+                        let col = unsafe { octet_column(a, &rows[u][1], lane, &run, at_w + 16 * grp) };
                         // SAFETY: a valid target (block < num_blocks, offset < block_size, head <
                         // heads), elements 8 grp .. 8 grp + 7 of the head; V: `run`'s slots,
                         // columns 16-byte aligned (`runs`).
@@ -1021,7 +1021,7 @@ unsafe fn stream_columns_fp8<const C: u32>(
         if grp < a.groups {
             // SAFETY: every lane of the warp is here (`groups` is the same on every lane);
             // the warp's tokens exist, its group lies in the source.
-            let col = unsafe { octet_column::<true>(a, &rows[u][1], lane, run.d, at_w + 16 * grp) };
+            let col = unsafe { octet_column(a, &rows[u][1], lane, run, at_w + 16 * grp) };
             let q = convert::unit_fast::<C>(&[V16::from_array(col), V16::splat(0)], sv);
             // SAFETY: `run`'s slots, head < heads, grp < groups; columns 8-byte aligned
             // (caller).
@@ -1168,6 +1168,8 @@ unsafe fn warp_fast<const C: u32>(
 /// (`d` is 0 in the copying one).
 #[derive(Clone, Copy)]
 struct Run {
+    /// Whether the warp may rotate (the quantizing stream); `d` is 0 otherwise.
+    rotate: bool,
     /// The lanes' rotation.
     d: u32,
     /// The first slot of this lane's virtual octet (a multiple of 8).
@@ -1232,6 +1234,7 @@ unsafe fn warp_runs(
             (0, 0)
         };
         Some(Run {
+            rotate,
             d,
             base: base as u64,
             pa: pa as u64,
@@ -1265,6 +1268,7 @@ unsafe fn warp_runs(
             l += 1;
         }
         Some(Run {
+            rotate,
             d,
             base: (vslot(lane) & !7) as u64,
             pa: (vslot(24) & !7) as u64,
@@ -1283,19 +1287,13 @@ unsafe fn warp_runs(
 /// Every lane of the warp calls it together (GPU); the warp's 32 tokens exist and the group
 /// lies in the source.
 #[inline(always)]
-unsafe fn octet_column<const ROTATE: bool>(
-    a: &TileArgs,
-    row: &Row,
-    lane: u32,
-    d: u32,
-    at_w: u64,
-) -> [u32; 4] {
+unsafe fn octet_column(a: &TileArgs, row: &Row, lane: u32, run: &Run, at_w: u64) -> [u32; 4] {
     #[cfg(target_arch = "nvptx64")]
     {
         let _ = (a, at_w);
         let mut w = [row[0], row[1], row[2], row[3]];
-        if ROTATE {
-            let src = (lane + d) & 31;
+        if run.rotate {
+            let src = (lane + run.d) & 31;
             // SAFETY: every lane of the warp is here.
             w = unsafe { w.map(|x| crate::warp::shfl_idx(x, src)) };
         }
@@ -1308,6 +1306,7 @@ unsafe fn octet_column<const ROTATE: bool>(
         let mut col = [0u32; 4];
         let mut j = 0;
         while j < 8 {
+            let d = if run.rotate { run.d } else { 0 };
             let tok = ((lane & !7) + j as u32 + d) & 31;
             let off = at_w + tok as u64 * a.src_token_stride + 2 * (lane & 7) as u64;
             // SAFETY: the warp's tok-th token, element lane & 7 of the group: inside the
