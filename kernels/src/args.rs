@@ -218,7 +218,7 @@ kernel! {
     /// pages of a multiple of 32 slots), and prefill sizes into 2-byte v0 caches of pages of
     /// at most 16 slots `kvio_update_stream` (a warp's lanes on consecutive tokens:
     /// `crate::ops::update_stream`), and those quantizing bf16 or f16 into fp8 v0 caches of
-    /// such pages `kvio_update_stream_fp8`.
+    /// pages of 8, 16 or 32 slots `kvio_update_stream_fp8`.
     kvio_update_tiles | kvio_update_tiles_one [crate::ops::update_tiles_one] | kvio_update_stream [crate::ops::update_stream] | kvio_update_stream_fp8 [crate::ops::update_stream_fp8] | kvio_update_tiles_wide [crate::ops::update_tiles_wide] | kvio_update_tiles_staged [crate::ops::update_tiles_staged] | kvio_update_pages [crate::ops::update_pages] | kvio_update_pages_fp8 [crate::ops::update_pages_fp8] | kvio_update_pages_fp8_32 [crate::ops::update_pages_fp8_32] (TileArgs) => crate::ops::update_tiles {
         /// New keys.
         src_k: *const u8,

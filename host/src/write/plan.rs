@@ -286,6 +286,10 @@ fn pageable(l: &PagedLayout, base: u64, unit: u32, runs: bool) -> bool {
         && l.block_size.is_multiple_of(PAGE_TOKENS as usize)
 }
 
+/// The largest page (slots, a power of two from 8) on which quantizing v0 prefills stream
+/// (`kvio_update_stream_fp8`).
+const STREAM_FP8_PAGE: usize = 32;
+
 /// Token count from which a tiled update takes eight tokens per thread.
 const TILE_FROM: usize = 1024;
 
@@ -373,19 +377,25 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         .div_ceil(STREAM_LANES)
         .checked_mul(STREAM_LANES * kl.num_heads as u64 * groups.div_ceil(STREAM_UNITS))
         .filter(|&v| v <= u32::MAX as u64);
-    // Quantizing bf16 or f16 into fp8 v0 caches of pages of 8 or 16 slots runs
+    // Quantizing bf16 or f16 into fp8 v0 caches of pages of 8, 16 or 32 slots runs
     // `kvio_update_stream_fp8` where the key cache's 16-byte pieces (16 elements) are 16-byte
     // aligned, so that a run's two quantized units go out as one store (pages of fewer slots
-    // hold no run: the tiles).
+    // hold no run: the tiles). On the H100 (BENCHMARKS.md, session 24), on 32-token pages:
+    // one sequence at 77% of the copy ceiling against `kvio_update_pages_fp8`'s 70%, batches
+    // of many sequences 1–8 points ahead; on 128-token pages one sequence 6 points ahead but
+    // batches 10 behind, so larger pages keep the pages entries (64 measured for one sequence
+    // only). The 2-byte stream lost 10–12 points on batches on 32-token pages to
+    // `kvio_update_pages`, so it keeps pages of at most 16 slots.
     let stream_fp8 = e == 1
         && ie == 2
         && quant.is_some()
-        && kl.block_size.is_multiple_of(8)
+        && kl.block_size.is_power_of_two()
+        && (8..=STREAM_FP8_PAGE).contains(&kl.block_size)
         && strides_aligned(kl, kv_dst, 16);
     let stream = n >= TILE_FROM
         && ((e == 2 && quant.is_none()) || stream_fp8)
         && src_vec
-        && kl.block_size <= PAGE_TOKENS as usize
+        && (kl.block_size <= PAGE_TOKENS as usize || stream_fp8)
         && stream_items.is_some()
         && op.value.is_some()
         && vl.piece_elems == 1
@@ -1232,12 +1242,12 @@ mod tests {
         assert_eq!(a.runs, 0);
     }
 
-    /// Quantizing bf16 or f16 into fp8 v0 caches at prefill size: on pages of 8 or 16 slots
-    /// `kvio_update_stream_fp8` (one token a lane, runs of both parts), on pages of a multiple
-    /// of 32 `kvio_update_pages_fp8` with items of 32 tokens (two heads of 128, a head having
-    /// 128 units of 32 tile bytes); key caches only 8-byte aligned and pages of fewer than 8
-    /// slots stay on the staged tiles or the tiles, f32 sources on the tiles (plain fp8
-    /// copies: `v0_plans_store_runs`).
+    /// Quantizing bf16 or f16 into fp8 v0 caches at prefill size: on pages of 8, 16 or 32 slots
+    /// `kvio_update_stream_fp8` (one token a lane, runs of both parts); on larger pages of a
+    /// multiple of 32, and keys alone, `kvio_update_pages_fp8` with items of 32 tokens (two
+    /// heads of 128, a head having 128 units of 32 tile bytes); key caches only 8-byte aligned
+    /// and pages of other sizes stay on the staged tiles or the tiles, f32 sources on the tiles
+    /// (plain fp8 copies: `v0_plans_store_runs`).
     #[test]
     fn fp8_v0_prefill_plans() {
         let (h, d, n) = (8, 128, 3000);
@@ -1268,7 +1278,16 @@ mod tests {
             for d in [256, 512, 1024] {
                 assert!(streams(&quant(src, 16, d)), "{src:?} {d}");
             }
-            assert!(streams(&quant(src, 8, d)), "{src:?}");
+            for bs in [8, 32] {
+                assert!(streams(&quant(src, bs, d)), "{src:?} {bs}");
+            }
+            // Pages of 24 slots (not measured): the staged tiles.
+            assert!(!streams(&quant(src, 24, d)), "{src:?}");
+        }
+        for bs in [64, 128] {
+            let (a, _, _) = plan_tiles(&quant(SrcType::Bf16, bs, d), 132);
+            assert!(a.pages());
+            assert_eq!((a.tile, a.subs), (32, 2), "bs {bs}");
         }
         let staged = |op: &SlotUpdate<'_>| {
             let (a, _, _) = plan_tiles(op, 132);
@@ -1277,8 +1296,14 @@ mod tests {
         // f32 rows do not fit a stage's cell: tiles loaded as they come.
         let (a, _, _) = plan_tiles(&quant(SrcType::F32, 16, d), 132);
         assert_eq!((a.tile, a.staged), (8, 0));
+        // Keys alone do not stream.
         for bs in [32, 128] {
-            let (a, _, _) = plan_tiles(&quant(SrcType::Bf16, bs, d), 132);
+            let mut op = quant(SrcType::Bf16, bs, d);
+            op.value = None;
+            op.value_layout = None;
+            let scale = Scale::PerTensor(bytes(0x7000_0000, 4));
+            op.quantize = Some(Quantize::new(SrcType::Bf16, Fp8::E4m3, scale));
+            let (a, _, _) = plan_tiles(&op, 132);
             assert!(a.pages());
             assert_eq!((a.tile, a.subs), (32, 2), "bs {bs}");
         }
