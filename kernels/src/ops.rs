@@ -809,7 +809,7 @@ pub unsafe fn update_stream(a: &TileArgs, g: Group) {
 /// tokens on 16-token pages 74.9 -> 76.9, on 8-token pages 69.3 -> 77.0; batches on 16-token
 /// pages 64.2 -> 66.8 (chunked), 65.1 -> 66.4 (sequences of 1,024 tokens), 52.7 -> 58.4 (of
 /// 128); batches on 8-token pages 13-15 -> 59-69. On 32-token pages (session 24; before,
-/// `kvio_update_pages_fp8_32`): one sequence 70.5 -> 76.9, batches 46-58 -> 54-62. Without
+/// `kvio_update_pages_fp8_32`): one sequence 70.5 -> 76.9, batches 45-58 -> 54-62. Without
 /// the rotation (a warp whose octets do not start at multiples of 8 token by token) batches
 /// of 1,024-token sequences on 16-token pages lost 7 points; rotated with the split octet's
 /// tokens stored element by element, 3.

@@ -382,10 +382,10 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     // aligned, so that a run's two quantized units go out as one store (pages of fewer slots
     // hold no run: the tiles). On the H100 (BENCHMARKS.md, session 24), on 32-token pages:
     // one sequence at 77% of the copy ceiling against `kvio_update_pages_fp8_32`'s 70%, batches
-    // of many sequences 1–8 points ahead; on 128-token pages one sequence 6 points ahead but
+    // of many sequences 1–9 points ahead; on 128-token pages one sequence 6 points ahead but
     // batches 10 behind (on 64-token pages 7 ahead and −4 to +1), so larger pages keep the
-    // pages entries. The 2-byte stream lost 10–12 points on batches on 32-token pages to
-    // `kvio_update_pages`, so it keeps pages of at most 16 slots.
+    // pages entries. The 2-byte stream lost 10–12 points on batches of 1,024-token sequences
+    // on 32-token pages to `kvio_update_pages`, so it keeps pages of at most 16 slots.
     let stream_fp8 = e == 1
         && ie == 2
         && quant.is_some()
