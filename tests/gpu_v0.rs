@@ -421,14 +421,15 @@ fn v0_params() -> impl Strategy<Value = (Format, usize, usize, usize, usize, Slo
         })
 }
 
-/// Random prefill-size v0 updates on pages of 16, 32 and 128 tokens, the shapes the pages
-/// updates take when the slots fill pages: copies into 2-byte caches (`kvio_update_pages`)
-/// and bf16 or f16 quantized into fp8 caches (`kvio_update_pages_fp8`, items of 32 tokens on
-/// the larger pages: `kvio_update_pages_fp8_32`; scales per tensor or per head); 1 to 10 heads (items of several heads, the last one short), head dims of 8 to
-/// 256 (16 to 256 for fp8, whose key pieces hold 16), 1,024 to 1,199 tokens (a short last
-/// item), page-filling slots of one sequence or of a batch of sequences (fresh or continuing
-/// chunked prefills), or scattered slots (the cases add skipped and out-of-range ones, and
-/// the fp8 sources special values, which send an item token by token).
+/// Random prefill-size v0 updates on pages of 16, 32 and 128 tokens: copies into 2-byte caches
+/// (`kvio_update_stream` on 16-token pages, `kvio_update_pages` on the larger ones) and bf16
+/// or f16 quantized into fp8 caches (`kvio_update_stream_fp8` on 16- and 32-token pages,
+/// `kvio_update_pages_fp8_32` on 128; scales per tensor or per head); 1 to 10 heads (the
+/// pages entries' items of several heads, the last one short), head dims of 8 to 256 (16 to
+/// 256 for fp8, whose key pieces hold 16), 1,024 to 1,199 tokens (a short last item),
+/// page-filling slots of one sequence or of a batch of sequences (fresh or continuing chunked
+/// prefills), or scattered slots (the cases add skipped and out-of-range ones, and the fp8
+/// sources special values, which send a warp or an item token by token).
 fn pages_params() -> impl Strategy<Value = (Format, usize, usize, usize, usize, Slots, u64)> {
     let formats = vec![
         Format::Copy(2),
