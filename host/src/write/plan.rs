@@ -392,10 +392,10 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         && kl.block_size.is_power_of_two()
         && (8..=STREAM_FP8_PAGE).contains(&kl.block_size)
         && strides_aligned(kl, kv_dst, 16);
+    let stream_copy = e == 2 && quant.is_none() && kl.block_size <= PAGE_TOKENS as usize;
     let stream = n >= TILE_FROM
-        && ((e == 2 && quant.is_none()) || stream_fp8)
+        && (stream_copy || stream_fp8)
         && src_vec
-        && (kl.block_size <= PAGE_TOKENS as usize || stream_fp8)
         && stream_items.is_some()
         && op.value.is_some()
         && vl.piece_elems == 1
