@@ -80,8 +80,12 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use criterion::{measurement::WallTime, BenchmarkGroup, Criterion, Throughput};
+use std::sync::OnceLock;
+
+mod filter;
 use cust::memory::DeviceBuffer;
 use cust::sys as cu;
+use filter::Filter;
 use kvio::plan::{slices_to_table, slots_to_slices};
 use kvio::{
     Backend, BlockCopy, BlockMap, BlockPool, DeviceBytes, LayerTable, PagedLayout, SliceUpdate,
@@ -202,6 +206,37 @@ struct Rec {
     runs: BTreeMap<(String, usize, String), Run>,
 }
 
+/// A criterion group and its name: a row's full id (`name/row`) is matched against the
+/// command line's filter before the row's untimed first call, so a filtered run launches no
+/// kernel of a row it does not measure (an Nsight Compute `--launch-skip` counts only the
+/// selected rows' launches).
+struct Group<'a> {
+    name: String,
+    inner: BenchmarkGroup<'a, WallTime>,
+}
+
+/// Opens criterion group `name`.
+fn group<'a>(c: &'a mut Criterion, name: &str) -> Group<'a> {
+    Group {
+        name: name.to_string(),
+        inner: c.benchmark_group(name),
+    }
+}
+
+impl Group<'_> {
+    /// Whether criterion runs row `id` of this group (the filter [`Filter::from_args`] reads).
+    fn selects(&self, id: &str) -> bool {
+        static FILTER: OnceLock<Filter> = OnceLock::new();
+        FILTER
+            .get_or_init(|| Filter::from_args(std::env::args().skip(1)))
+            .selects(&format!("{}/{id}", self.name))
+    }
+    /// Closes the group (criterion's summary of it).
+    fn finish(self) {
+        self.inner.finish()
+    }
+}
+
 /// GPU time of `iters` calls of `f` on `stream`, from events recorded on that stream.
 fn time_on(stream: &Stream, iters: u64, f: &mut dyn FnMut()) -> Duration {
     let start = Event::new().expect("event");
@@ -220,7 +255,7 @@ fn time_on(stream: &Stream, iters: u64, f: &mut dyn FnMut()) -> Duration {
 /// Measures one variant with criterion and records its per-iteration samples.
 #[allow(clippy::too_many_arguments)]
 fn measure(
-    grp: &mut BenchmarkGroup<'_, WallTime>,
+    grp: &mut Group<'_>,
     rec: &RefCell<Rec>,
     group: &str,
     param: usize,
@@ -229,25 +264,26 @@ fn measure(
     stream: &Stream,
     mut f: impl FnMut(),
 ) {
+    let id = format!("{}-{variant}/{param}", group.replace('/', "-"));
+    if !grp.selects(&id) {
+        return;
+    }
     f(); // first call outside timing: module/JIT/first-touch costs
     stream.synchronize().expect("sync");
-    grp.throughput(Throughput::Bytes(bytes.max(1)));
-    grp.bench_function(
-        format!("{}-{variant}/{param}", group.replace('/', "-")),
-        |b| {
-            b.iter_custom(|iters| {
-                let d = time_on(stream, iters, &mut f);
-                let mut r = rec.borrow_mut();
-                let run = r
-                    .runs
-                    .entry((group.to_string(), param, variant.to_string()))
-                    .or_default();
-                run.bytes = bytes;
-                run.secs.push(d.as_secs_f64() / iters as f64);
-                d
-            })
-        },
-    );
+    grp.inner.throughput(Throughput::Bytes(bytes.max(1)));
+    grp.inner.bench_function(id, |b| {
+        b.iter_custom(|iters| {
+            let d = time_on(stream, iters, &mut f);
+            let mut r = rec.borrow_mut();
+            let run = r
+                .runs
+                .entry((group.to_string(), param, variant.to_string()))
+                .or_default();
+            run.bytes = bytes;
+            run.secs.push(d.as_secs_f64() / iters as f64);
+            d
+        })
+    });
 }
 
 /// GPU time of `iters` rounds of `f`, which enqueues work on each of `streams`. A start event
@@ -293,7 +329,7 @@ type Part<'a> = (&'a Stream, &'a str, u64);
 /// `variant/label` (its part's bytes).
 #[allow(clippy::too_many_arguments)]
 fn measure_across(
-    grp: &mut BenchmarkGroup<'_, WallTime>,
+    grp: &mut Group<'_>,
     rec: &RefCell<Rec>,
     group: &str,
     param: usize,
@@ -301,34 +337,35 @@ fn measure_across(
     parts: &[Part<'_>],
     mut f: impl FnMut(),
 ) {
+    let id = format!("{}-{variant}/{param}", group.replace('/', "-"));
+    if !grp.selects(&id) {
+        return;
+    }
     let streams: Vec<&Stream> = parts.iter().map(|p| p.0).collect();
     let bytes: u64 = parts.iter().map(|p| p.2).sum();
     f(); // first round outside timing
     for s in &streams {
         s.synchronize().expect("sync");
     }
-    grp.throughput(Throughput::Bytes(bytes.max(1)));
-    grp.bench_function(
-        format!("{}-{variant}/{param}", group.replace('/', "-")),
-        |b| {
-            b.iter_custom(|iters| {
-                let (wall, spans) = time_across(&streams, iters, &mut f);
-                let mut r = rec.borrow_mut();
-                let mut push = |v: String, bytes: u64, d: Duration| {
-                    let run = r.runs.entry((group.to_string(), param, v)).or_default();
-                    run.bytes = bytes;
-                    run.secs.push(d.as_secs_f64() / iters as f64);
-                };
-                push(variant.to_string(), bytes, wall);
-                if parts.len() > 1 {
-                    for (p, d) in parts.iter().zip(spans) {
-                        push(format!("{variant}/{}", p.1), p.2, d);
-                    }
+    grp.inner.throughput(Throughput::Bytes(bytes.max(1)));
+    grp.inner.bench_function(id, |b| {
+        b.iter_custom(|iters| {
+            let (wall, spans) = time_across(&streams, iters, &mut f);
+            let mut r = rec.borrow_mut();
+            let mut push = |v: String, bytes: u64, d: Duration| {
+                let run = r.runs.entry((group.to_string(), param, v)).or_default();
+                run.bytes = bytes;
+                run.secs.push(d.as_secs_f64() / iters as f64);
+            };
+            push(variant.to_string(), bytes, wall);
+            if parts.len() > 1 {
+                for (p, d) in parts.iter().zip(spans) {
+                    push(format!("{variant}/{}", p.1), p.2, d);
                 }
-                wall
-            })
-        },
-    );
+            }
+            wall
+        })
+    });
 }
 
 fn check(call: &str, r: cu::CUresult) {
@@ -391,7 +428,7 @@ fn memcpy_spans<'a>(
 }
 
 fn ceilings(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
-    let mut grp = c.benchmark_group("ceiling");
+    let mut grp = group(c, "ceiling");
     let a = Mem::new(false, D2D_BYTES / 2);
     let b = Mem::new(false, D2D_BYTES / 2);
     measure(
@@ -564,7 +601,7 @@ fn write_cases(cfg: &Cfg) -> Vec<(usize, usize)> {
 }
 
 fn slot_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
-    let mut grp = c.benchmark_group("slot-update");
+    let mut grp = group(c, "slot-update");
     let row = cfg.heads * cfg.dim * cfg.elem;
     for (t, bs) in write_cases(cfg) {
         let w = WriteSetup::new(cfg, t, bs, t as u64 ^ bs as u64);
@@ -702,7 +739,7 @@ impl PdlSetup {
 /// Group `pdl` (see the module docs): producer → decode-size update pairs in CUDA graphs, with
 /// and without programmatic dependent launch.
 fn pdl(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
-    let mut grp = c.benchmark_group("pdl");
+    let mut grp = group(c, "pdl");
     let iters = env_usize("KVIO_BENCH_PRODUCER_ITERS", 256) as u32;
     println!(
         "pdl: programmatic dependent launch {} ({:?} PTX); producer {iters} steps per thread",
@@ -1074,7 +1111,7 @@ impl Fp8Setup {
 /// (`reshape_and_cache_flash`, fp8 e4m3, `../shared/LAYOUTS.md`): 827 / 844 GB/s at T = 4,096
 /// / 65,536, 2.32 / 2.75 / 3.10 µs per call in a graph at T = 1 / 64 / 256.
 fn fp8_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
-    let mut grp = c.benchmark_group("fp8-update");
+    let mut grp = group(c, "fp8-update");
     let (h, d, bs) = (cfg.heads, cfg.dim, 16);
     for t in [1usize, 16, 256, 4096, 16384, 65536] {
         let s = Fp8Setup::new(t, h, d, bs, 500 + t as u64);
@@ -1225,7 +1262,7 @@ impl V0Setup {
 /// anchor on this GPU (`../shared/LAYOUTS.md`): bf16 324 / 170 GB/s, fp8 362 / 169 GB/s at
 /// T = 16,384 / 65,536.
 fn v0_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
-    let mut grp = c.benchmark_group("v0-update");
+    let mut grp = group(c, "v0-update");
     // (group, T, page size, how the tokens fill pages, variant suffix)
     let fill = |t: usize| {
         if t >= 256 {
@@ -1398,7 +1435,7 @@ impl MlaSetup {
 /// vLLM's anchor on this GPU (random slots): bf16 1,013 / 735 GB/s, fp8 732 / 532 GB/s at
 /// T = 16,384 / 65,536.
 fn mla_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
-    let mut grp = c.benchmark_group("mla-update");
+    let mut grp = group(c, "mla-update");
     for fp8 in [false, true] {
         let variant = if fp8 { "kvio-fp8-e4m3" } else { "kvio-bf16" };
         for t in [1usize, 16, 256, 4096, 16384, 65536] {
@@ -1454,7 +1491,7 @@ fn mla_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
 }
 
 fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
-    let mut grp = c.benchmark_group("slice-update");
+    let mut grp = group(c, "slice-update");
     // vLLM TPU layout: rows of K and V heads together (H' = 2H), flat cache.
     let heads = 2 * cfg.heads;
     let row = heads * cfg.dim * cfg.elem;
@@ -1771,7 +1808,7 @@ fn block_spans(src: &Pool, dst: &Pool, pairs: &[[i64; 2]]) -> (Vec<(u64, u64)>, 
 /// memcpy, naive kernel.
 #[allow(clippy::too_many_arguments)]
 fn block_case(
-    grp: &mut BenchmarkGroup<'_, WallTime>,
+    grp: &mut Group<'_>,
     rec: &RefCell<Rec>,
     g: &Gpu,
     stream: &Stream,
@@ -1940,7 +1977,7 @@ fn dma_batch(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
         } else {
             "onload/dma-batch"
         };
-        let mut grp = c.benchmark_group(name);
+        let mut grp = group(c, name);
         for size in [
             4096usize,
             16 << 10,
@@ -2007,7 +2044,7 @@ fn dma_batch(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
 }
 
 fn copy_blocks(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
-    let mut grp = c.benchmark_group("copy-blocks");
+    let mut grp = group(c, "copy-blocks");
     for &bs in &cfg.pages {
         let block = cfg.layers * 2 * cfg.chunk(bs);
         let n = (D2D_BYTES / 2 / block).max(1);
@@ -2032,7 +2069,7 @@ fn copy_blocks(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, 
 /// default budget) and `onload` (back, 4 CTAs, 16 and the default), against the pinned
 /// ceilings (the JSON's percentages there are of the device-copy ceiling).
 fn v0_convert(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
-    let mut grp = c.benchmark_group("v0-convert");
+    let mut grp = group(c, "v0-convert");
     for &bs in &cfg.pages {
         let block = cfg.layers * 2 * cfg.chunk(bs);
         let n = (D2D_BYTES / 4 / block).max(1);
@@ -2097,7 +2134,7 @@ fn transfers(
     offload: bool,
 ) {
     let dir = if offload { "offload" } else { "onload" };
-    let mut grp = c.benchmark_group(dir);
+    let mut grp = group(c, dir);
     // D2H on 2 CTAs, H2D on 4 (the targets' budgets).
     let ctas = Some(if offload { 2 } else { 4 });
     for &bs in &cfg.pages {
@@ -2200,7 +2237,7 @@ fn concurrent(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, cfg: &Cfg) {
         cfg.more_splits,
         g.kv.batched_dma()
     );
-    let mut grp = c.benchmark_group("concurrent");
+    let mut grp = group(c, "concurrent");
 
     // The bidirectional DMA ceiling, and each direction alone.
     {
