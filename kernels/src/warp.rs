@@ -9,6 +9,10 @@
 //! [`take`] what it holds after receiving its partner's two. The GPU moves the words with
 //! `shfl.sync.bfly` (`transpose`, compiled for the GPU only); the CPU tests move them between
 //! the octet's eight arrays, so both run the same [`send`] and [`take`].
+//!
+//! The same transpose of 1-byte elements (eight bytes a row, two words, byte `k` of word `w`
+//! being element `4w + k`): [`send_bytes`], [`take_bytes`] and `transpose_bytes`, three steps
+//! of one word each.
 
 /// The lane-index bit each butterfly step exchanges across (`1 << (2 - step)`).
 pub const MASKS: [u32; 3] = [4, 2, 1];
@@ -108,6 +112,108 @@ pub fn take(step: usize, i: u32, w: &[u32; 4], r: [u32; 2]) -> [u32; 4] {
     }
 }
 
+/// The bytes of `a` and `b` that `sel` names, as PTX `prmt.b32` in its default mode: nibble
+/// `k` of `sel` (0..7) picks byte `k` of the result from `a` (0..3) or `b` (4..7).
+#[inline(always)]
+pub fn prmt(a: u32, b: u32, sel: u32) -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let r: u32;
+        // SAFETY: register-only.
+        unsafe {
+            core::arch::asm!(
+                "prmt.b32 {r}, {a}, {b}, {s};",
+                r = out(reg32) r,
+                a = in(reg32) a,
+                b = in(reg32) b,
+                s = in(reg32) sel,
+                options(pure, nomem, nostack)
+            )
+        };
+        r
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        let x = (a as u64) | (b as u64) << 32;
+        let mut r = 0;
+        let mut k = 0;
+        while k < 4 {
+            let s = (sel >> (4 * k)) & 7;
+            r |= (((x >> (8 * s)) & 0xff) as u32) << (8 * k);
+            k += 1;
+        }
+        r
+    }
+}
+
+/// The word the lane of octet index `i` passes to its partner in step `step` of the byte
+/// transpose, holding `w`.
+///
+/// Before step 0 a lane holds its row (bytes 0..3 in `w[0]`, 4..7 in `w[1]`); after step 0 a
+/// 2 × 4 block (rows `i & 3` and `(i & 3) | 4`, its half of the columns: a word each); after
+/// step 1 a 4 × 2 block (rows `i & 1`, `+ 2` in `w[0]`, `+ 4`, `+ 6` in `w[1]`, two bytes
+/// each: its column pair); after step 2 its column, rows 0..3 in `w[0]` and 4..7 in `w[1]`.
+#[inline(always)]
+pub fn send_bytes(step: usize, i: u32, w: &[u32; 2]) -> u32 {
+    let b = i & MASKS[step] != 0;
+    match step {
+        // The half of its row the partner keeps.
+        0 => {
+            if b {
+                w[0]
+            } else {
+                w[1]
+            }
+        }
+        // The column pair of each of its two rows that the partner keeps.
+        1 => {
+            if b {
+                prmt(w[0], w[1], 0x5410)
+            } else {
+                prmt(w[0], w[1], 0x7632)
+            }
+        }
+        // The partner's column of each of its four rows.
+        _ => {
+            if b {
+                prmt(w[0], w[1], 0x6420)
+            } else {
+                prmt(w[0], w[1], 0x7531)
+            }
+        }
+    }
+}
+
+/// What the lane of octet index `i` holds after step `step` of the byte transpose, having held
+/// `w` and received `r` (its partner's [`send_bytes`]).
+#[inline(always)]
+pub fn take_bytes(step: usize, i: u32, w: &[u32; 2], r: u32) -> [u32; 2] {
+    let b = i & MASKS[step] != 0;
+    match step {
+        0 => {
+            if b {
+                [r, w[1]]
+            } else {
+                [w[0], r]
+            }
+        }
+        1 => {
+            if b {
+                [prmt(r, w[0], 0x7610), prmt(r, w[1], 0x7632)]
+            } else {
+                [prmt(w[0], r, 0x5410), prmt(w[1], r, 0x7610)]
+            }
+        }
+        _ => {
+            if b {
+                [prmt(r, w[0], 0x7150), prmt(r, w[1], 0x7352)]
+            } else {
+                [prmt(w[0], r, 0x5240), prmt(w[1], r, 0x7260)]
+            }
+        }
+    }
+}
+
 /// A whole-warp `shfl.sync` of one mode: `$name(v, b)` returns the value `v` of the lane that
 /// mode `$mode` picks with operand `b`.
 macro_rules! shfl {
@@ -174,6 +280,32 @@ unsafe fn step<const S: usize>(i: u32, w: [u32; 4]) -> [u32; 4] {
     take(S, i, &w, r)
 }
 
+/// The 8 × 8 transpose of this lane's row of bytes `w` across its octet (see
+/// [`send_bytes`]), `i` being `lane & 7`.
+///
+/// # Safety
+/// Every lane of the warp executes it together.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub unsafe fn transpose_bytes(i: u32, w: [u32; 2]) -> [u32; 2] {
+    // SAFETY (all three): forwarded (every lane runs the same steps).
+    let w = unsafe { step_bytes::<0>(i, w) };
+    let w = unsafe { step_bytes::<1>(i, w) };
+    unsafe { step_bytes::<2>(i, w) }
+}
+
+/// Step `S` of `transpose_bytes`.
+///
+/// # Safety
+/// Every lane of the warp executes it together.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn step_bytes<const S: usize>(i: u32, w: [u32; 2]) -> [u32; 2] {
+    // SAFETY: forwarded.
+    let r = unsafe { shfl_xor(send_bytes(S, i, &w), MASKS[S]) };
+    take_bytes(S, i, &w, r)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -213,5 +345,53 @@ mod tests {
             // An involution: twice gives the rows back.
             assert_eq!(transpose_octet(cols), rows);
         }
+    }
+
+    /// [`transpose_octet`] for rows of bytes.
+    fn transpose_octet_bytes(rows: [[u32; 2]; 8]) -> [[u32; 2]; 8] {
+        let mut w = rows;
+        for s in 0..3 {
+            let out: [u32; 8] = core::array::from_fn(|l| send_bytes(s, l as u32, &w[l]));
+            w = core::array::from_fn(|l| {
+                take_bytes(s, l as u32, &w[l], out[l ^ MASKS[s] as usize])
+            });
+        }
+        w
+    }
+
+    fn byte(w: &[u32; 2], c: usize) -> u8 {
+        (w[c / 4] >> (8 * (c % 4))) as u8
+    }
+
+    #[test]
+    fn octet_rows_of_bytes_become_columns() {
+        let mut x = 0x2545_f491u32;
+        for _ in 0..64 {
+            let rows: [[u32; 2]; 8] = core::array::from_fn(|_| {
+                core::array::from_fn(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    x
+                })
+            });
+            let cols = transpose_octet_bytes(rows);
+            for (i, col) in cols.iter().enumerate() {
+                for (r, row) in rows.iter().enumerate() {
+                    assert_eq!(byte(col, r), byte(row, i), "lane {i}, row {r}");
+                }
+            }
+            assert_eq!(transpose_octet_bytes(cols), rows);
+        }
+    }
+
+    #[test]
+    fn prmt_picks_bytes_as_ptx_does() {
+        let (a, b) = (0x0302_0100u32, 0x0706_0504u32);
+        // With bytes numbered 0..7, the result's byte k is byte (sel >> 4k) & 7.
+        assert_eq!(prmt(a, b, 0x3210), a);
+        assert_eq!(prmt(a, b, 0x7654), b);
+        assert_eq!(prmt(a, b, 0x5410), 0x0504_0100);
+        assert_eq!(prmt(a, b, 0x0167), 0x0001_0607);
     }
 }
