@@ -1398,17 +1398,20 @@ unsafe fn store_column<const E: usize>(
     // to its size (a whole column from an aligned octet's first slot; a piece's stores in
     // decreasing sizes from an octet's start, or increasing sizes up to an octet's end).
     unsafe {
-        if run.d == 0 || lane < 24 {
-            let d = at(run.base);
-            if E == 2 {
-                core::ptr::write(d as *mut V16, V16::from_array(col));
-            } else {
-                core::ptr::write(d as *mut u64, col[0] as u64 | (col[1] as u64) << 32);
-            }
-        } else if E == 1 {
-            let x = col[0] as u64 | (col[1] as u64) << 32;
+        if E == 2 {
+            // The copying stream does not rotate (`run.d == 0`).
+            core::ptr::write(at(run.base) as *mut V16, V16::from_array(col));
+            return;
+        }
+        // Every lane finds its first store's octet the same way (its own, or the first
+        // piece's of a split last octet), so that the warp computes that address once.
+        let split = run.d != 0 && lane >= 24;
+        let pa = at(if split { run.pa } else { run.base });
+        let x = col[0] as u64 | (col[1] as u64) << 32;
+        if !split {
+            core::ptr::write(pa as *mut u64, x);
+        } else {
             let n = 8 - run.d as usize;
-            let pa = at(run.pa);
             if n & 4 != 0 {
                 core::ptr::write(pa as *mut u32, x as u32);
             }
