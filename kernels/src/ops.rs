@@ -817,6 +817,9 @@ pub unsafe fn update_stream(a: &TileArgs, g: Group) {
 /// Since session 25 V's rows are quantized before the octet's exchange, which then moves
 /// bytes (two words a lane) instead of 2-byte elements (four): H100, one sequence of 16,384
 /// tokens 76.4-77.2 -> 78.6-79.1% on 8-, 16- and 32-token pages, batches -1 to +3 points.
+/// And every lane finds its first V store's octet the same way, so a rotated warp computes
+/// that address once, not once for its whole octets and once for the split one: batches of
+/// 1,024-token sequences and chunked batches 1-2 points up again (H100).
 ///
 /// # Safety
 /// As [`update_stream`], except: `a.elem == 1`, `a.convert` converts 2-byte source elements
