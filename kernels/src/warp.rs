@@ -14,6 +14,8 @@
 //! being element `4w + k`): [`send_bytes`], [`take_bytes`] and `transpose_bytes`, three steps
 //! of one word each.
 
+use crate::tile::prmt;
+
 /// The lane-index bit each butterfly step exchanges across (`1 << (2 - step)`).
 pub const MASKS: [u32; 3] = [4, 2, 1];
 
@@ -109,40 +111,6 @@ pub fn take(step: usize, i: u32, w: &[u32; 4], r: [u32; 2]) -> [u32; 4] {
                 ]
             }
         }
-    }
-}
-
-/// The bytes of `a` and `b` that `sel` names, as PTX `prmt.b32` in its default mode: nibble
-/// `k` of `sel` (0..7) picks byte `k` of the result from `a` (0..3) or `b` (4..7).
-#[inline(always)]
-pub fn prmt(a: u32, b: u32, sel: u32) -> u32 {
-    #[cfg(target_arch = "nvptx64")]
-    {
-        let r: u32;
-        // SAFETY: register-only.
-        unsafe {
-            core::arch::asm!(
-                "prmt.b32 {r}, {a}, {b}, {s};",
-                r = out(reg32) r,
-                a = in(reg32) a,
-                b = in(reg32) b,
-                s = in(reg32) sel,
-                options(pure, nomem, nostack)
-            )
-        };
-        r
-    }
-    #[cfg(not(target_arch = "nvptx64"))]
-    {
-        let x = (a as u64) | (b as u64) << 32;
-        let mut r = 0;
-        let mut k = 0;
-        while k < 4 {
-            let s = (sel >> (4 * k)) & 7;
-            r |= (((x >> (8 * s)) & 0xff) as u32) << (8 * k);
-            k += 1;
-        }
-        r
     }
 }
 
@@ -310,6 +278,16 @@ unsafe fn step_bytes<const S: usize>(i: u32, w: [u32; 2]) -> [u32; 2] {
 mod tests {
     use super::*;
 
+    /// A xorshift32 stream from `x` (non-zero).
+    fn xorshift(mut x: u32) -> impl FnMut() -> u32 {
+        move || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x
+        }
+    }
+
     /// The transpose of an octet's rows with the steps' exchanges done between arrays.
     fn transpose_octet(rows: [[u32; 4]; 8]) -> [[u32; 4]; 8] {
         let mut w = rows;
@@ -326,16 +304,9 @@ mod tests {
 
     #[test]
     fn octet_rows_become_columns() {
-        let mut x = 0x9e37_79b9u32;
+        let mut next = xorshift(0x9e37_79b9);
         for _ in 0..64 {
-            let rows: [[u32; 4]; 8] = core::array::from_fn(|_| {
-                core::array::from_fn(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 17;
-                    x ^= x << 5;
-                    x
-                })
-            });
+            let rows: [[u32; 4]; 8] = core::array::from_fn(|_| core::array::from_fn(|_| next()));
             let cols = transpose_octet(rows);
             for (i, col) in cols.iter().enumerate() {
                 for (r, row) in rows.iter().enumerate() {
@@ -365,16 +336,9 @@ mod tests {
 
     #[test]
     fn octet_rows_of_bytes_become_columns() {
-        let mut x = 0x2545_f491u32;
+        let mut next = xorshift(0x2545_f491);
         for _ in 0..64 {
-            let rows: [[u32; 2]; 8] = core::array::from_fn(|_| {
-                core::array::from_fn(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 17;
-                    x ^= x << 5;
-                    x
-                })
-            });
+            let rows: [[u32; 2]; 8] = core::array::from_fn(|_| core::array::from_fn(|_| next()));
             let cols = transpose_octet_bytes(rows);
             for (i, col) in cols.iter().enumerate() {
                 for (r, row) in rows.iter().enumerate() {
@@ -383,15 +347,5 @@ mod tests {
             }
             assert_eq!(transpose_octet_bytes(cols), rows);
         }
-    }
-
-    #[test]
-    fn prmt_picks_bytes_as_ptx_does() {
-        let (a, b) = (0x0302_0100u32, 0x0706_0504u32);
-        // With bytes numbered 0..7, the result's byte k is byte (sel >> 4k) & 7.
-        assert_eq!(prmt(a, b, 0x3210), a);
-        assert_eq!(prmt(a, b, 0x7654), b);
-        assert_eq!(prmt(a, b, 0x5410), 0x0504_0100);
-        assert_eq!(prmt(a, b, 0x0167), 0x0001_0607);
     }
 }
