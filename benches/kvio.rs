@@ -14,6 +14,11 @@
 //! `KVIO_BENCH_PRODUCER_ITERS` (256: arithmetic steps per thread of the `pdl` group's
 //! producer). Without a GPU it says so and exits 0.
 //!
+//! A filter on the command line (`cargo bench -- 'v0-update-page-kvio-bf16/16$'`, criterion's
+//! regular expression over `group/row`) selects rows before anything of theirs runs: a row left
+//! out makes no untimed first call either, so under Nsight Compute `--launch-skip 0` catches
+//! the first selected row's first launch (the rows' data is still set up).
+//!
 //! Group `concurrent` (`KVIO_BENCH_GROUPS=concurrent`) runs offload (GPU -> pinned host) and
 //! onload (pinned host -> GPU) at the same time on two non-blocking streams, A and B. Its timer
 //! (`time_across`) records a start event on the first stream that the others wait for, an end
