@@ -1174,9 +1174,7 @@ unsafe fn warp_fast<const C: u32>(
 /// (`d` is 0 in the copying one).
 #[derive(Clone, Copy)]
 struct Run {
-    /// Whether the warp may rotate (the quantizing stream); `d` is 0 otherwise.
-    rotate: bool,
-    /// The lanes' rotation.
+    /// The lanes' rotation (0 in the copying stream).
     d: u32,
     /// The first slot of this lane's virtual octet (a multiple of 8).
     base: u64,
@@ -1240,7 +1238,6 @@ unsafe fn warp_runs(
             (0, 0)
         };
         Some(Run {
-            rotate,
             d,
             base: base as u64,
             pa: pa as u64,
@@ -1274,7 +1271,6 @@ unsafe fn warp_runs(
             l += 1;
         }
         Some(Run {
-            rotate,
             d,
             base: (vslot(lane) & !7) as u64,
             pa: (vslot(24) & !7) as u64,
@@ -1286,8 +1282,10 @@ unsafe fn warp_runs(
 /// Column `lane & 7` of the V rows of [`stream_body`]'s virtual octet (virtual lanes `lane &
 /// !7 ..` of `run`'s rotation `d`) in one group: element `lane & 7` of the group of each of the
 /// octet's eight tokens, the `j`-th virtual token in the `j`-th 2-byte half-word. The GPU
-/// rotates the rows across the warp (`row` is this lane's) and transposes each octet's; the
-/// CPU reads the column, the warp's first token's group lying at source offset `at_w`.
+/// transposes each octet's rows (`row` is this lane's): there it serves the copying stream,
+/// whose warps do not rotate (`run.d == 0`; the quantizing stream rotates its quantized rows
+/// in [`octet_column_fp8`]). The CPU reads the column of virtual lanes, the warp's first
+/// token's group lying at source offset `at_w`.
 ///
 /// # Safety
 /// Every lane of the warp calls it together (GPU); the warp's 32 tokens exist and the group
@@ -1296,15 +1294,9 @@ unsafe fn warp_runs(
 unsafe fn octet_column(a: &TileArgs, row: &Row, lane: u32, run: &Run, at_w: u64) -> [u32; 4] {
     #[cfg(target_arch = "nvptx64")]
     {
-        let _ = (a, at_w);
-        let mut w = [row[0], row[1], row[2], row[3]];
-        if run.rotate {
-            let src = (lane + run.d) & 31;
-            // SAFETY: every lane of the warp is here.
-            w = unsafe { w.map(|x| crate::warp::shfl_idx(x, src)) };
-        }
+        let _ = (a, run, at_w);
         // SAFETY: forwarded.
-        unsafe { crate::warp::transpose(lane & 7, w) }
+        unsafe { crate::warp::transpose(lane & 7, [row[0], row[1], row[2], row[3]]) }
     }
     #[cfg(not(target_arch = "nvptx64"))]
     {
@@ -1312,8 +1304,7 @@ unsafe fn octet_column(a: &TileArgs, row: &Row, lane: u32, run: &Run, at_w: u64)
         let mut col = [0u32; 4];
         let mut j = 0;
         while j < 8 {
-            let d = if run.rotate { run.d } else { 0 };
-            let tok = ((lane & !7) + j as u32 + d) & 31;
+            let tok = ((lane & !7) + j as u32 + run.d) & 31;
             let off = at_w + tok as u64 * a.src_token_stride + 2 * (lane & 7) as u64;
             // SAFETY: the warp's tok-th token, element lane & 7 of the group: inside the
             // validated source.
@@ -1347,12 +1338,10 @@ unsafe fn octet_column_fp8<const C: u32>(
     {
         let _ = (a, at_w);
         let q = convert::unit_fast::<C>(&raw_of(row), div);
-        let mut w = [q as u32, (q >> 32) as u32];
-        if run.rotate {
-            let src = (lane + run.d) & 31;
-            // SAFETY: every lane of the warp is here.
-            w = unsafe { w.map(|x| crate::warp::shfl_idx(x, src)) };
-        }
+        // The virtual lane's row (this stream always reads its lanes rotated, `run.d` maybe 0).
+        let src = (lane + run.d) & 31;
+        // SAFETY: every lane of the warp is here.
+        let w = unsafe { [q as u32, (q >> 32) as u32].map(|x| crate::warp::shfl_idx(x, src)) };
         // SAFETY: forwarded.
         unsafe { crate::warp::transpose_bytes(lane & 7, w) }
     }
