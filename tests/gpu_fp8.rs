@@ -128,15 +128,74 @@ const DIVIDER_ENTRY: &str = r#"
 }
 "#;
 
+/// An entry point appended to kvio's PTX: thread i checks the bit patterns
+/// `[i * count, (i + 1) * count)` with `kvio_range_probe` and adds its mismatches to `out[0]`.
+const RANGE_ENTRY: &str = r#"
+.visible .entry kvio_range_check(.param .u64 out_p, .param .u32 count_p)
+{
+    .reg .b32 %qr<10>;
+    .reg .b64 %qrd<4>;
+    mov.u32 %qr1, %ctaid.x;
+    mov.u32 %qr2, %ntid.x;
+    mov.u32 %qr3, %tid.x;
+    mad.lo.u32 %qr4, %qr1, %qr2, %qr3;
+    ld.param.u32 %qr5, [count_p];
+    mul.lo.u32 %qr6, %qr4, %qr5;
+    {
+        .param .b32 a0;
+        .param .b32 a1;
+        .param .b32 rv;
+        st.param.b32 [a0], %qr6;
+        st.param.b32 [a1], %qr5;
+        call.uni (rv), kvio_range_probe, (a0, a1);
+        ld.param.b32 %qr7, [rv];
+    }
+    ld.param.u64 %qrd1, [out_p];
+    cvta.to.global.u64 %qrd2, %qrd1;
+    atom.global.add.u32 %qr8, [%qrd2], %qr7;
+    ret;
+}
+"#;
+
+/// The quantizing kernels take the division's fast path for a warp's units only where every
+/// element is finite and at most 2^80 (`convert::in_fast_range`). The sm_90 PTX finds the
+/// largest magnitude with packed `max.NaN.xorsign.abs` instructions; the sm_80 PTX (and the
+/// CPU) test each word's halves with integer arithmetic. On the GPU, for every 32-bit pattern
+/// as one word of four units of bf16, f16 and f32 elements (the other words in range, of both
+/// signs): both tests agree, in both PTX flavours.
+#[test]
+fn fast_range_tests_agree_for_every_word() {
+    let Some(_gpu) = kvio_suite::gpu("fast_range_tests_agree_for_every_word") else {
+        return;
+    };
+    let count = 1u32 << 12;
+    let threads = 256u32;
+    let blocks = ((1u64 << 32) / (count as u64 * threads as u64)) as u32;
+    for (arch, base) in [("sm_90", kvio::PTX_SM90), ("sm_80", kvio::PTX_SM80)] {
+        let ptx = format!("{base}\n{RANGE_ENTRY}");
+        let module = Module::from_ptx(&ptx, &[]).expect("load PTX + range entry");
+        let check = module.get_function("kvio_range_check").unwrap();
+        let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
+        let out = DeviceBuffer::<u32>::from_slice(&[0u32]).unwrap();
+        unsafe {
+            launch!(check<<<blocks, threads, 0, stream>>>(out.as_device_ptr(), count)).unwrap();
+        }
+        stream.synchronize().unwrap();
+        let mut got = [u32::MAX];
+        out.copy_to(&mut got[..]).unwrap();
+        assert_eq!(got[0], 0, "{arch}: the two fast-range tests differ");
+    }
+}
+
 /// The quantizing kernels divide by a scale through `fp8::Divider` (a reciprocal computed once
 /// per scale, three operations per element on the GPU). It must round exactly as IEEE
 /// division: checked against `div.rn.f32` on the GPU for every f32 bit pattern of `x` (all
 /// bf16 and f16 values widen to some of them), for scales that stress the reciprocal (all-ones
 /// mantissas, powers of two, the ends of the fast path's range, just outside it, negatives,
-/// subnormal, zero, inf, NaN) and random ones; in both PTX flavours (sm_80 and sm_90). The
-/// same probe checks `Divider::div8_fp8` (zeros and tiny values on the fast path, exact only
-/// up to fp8 rounding): its e4m3 and e5m2 codes against those of IEEE division for every
-/// pattern of magnitude up to 2^80.
+/// which divide element by element, subnormal, zero, inf, NaN) and random ones; in both PTX
+/// flavours (sm_80 and sm_90). The same probe checks `Divider::div8_fp8` (zeros and tiny
+/// values on the fast path, exact only up to fp8 rounding): its e4m3 and e5m2 codes against
+/// those of IEEE division for every pattern of magnitude up to 2^80.
 #[test]
 fn divider_matches_ieee_division_for_every_f32() {
     let Some(_gpu) = kvio_suite::gpu("divider_matches_ieee_division_for_every_f32") else {
@@ -166,9 +225,11 @@ fn divider_matches_ieee_division_for_every_f32() {
     ];
     let mut rng = Rng::new(4242);
     for _ in 0..44 {
-        // Random sign, exponent in [-40, 40], random mantissa.
+        // Exponent in [-40, 40], random mantissa, negative one time in four (the fast path
+        // takes positive scales only).
         let e = (rng.below(81) as u32 + 127 - 40) << 23;
-        let bits = (rng.next_u64() as u32 & 0x807f_ffff) | e;
+        let sign = if rng.below(4) == 0 { 0x8000_0000 } else { 0 };
+        let bits = (rng.next_u64() as u32 & 0x007f_ffff) | e | sign;
         scales.push(f32::from_bits(bits));
     }
     let count = 1u32 << 12; // bit patterns per thread
@@ -199,11 +260,11 @@ fn divider_matches_ieee_division_for_every_f32() {
                 );
             }
             total += got[0] as u64;
-            // Every pattern was looked at: in-range scales take the fast path exactly for the
-            // aligned groups of eight with every |x| in [2^-80, 2^80] (2 signs x 0x5000_0000
-            // patterns); other scales never.
-            let a = scale.abs();
-            let in_range = a >= f32::from_bits(0x2f80_0000) && a <= f32::from_bits(0x4f80_0000);
+            // Every pattern was looked at: positive in-range scales take the fast path exactly
+            // for the aligned groups of eight with every |x| in [2^-80, 2^80] (2 signs x
+            // 0x5000_0000 patterns); other scales (negative ones included) never.
+            let in_range =
+                scale >= f32::from_bits(0x2f80_0000) && scale <= f32::from_bits(0x4f80_0000);
             let want_fast = if in_range { 0xa000_0000u32 } else { 0 };
             assert_eq!(
                 got[1], want_fast,

@@ -363,15 +363,62 @@ pub(crate) fn fast<const C: u32, const N: usize>(raws: &[Raw; N], div: &Divider)
 }
 
 /// [`fast`]'s test of the elements (see there), without the divider's.
+///
+/// In kvio's sm_90 PTX the largest magnitude is found first, one packed `max` a 32-bit word
+/// ([`max_abs`]) in a tree of four chains, and tested once; elsewhere each word is tested
+/// as it comes (two elements at a time for 2-byte sources, see [`fast`]). Both give the same
+/// answer: the packed `max` keeps NaN (a NaN's magnitude bits lie above the bound).
 #[inline(always)]
 fn in_fast_range<const C: u32, const N: usize>(raws: &[Raw; N]) -> bool {
-    const HALF: u32 = 0x8000_8000;
     let max = crate::fp8::FP8_FAST_MAX;
     let max16 = if C & 0xf == SRC_BF16 {
         max >> 16
     } else {
         0x7bff
     };
+    #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90"))]
+    {
+        // Four chains (one per word of a 16-byte half), so that the maxima do not wait on
+        // each other; the first unit's words start them (their signs and NaN payloads do not
+        // matter: the test below reads magnitude bits).
+        let mut acc = raws[0][0].to_array();
+        let mut n = 0;
+        while n < N {
+            let (a, b) = (raws[n][0].to_array(), raws[n][1].to_array());
+            let mut k = 0;
+            while k < 4 {
+                if n > 0 {
+                    acc[k] = max_abs::<C>(acc[k], a[k]);
+                }
+                if C & 0xf == SRC_F32 {
+                    acc[k] = max_abs::<C>(acc[k], b[k]);
+                }
+                k += 1;
+            }
+            n += 1;
+        }
+        let m = max_abs::<C>(max_abs::<C>(acc[0], acc[1]), max_abs::<C>(acc[2], acc[3]));
+        if C & 0xf == SRC_F32 {
+            m & 0x7fff_ffff <= max
+        } else {
+            (m & 0x7fff <= max16) & ((m >> 16) & 0x7fff <= max16)
+        }
+    }
+    #[cfg(not(all(target_arch = "nvptx64", target_feature = "sm_90")))]
+    {
+        in_fast_range_words::<C, N>(raws, max, max16)
+    }
+}
+
+/// [`in_fast_range`] word by word: for 2-byte sources `(max16 | 0x8000) - m` of each half's
+/// magnitude `m`, whose bit 15 is set exactly where `m <= max16`.
+#[inline(always)]
+fn in_fast_range_words<const C: u32, const N: usize>(
+    raws: &[Raw; N],
+    max: u32,
+    max16: u32,
+) -> bool {
+    const HALF: u32 = 0x8000_8000;
     let max2 = (max16 | 0x8000) * 0x1_0001;
     let mut ok = HALF;
     let mut wide = true;
@@ -390,6 +437,32 @@ fn in_fast_range<const C: u32, const N: usize>(raws: &[Raw; N]) -> bool {
         n += 1;
     }
     wide && ok & HALF == HALF
+}
+
+/// The larger magnitude of `a` and `b`, per element of conversion `C`'s source type (two
+/// bf16 or f16 halves of a word, or one f32), NaN where either is NaN; the sign bits are
+/// their XOR (PTX `max.NaN.xorsign.abs`, sm_86 and later, PTX ISA 7.2).
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90"))]
+#[inline(always)]
+fn max_abs<const C: u32>(a: u32, b: u32) -> u32 {
+    let m: u32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        if C & 0xf == SRC_BF16 {
+            core::arch::asm!("max.NaN.xorsign.abs.bf16x2 {m}, {a}, {b};",
+                m = out(reg32) m, a = in(reg32) a, b = in(reg32) b,
+                options(pure, nomem, nostack));
+        } else if C & 0xf == SRC_F16 {
+            core::arch::asm!("max.NaN.xorsign.abs.f16x2 {m}, {a}, {b};",
+                m = out(reg32) m, a = in(reg32) a, b = in(reg32) b,
+                options(pure, nomem, nostack));
+        } else {
+            core::arch::asm!("max.NaN.xorsign.abs.f32 {m}, {a}, {b};",
+                m = out(reg32) m, a = in(reg32) a, b = in(reg32) b,
+                options(pure, nomem, nostack));
+        }
+    }
+    m
 }
 
 /// [`unit`] for a unit whose elements [`fast`] accepted: the same bytes.
@@ -415,6 +488,54 @@ fn pack8_with(q: &[f32; 8], fmt: Fp8) -> u64 {
         k += 1;
     }
     packed.to_le()
+}
+
+/// Not a kernel: a device function that checks [`in_fast_range`] against
+/// [`in_fast_range_words`] for four units of each source type (bf16, f16, f32), every unit's
+/// words in range except one, which takes each 32-bit pattern `first, first + 1, ..,
+/// first + count - 1` in turn, in the unit, word and half that the pattern's low bits pick
+/// (in range words of both signs around it); returns how many answers differ.
+/// `tests/gpu_fp8.rs` calls it from a small entry point appended to the PTX, over all 2^32
+/// patterns: in the sm_90 PTX the two tests are different code.
+#[cfg(target_arch = "nvptx64")]
+#[no_mangle]
+#[inline(never)]
+pub fn kvio_range_probe(first: u32, count: u32) -> u32 {
+    fn check<const C: u32>(w: u32, at: u32) -> u32 {
+        let max = crate::fp8::FP8_FAST_MAX;
+        let max16 = if C & 0xf == SRC_BF16 {
+            max >> 16
+        } else {
+            0x7bff
+        };
+        // In range, of both signs: 1.5 and -0.75 (bf16), 1.5 and -0.75 (f16), 1.5 (f32).
+        let fill = match C & 0xf {
+            SRC_BF16 => 0xbf40_3fc0,
+            SRC_F16 => 0xba00_3e00,
+            _ => 0x3fc0_0000,
+        };
+        let mut raws = [[V16::splat(fill), V16::splat(fill ^ 0x8000_0000)]; 4];
+        let (u, h, k) = (
+            (at >> 3) as usize & 3,
+            (at >> 2) as usize & 1,
+            at as usize & 3,
+        );
+        let h = if C & 0xf == SRC_F32 { h } else { 0 };
+        let mut words = raws[u][h].to_array();
+        words[k] = w;
+        raws[u][h] = V16::from_array(words);
+        (in_fast_range::<C, 4>(&raws) != in_fast_range_words::<C, 4>(&raws, max, max16)) as u32
+    }
+    let mut bad = 0;
+    let mut i = 0;
+    while i < count {
+        let w = first.wrapping_add(i);
+        bad += check::<{ code(SRC_BF16, TO_E4M3) }>(w, w);
+        bad += check::<{ code(SRC_F16, TO_E4M3) }>(w, w >> 5);
+        bad += check::<{ code(SRC_F32, TO_E4M3) }>(w, w >> 10);
+        i += 1;
+    }
+    bad
 }
 
 #[cfg(test)]

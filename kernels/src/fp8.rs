@@ -98,20 +98,20 @@ impl Fp8 {
 /// element: `q = x * y`, `e = fma(-q, scale, x)` (exact), `q' = fma(e, y, q)`, the same
 /// operations, in the same order, as the fast path of the division `ptxas` emits for
 /// `div.rn.f32`. That path is correctly rounded where no intermediate leaves the normal range;
-/// [`Divider::div8`] takes it only where `|scale|` lies in `[2^-32, 2^32]` and every `|x|` in
-/// `[2^-80, 2^80]` (zeros, subnormals, ±inf, NaN and extremes go through `x / scale`).
+/// [`Divider::div8`] takes it only where `scale` lies in `[2^-32, 2^32]` (positive) and every
+/// `|x|` in `[2^-80, 2^80]` (zeros, subnormals, ±inf, NaN and extremes go through `x / scale`).
 /// `tests/gpu_fp8.rs` checks it bit for bit against `div.rn.f32` on the GPU for every f32 bit
 /// pattern of `x` and a set of scales. On the CPU it is `x / scale`.
 #[derive(Clone, Copy, Debug)]
 pub struct Divider {
     scale: f32,
-    /// The refined reciprocal where the fast path may be taken (GPU, `|scale|` in range),
+    /// The refined reciprocal where the fast path may be taken (GPU, `scale` in range),
     /// else 0.
     #[cfg_attr(not(target_arch = "nvptx64"), allow(dead_code))]
     recip: f32,
 }
 
-/// `|scale|` range of the fast path (see [`Divider`]): 2^-32 ..= 2^32.
+/// The range of positive scales of the fast path (see [`Divider`]): 2^-32 ..= 2^32.
 const FAST_SCALE: (f32, f32) = (f32::from_bits(0x2f80_0000), f32::from_bits(0x4f80_0000));
 /// `|x|` range of the fast path: 2^-80 ..= 2^80.
 #[cfg(target_arch = "nvptx64")]
@@ -133,11 +133,12 @@ impl Divider {
         recip: 0.0,
     };
 
-    /// A divider by `scale`.
+    /// A divider by `scale`. The GPU fast path is for positive scales in `[2^-32, 2^32]`
+    /// (negative ones, which no stack stores, divide element by element: see
+    /// [`Divider::div8_fp8`] for why the sign matters).
     #[inline(always)]
     pub fn new(scale: f32) -> Divider {
-        let a = f32::from_bits(scale.to_bits() & 0x7fff_ffff);
-        let fast = a >= FAST_SCALE.0 && a <= FAST_SCALE.1;
+        let fast = scale >= FAST_SCALE.0 && scale <= FAST_SCALE.1;
         Divider {
             scale,
             recip: if fast { gpu::recip(scale) } else { 0.0 },
@@ -151,7 +152,7 @@ impl Divider {
     }
 
     /// Whether [`Divider::div8`] takes the fast path for `x`: this divider has one (GPU,
-    /// `|scale|` in range) and every `|x[k]|` lies in the fast range.
+    /// `scale` in range) and every `|x[k]|` lies in the fast range.
     #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     fn fast8(&self, x: &[f32; 8]) -> bool {
@@ -166,7 +167,7 @@ impl Divider {
     }
 
     /// Whether [`Divider::div8_fp8`] may be used for values whose magnitude bits the caller
-    /// checked against [`FP8_FAST_MAX`]: on the GPU when `|scale|` lies in the fast range; on
+    /// checked against [`FP8_FAST_MAX`]: on the GPU when `scale` lies in the fast range; on
     /// the CPU always (there it divides), so that the emulation runs the same branches.
     #[inline(always)]
     pub fn has_fast(&self) -> bool {
@@ -176,11 +177,13 @@ impl Divider {
     /// `x[k] / scale` for eight values on their way to fp8, by the fast path alone, where
     /// [`Divider::has_fast`] and every `|x[k]|`'s bits are at most [`FP8_FAST_MAX`] (2^80; the
     /// caller checks both). From 2^-80 up each quotient is rounded as IEEE division (the fast
-    /// path of [`Divider::div8`]); below (zeros included) it is a value of magnitude below
-    /// 2^-47 with the exact quotient's sign (the sign of `x * (1 / scale)`, copied onto the
-    /// result), which every fp8 format rounds to the same signed zero as the exact quotient
-    /// (the smallest fp8 magnitude is 2^-16). `tests/gpu_fp8.rs` checks the fp8 codes against
-    /// those of IEEE division for every f32 bit pattern. On the CPU it divides.
+    /// path of [`Divider::div8`], with the residual's sign turned: the same value); below
+    /// (zeros included) it is a value of magnitude below 2^-47 with `x`'s sign, the exact
+    /// quotient's for the positive scales the fast path takes, which every fp8 format rounds
+    /// to the same signed zero as the exact quotient (the smallest fp8 magnitude is 2^-16).
+    /// The sign comes out of the operations themselves ([`gpu::refine_fp8`]), so no
+    /// instruction copies it. `tests/gpu_fp8.rs` checks the fp8 codes against those of IEEE
+    /// division for every f32 bit pattern. On the CPU it divides.
     #[inline(always)]
     pub fn div8_fp8(&self, x: &[f32; 8]) -> [f32; 8] {
         let mut q = [0f32; 8];
@@ -188,7 +191,7 @@ impl Divider {
         while k < 8 {
             #[cfg(target_arch = "nvptx64")]
             {
-                q[k] = gpu::refine_signed(x[k], self.scale, self.recip);
+                q[k] = gpu::refine_fp8(x[k], self.scale, self.recip);
             }
             #[cfg(not(target_arch = "nvptx64"))]
             {
@@ -245,15 +248,6 @@ fn divide(x: f32, s: f32) -> f32 {
     x / s
 }
 
-/// The steps [`gpu::refine`] and [`gpu::refine_signed`] share: the quotient estimate `q0 = x *
-/// y` and its residual `e = x - q0 * s` (exact), in the registers their templates declare.
-#[cfg(target_arch = "nvptx64")]
-macro_rules! refine_steps {
-    () => {
-        "mul.rn.f32 q0, {x}, {y};\nneg.f32 n, {s};\nfma.rn.f32 e, q0, n, {x};"
-    };
-}
-
 /// The GPU arithmetic of [`Divider`], in PTX so that its operations and rounding are fixed.
 #[cfg(target_arch = "nvptx64")]
 mod gpu {
@@ -278,18 +272,25 @@ mod gpu {
         y
     }
 
-    /// [`refine`] with the sign of `x * y` copied onto the result: the exact quotient's sign
-    /// also where `x` is zero or tiny (see [`super::Divider::div8_fp8`]).
+    /// `x / s` for [`super::Divider::div8_fp8`] (`s > 0`): [`refine`]'s steps with the
+    /// residual negated, `e = q0 * s - x` and `q = q0 - y * e` (the same values where nothing
+    /// is zero: rounding to nearest is symmetric), so that zeros keep `x`'s sign: for `x = -0`,
+    /// `q0 = -0`, `e = -0 + 0 = +0` and `q = -0 - (+0) = -0`, where [`refine`] gives `+0`.
+    /// For a tiny `x` whose product `q0` rounds to zero, `e = -x` and `q` is `x * y` rounded
+    /// once, with its sign. ptxas folds both negations into the multiply-adds' operands:
+    /// three instructions an element.
     #[inline(always)]
-    pub(super) fn refine_signed(x: f32, s: f32, y: f32) -> f32 {
+    pub(super) fn refine_fp8(x: f32, s: f32, y: f32) -> f32 {
         let q: f32;
         // SAFETY: register-only arithmetic.
         unsafe {
             core::arch::asm!(
-                "{{ .reg .f32 q0, q1, e, n;",
-                refine_steps!(),
-                "fma.rn.f32 q1, {y}, e, q0;",
-                "copysign.f32 {q}, q0, q1; }}",
+                "{{ .reg .f32 q0, e, nx, ny;",
+                "mul.rn.f32 q0, {x}, {y};",
+                "neg.f32 nx, {x};",
+                "fma.rn.f32 e, q0, {s}, nx;",
+                "neg.f32 ny, {y};",
+                "fma.rn.f32 {q}, ny, e, q0; }}",
                 x = in(reg32) x,
                 s = in(reg32) s,
                 y = in(reg32) y,
@@ -308,7 +309,9 @@ mod gpu {
         unsafe {
             core::arch::asm!(
                 "{{ .reg .f32 q0, e, n;",
-                refine_steps!(),
+                "mul.rn.f32 q0, {x}, {y};",
+                "neg.f32 n, {s};",
+                "fma.rn.f32 e, q0, n, {x};",
                 "fma.rn.f32 {q}, {y}, e, q0; }}",
                 x = in(reg32) x,
                 s = in(reg32) s,
