@@ -924,6 +924,9 @@ unsafe fn stream_body<const C: u32>(a: &TileArgs, g: Group) {
                     )
                 };
             } else {
+                // SAFETY: `run` is the warp's, head < heads, g0 < groups.
+                let cols = unsafe { Columns::new(&v, a, &run, bs_shift, lane, head, g0) };
+                let k0 = block * k.block + head * k.head + g0 * k.piece_stride + offset * k.token;
                 unroll4!(u => {
                     let grp = g0 + u as u64;
                     if grp < a.groups {
@@ -934,14 +937,9 @@ unsafe fn stream_body<const C: u32>(a: &TileArgs, g: Group) {
                         // heads), elements 8 grp .. 8 grp + 7 of the head; V: `run`'s slots,
                         // columns 16-byte aligned (`runs`).
                         unsafe {
-                            let dk = k.dst.add(
-                                (block * k.block
-                                    + head * k.head
-                                    + grp * k.piece_stride
-                                    + offset * k.token) as usize,
-                            );
+                            let dk = k.dst.add((k0 + u as u64 * k.piece_stride) as usize);
                             tile::store::<2>(dk, &rows[u][0], 0, 8);
-                            store_column::<2>(&v, a, &run, bs_shift, lane, head, grp, col);
+                            store_column::<2>(&cols, u as u64, &run, lane, col);
                         }
                     }
                 });
@@ -1010,7 +1008,8 @@ unsafe fn stream_columns_fp8<const C: u32>(
     sv: &Divider,
 ) {
     let (k, v) = (TilePart::of(a, 0), TilePart::of(a, 1));
-    let kb = block * k.block + head * k.head + offset * k.token;
+    // Piece g0 / 2 of this lane's token (pieces of 16 elements, two groups).
+    let k0 = block * k.block + head * k.head + offset * k.token + (g0 / 2) * k.piece_stride;
     unroll2!(h => {
         let grp = g0 + 2 * h as u64;
         if grp < a.groups {
@@ -1020,20 +1019,22 @@ unsafe fn stream_columns_fp8<const C: u32>(
             // SAFETY: a valid target's head, elements 8 grp .. 8 grp + 15: one whole piece,
             // 16-byte aligned (caller).
             unsafe {
-                let d = k.dst.add((kb + (grp / 2) * k.piece_stride) as usize);
+                let d = k.dst.add((k0 + h as u64 * k.piece_stride) as usize);
                 core::ptr::write(d as *mut V16, V16::from_array(w));
             }
         }
     });
+    // SAFETY: `run` is the warp's, head < heads, g0 < groups (caller).
+    let cols = unsafe { Columns::new(&v, a, run, bs_shift, lane, head, g0) };
     unroll4!(u => {
         let grp = g0 + u as u64;
         if grp < a.groups {
             // SAFETY: every lane of the warp is here (`groups` is the same on every lane);
             // the warp's tokens exist, its group lies in the source.
             let q = unsafe { octet_column_fp8::<C>(a, &rows[u][1], lane, run, at_w + 16 * grp, sv) };
-            // SAFETY: `run`'s slots, head < heads, grp < groups; columns 8-byte aligned
+            // SAFETY: `cols` is this lane's for `run`, g0 + u < groups; columns 8-byte aligned
             // (caller).
-            unsafe { store_column::<1>(&v, a, run, bs_shift, lane, head, grp, [q[0], q[1], 0, 0]) };
+            unsafe { store_column::<1>(&cols, u as u64, run, lane, [q[0], q[1], 0, 0]) };
         }
     });
 }
@@ -1354,51 +1355,86 @@ unsafe fn octet_column_fp8<const C: u32>(
     }
 }
 
-/// Stores column `col` of [`stream_body`]'s virtual octet ([`octet_column`], quantized into
-/// its first two words for 1-byte caches: `E`): element `8 grp + (lane & 7)` of the octet's
-/// eight slots, one store of `8 E` bytes from `run.base`; for a lane of a split last octet
-/// (1-byte caches only: the copying stream does not rotate), the first `8 - d` bytes from
-/// `run.pa` and the last `d` up to the end of `run.pb`'s octet, each piece in at most three
-/// stores of 4, 2 and 1 bytes, aligned to their sizes.
-///
-/// # Safety
-/// `run` is the warp's ([`warp_runs`]): every slot it names is valid; `head < heads`, `grp <
-/// groups`; the value cache's columns are aligned to `8 E` bytes and a slot's element is the
-/// byte after the previous slot's (`runs`).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn store_column<const E: usize>(
-    v: &TilePart,
-    a: &TileArgs,
-    run: &Run,
-    bs_shift: u32,
-    lane: u32,
-    head: u64,
-    grp: u64,
-    col: [u32; 4],
-) {
-    let at = |slot: u64| {
-        let (block, offset) = index::split_slot(slot, a.block_size, bs_shift);
-        let at = block * v.block
-            + head * v.head
-            + (8 * grp + (lane & 7) as u64) * v.piece_stride
-            + offset * v.token;
-        // SAFETY: a valid slot's element of the head (the caller's contract).
-        unsafe { v.dst.add(at as usize) }
-    };
-    // SAFETY (both arms): valid slots, each store inside its octet's eight elements, aligned
-    // to its size (a whole column from an aligned octet's first slot; a piece's stores in
-    // decreasing sizes from an octet's start, or increasing sizes up to an octet's end).
-    unsafe {
-        if E == 2 {
-            // The copying stream does not rotate (`run.d == 0`).
-            core::ptr::write(at(run.base) as *mut V16, V16::from_array(col));
-            return;
-        }
-        // Every lane finds its first store's octet the same way (its own, or the first
-        // piece's of a split last octet), so that the warp computes that address once.
+/// Where a lane of [`stream_body`]'s column path stores V ([`store_column`]): for the item's
+/// first group `g0`, the address of its first store (in its own virtual octet, or in the
+/// first piece's octet of a split last octet: every lane finds it the same way) and, in a
+/// rotated warp, the second piece's octet; and the step from one group to the next. Computed
+/// once an item, so that each group's addresses are one addition from the last (the slots'
+/// splits and strides are not worked out again for every group).
+#[derive(Clone, Copy)]
+struct Columns {
+    /// Element `8 g0 + (lane & 7)` of the first store's octet.
+    pa: *mut u8,
+    /// The same element of the second piece's octet (`run.pb`) where the warp rotates, else
+    /// `pa`.
+    pb: *mut u8,
+    /// Bytes from a group's column to the next group's (eight pieces).
+    step: u64,
+}
+
+impl Columns {
+    /// The targets of lane `lane` for the item's first group `g0` of head `head`.
+    ///
+    /// # Safety
+    /// `run` is the warp's ([`warp_runs`]): every slot it names is valid; `head < heads`, `g0 <
+    /// groups`.
+    #[inline(always)]
+    unsafe fn new(
+        v: &TilePart,
+        a: &TileArgs,
+        run: &Run,
+        bs_shift: u32,
+        lane: u32,
+        head: u64,
+        g0: u64,
+    ) -> Columns {
+        let at = |slot: u64| {
+            let (block, offset) = index::split_slot(slot, a.block_size, bs_shift);
+            let at = block * v.block
+                + head * v.head
+                + (8 * g0 + (lane & 7) as u64) * v.piece_stride
+                + offset * v.token;
+            // SAFETY: a valid slot's element of the head (the caller's contract).
+            unsafe { v.dst.add(at as usize) }
+        };
         let split = run.d != 0 && lane >= 24;
         let pa = at(if split { run.pa } else { run.base });
+        let pb = if run.d != 0 { at(run.pb) } else { pa };
+        Columns {
+            pa,
+            pb,
+            step: 8 * v.piece_stride,
+        }
+    }
+}
+
+/// Stores column `col` of [`stream_body`]'s virtual octet ([`octet_column`], quantized into
+/// its first two words for 1-byte caches: `E`) for the item's group `g0 + u` (`c` from
+/// [`Columns::new`] for `g0`): element `8 (g0 + u) + (lane & 7)` of the octet's eight slots,
+/// one store of `8 E` bytes from `run.base`; for a lane of a split last octet (1-byte caches
+/// only: the copying stream does not rotate), the first `8 - d` bytes from `run.pa` and the
+/// last `d` up to the end of `run.pb`'s octet, each piece in at most three stores of 4, 2 and
+/// 1 bytes, aligned to their sizes.
+///
+/// # Safety
+/// `c` is this lane's [`Columns`] for the warp's `run`, `g0 + u < groups`; the value cache's
+/// columns are aligned to `8 E` bytes and a slot's element is the byte after the previous
+/// slot's (`runs`).
+#[inline(always)]
+unsafe fn store_column<const E: usize>(c: &Columns, u: u64, run: &Run, lane: u32, col: [u32; 4]) {
+    // SAFETY (all stores): valid slots' elements of group g0 + u < groups (`c` names those
+    // of g0, a group's column lies `step` bytes after the previous group's), each store inside
+    // its octet's eight elements, aligned to its size (a whole column from an aligned octet's
+    // first slot; a piece's stores in decreasing sizes from an octet's start, or increasing
+    // sizes up to an octet's end).
+    unsafe {
+        let pa = c.pa.add((u * c.step) as usize);
+        if E == 2 {
+            // The copying stream does not rotate (`run.d == 0`).
+            core::ptr::write(pa as *mut V16, V16::from_array(col));
+            return;
+        }
+        let split = run.d != 0 && lane >= 24;
         let x = col[0] as u64 | (col[1] as u64) << 32;
         if !split {
             core::ptr::write(pa as *mut u64, x);
@@ -1413,7 +1449,7 @@ unsafe fn store_column<const E: usize>(
             if n & 1 != 0 {
                 core::ptr::write(pa.add(n & 6), (x >> (8 * (n & 6))) as u8);
             }
-            let (pb, d) = (at(run.pb), run.d as usize);
+            let (pb, d) = (c.pb.add((u * c.step) as usize), run.d as usize);
             let mut o = n;
             if d & 1 != 0 {
                 core::ptr::write(pb.add(o), (x >> (8 * o)) as u8);
