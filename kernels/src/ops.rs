@@ -873,20 +873,36 @@ unsafe fn stream_body<const C: u32>(a: &TileArgs, g: Group) {
         let live = t < a.num_tokens;
         let mut rows = [[[0u32; 8]; 2]; STREAM_UNITS as usize];
         let at = t * a.src_token_stride + head * a.src_head_stride;
-        unroll4!(u => {
-            let grp = g0 + u as u64;
-            if live && grp < a.groups {
-                let off = (at + 16 * grp) as usize;
-                // SAFETY: t < num_tokens, head < heads, grp < groups: inside the validated
-                // sources, 16-byte aligned (`src_vec`).
-                unsafe {
-                    rows[u][0] = tile::load_copy::<2>(a.src_k.add(off), true, 1);
-                    if with_v {
-                        rows[u][1] = tile::load_copy::<2>(a.src_v.add(off), true, 1);
+        if !quant && live && g0 + STREAM_UNITS <= a.groups && with_v {
+            // A live token's whole quad (the common case): every row loaded, none zeroed
+            // first. (Not in the quantizing stream: there the same branch spilled 16 bytes at
+            // its 80 registers.)
+            unroll4!(u => {
+                let off = (at + 16 * (g0 + u as u64)) as usize;
+                // SAFETY: as below, every group of the quad below `groups`.
+                rows[u] = unsafe {
+                    [
+                        tile::load_copy::<2>(a.src_k.add(off), true, 1),
+                        tile::load_copy::<2>(a.src_v.add(off), true, 1),
+                    ]
+                };
+            });
+        } else {
+            unroll4!(u => {
+                let grp = g0 + u as u64;
+                if live && grp < a.groups {
+                    let off = (at + 16 * grp) as usize;
+                    // SAFETY: t < num_tokens, head < heads, grp < groups: inside the validated
+                    // sources, 16-byte aligned (`src_vec`).
+                    unsafe {
+                        rows[u][0] = tile::load_copy::<2>(a.src_k.add(off), true, 1);
+                        if with_v {
+                            rows[u][1] = tile::load_copy::<2>(a.src_v.add(off), true, 1);
+                        }
                     }
                 }
-            }
-        });
+            });
+        }
         let slot = if live {
             // SAFETY: t < num_tokens, the length of the slot array.
             unsafe { tile_slot(a, t) }
