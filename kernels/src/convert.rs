@@ -350,7 +350,7 @@ impl Span {
 /// Whether every element of the units `raws` of conversion `C` (as loaded) is finite and of
 /// magnitude at most 2^80 ([`crate::fp8::FP8_FAST_MAX`], checked on the raw bits) and `div`
 /// has a fast path ([`Divider::has_fast`]): then [`unit_fast`] converts each of them exactly
-/// as [`unit`] would.
+/// as [`unit`](fn@unit) would.
 ///
 /// For bf16 and f16 the two elements of a 32-bit word are tested at once: with `m` a 16-bit
 /// magnitude (below `0x8000`), `(max | 0x8000) - m` has bit 15 set exactly when `m <= max`,
@@ -365,7 +365,7 @@ pub(crate) fn fast<const C: u32, const N: usize>(raws: &[Raw; N], div: &Divider)
 /// [`fast`]'s test of the elements (see there), without the divider's.
 ///
 /// In kvio's sm_90 PTX the largest magnitude is found first, one packed `max` a 32-bit word
-/// ([`max_abs`]) in a tree of four chains, and tested once; elsewhere each word is tested
+/// (`max_abs`) in a tree of four chains, and tested once; elsewhere each word is tested
 /// as it comes (two elements at a time for 2-byte sources, see [`fast`]). Both give the same
 /// answer: the packed `max` keeps NaN (a NaN's magnitude bits lie above the bound).
 #[inline(always)]
@@ -465,7 +465,7 @@ fn max_abs<const C: u32>(a: u32, b: u32) -> u32 {
     m
 }
 
-/// [`unit`] for a unit whose elements [`fast`] accepted: the same bytes.
+/// [`unit`](fn@unit) for a unit whose elements [`fast`] accepted: the same bytes.
 #[inline(always)]
 pub(crate) fn unit_fast<const C: u32>(raw: &Raw, div: &Divider) -> u64 {
     pack8_with(&div.div8_fp8(&widen(raw, C)), format(C))

@@ -181,7 +181,7 @@ impl Divider {
     /// (zeros included) it is a value of magnitude below 2^-47 with `x`'s sign, the exact
     /// quotient's for the positive scales the fast path takes, which every fp8 format rounds
     /// to the same signed zero as the exact quotient (the smallest fp8 magnitude is 2^-16).
-    /// The sign comes out of the operations themselves ([`gpu::refine_fp8`]), so no
+    /// The sign comes out of the operations themselves (`gpu::refine_fp8`), so no
     /// instruction copies it. `tests/gpu_fp8.rs` checks the fp8 codes against those of IEEE
     /// division for every f32 bit pattern. On the CPU it divides.
     #[inline(always)]
