@@ -90,6 +90,10 @@ pub use kvio_kernels::fp8::Fp8;
 
 /// Where a quantization scale lives: f32 on the device (read by the kernel at each launch, so
 /// a captured CUDA graph replays with whatever scale is there).
+///
+/// Any f32 is exact, but the kernels' fast division (one reciprocal per scale, three
+/// operations an element) serves positive scales in `[2^-32, 2^32]`, the ones stacks store;
+/// other scales (negative, zero, tiny, huge, inf, NaN) divide element by element, slower.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scale<'a> {
     /// One f32 for the whole tensor.
