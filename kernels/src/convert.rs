@@ -370,12 +370,7 @@ pub(crate) fn fast<const C: u32, const N: usize>(raws: &[Raw; N], div: &Divider)
 /// answer: the packed `max` keeps NaN (a NaN's magnitude bits lie above the bound).
 #[inline(always)]
 fn in_fast_range<const C: u32, const N: usize>(raws: &[Raw; N]) -> bool {
-    let max = crate::fp8::FP8_FAST_MAX;
-    let max16 = if C & 0xf == SRC_BF16 {
-        max >> 16
-    } else {
-        0x7bff
-    };
+    let (max, max16) = fast_bounds::<C>();
     #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90"))]
     {
         // Four chains (one per word of a 16-byte half), so that the maxima do not wait on
@@ -408,6 +403,23 @@ fn in_fast_range<const C: u32, const N: usize>(raws: &[Raw; N]) -> bool {
     {
         in_fast_range_words::<C, N>(raws, max, max16)
     }
+}
+
+/// The largest magnitude bits [`in_fast_range`] accepts for conversion `C`'s source elements:
+/// as f32 bits ([`crate::fp8::FP8_FAST_MAX`]), and as 16-bit halves (a bf16's bits are its f32
+/// bits shifted down by 16; every finite f16 lies below 2^80, so its bound is the largest
+/// finite f16, `0x7bff`).
+#[inline(always)]
+fn fast_bounds<const C: u32>() -> (u32, u32) {
+    let max = crate::fp8::FP8_FAST_MAX;
+    (
+        max,
+        if C & 0xf == SRC_BF16 {
+            max >> 16
+        } else {
+            0x7bff
+        },
+    )
 }
 
 /// [`in_fast_range`] word by word: for 2-byte sources `(max16 | 0x8000) - m` of each half's
@@ -502,12 +514,7 @@ fn pack8_with(q: &[f32; 8], fmt: Fp8) -> u64 {
 #[inline(never)]
 pub fn kvio_range_probe(first: u32, count: u32) -> u32 {
     fn check<const C: u32>(w: u32, at: u32) -> u32 {
-        let max = crate::fp8::FP8_FAST_MAX;
-        let max16 = if C & 0xf == SRC_BF16 {
-            max >> 16
-        } else {
-            0x7bff
-        };
+        let (max, max16) = fast_bounds::<C>();
         // In range, of both signs: 1.5 and -0.75 (bf16), 1.5 and -0.75 (f16), 1.5 (f32).
         let fill = match C & 0xf {
             SRC_BF16 => 0xbf40_3fc0,
