@@ -883,28 +883,16 @@ unsafe fn stream_body<const C: u32>(a: &TileArgs, g: Group) {
             // first. (Not in the quantizing stream: there the same branch spilled 16 bytes at
             // its 80 registers.)
             unroll4!(u => {
-                let off = (at + 16 * (g0 + u as u64)) as usize;
                 // SAFETY: as below, every group of the quad below `groups`.
-                rows[u] = unsafe {
-                    [
-                        tile::load_copy::<2>(a.src_k.add(off), true, 1),
-                        tile::load_copy::<2>(a.src_v.add(off), true, 1),
-                    ]
-                };
+                rows[u] = unsafe { stream_group(a, at, g0 + u as u64, true) };
             });
         } else {
             unroll4!(u => {
                 let grp = g0 + u as u64;
                 if live && grp < a.groups {
-                    let off = (at + 16 * grp) as usize;
                     // SAFETY: t < num_tokens, head < heads, grp < groups: inside the validated
                     // sources, 16-byte aligned (`src_vec`).
-                    unsafe {
-                        rows[u][0] = tile::load_copy::<2>(a.src_k.add(off), true, 1);
-                        if with_v {
-                            rows[u][1] = tile::load_copy::<2>(a.src_v.add(off), true, 1);
-                        }
-                    }
+                    rows[u] = unsafe { stream_group(a, at, grp, with_v) };
                 }
             });
         }
@@ -998,6 +986,26 @@ unsafe fn stream_body<const C: u32>(a: &TileArgs, g: Group) {
                 }
             }
         });
+    }
+}
+
+/// Group `grp` (eight elements) of the head whose source rows start at offset `at`, as
+/// [`stream_body`] holds it: K's, and V's where `with_v` (else zeros).
+///
+/// # Safety
+/// The group lies in the sources (K's, and V's where `with_v`), 16-byte aligned.
+#[inline(always)]
+unsafe fn stream_group(a: &TileArgs, at: u64, grp: u64, with_v: bool) -> [Row; 2] {
+    let off = (at + 16 * grp) as usize;
+    // SAFETY: forwarded.
+    unsafe {
+        let k = tile::load_copy::<2>(a.src_k.add(off), true, 1);
+        let v = if with_v {
+            tile::load_copy::<2>(a.src_v.add(off), true, 1)
+        } else {
+            [0; 8]
+        };
+        [k, v]
     }
 }
 
@@ -1165,14 +1173,8 @@ unsafe fn warp_fast<const C: u32>(
             let at = (tw + j) * a.src_token_stride + head * a.src_head_stride;
             let mut u = 0;
             while u < STREAM_UNITS && g0 + u < a.groups {
-                let off = (at + 16 * (g0 + u)) as usize;
-                // SAFETY: a live token's group: inside the sources (caller).
-                let (rk, rv) = unsafe {
-                    (
-                        tile::load_copy::<2>(a.src_k.add(off), true, 1),
-                        tile::load_copy::<2>(a.src_v.add(off), true, 1),
-                    )
-                };
+                // SAFETY: a live token's group: inside the sources (caller; V present).
+                let [rk, rv] = unsafe { stream_group(a, at, g0 + u, true) };
                 if !convert::fast::<C, 1>(&[raw_of(&rk)], dk)
                     || !convert::fast::<C, 1>(&[raw_of(&rv)], dv)
                 {
@@ -1203,6 +1205,15 @@ struct Run {
     /// With `d > 0`: the first slots of the octets of the last virtual octet's two pieces.
     pa: u64,
     pb: u64,
+}
+
+impl Run {
+    /// Whether lane `lane` holds a piece of a split last virtual octet (rotated warps only:
+    /// virtual lanes 24..32 with `d > 0`), so that it stores its column in two pieces.
+    #[inline(always)]
+    fn splits(&self, lane: u32) -> bool {
+        self.d != 0 && lane >= 24
+    }
 }
 
 /// The warp's [`Run`] when every virtual octet of [`stream_body`]'s warp (token `t` on lane
@@ -1418,8 +1429,7 @@ impl Columns {
             // SAFETY: a valid slot's element of the head (the caller's contract).
             unsafe { v.dst.add(at as usize) }
         };
-        let split = run.d != 0 && lane >= 24;
-        let pa = at(if split { run.pa } else { run.base });
+        let pa = at(if run.splits(lane) { run.pa } else { run.base });
         let pb = if run.d != 0 { at(run.pb) } else { pa };
         Columns {
             pa,
@@ -1455,9 +1465,8 @@ unsafe fn store_column<const E: usize>(c: &Columns, u: u64, run: &Run, lane: u32
             core::ptr::write(pa as *mut V16, V16::from_array(col));
             return;
         }
-        let split = run.d != 0 && lane >= 24;
         let x = col[0] as u64 | (col[1] as u64) << 32;
-        if !split {
+        if !run.splits(lane) {
             core::ptr::write(pa as *mut u64, x);
         } else {
             let n = 8 - run.d as usize;
