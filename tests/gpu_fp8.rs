@@ -1,7 +1,9 @@
-//! The sm_90 hardware fp8 conversion (`fp8::hw`, reached through the `kvio_fp8_probe` device
-//! function in kvio's sm_90 PTX) against the software path (`fp8::soft`, what sm_80 and the
-//! CPU run) for all 2^16 bf16 inputs, both formats, both byte positions, several scales.
-//! No kernel converts yet: a small entry appended to the PTX here calls the probe.
+//! fp8 quantize-on-write on the GPU. Three device probes in kvio's PTX, each called over all
+//! its inputs from a small entry appended to the PTX here: the sm_90 hardware fp8 conversion
+//! (`kvio_fp8_probe`, `fp8::hw`) against the software path (`fp8::soft`, what sm_80 and the
+//! CPU run) for all 2^16 bf16 inputs; the division by a scale (`kvio_divider_probe`) and the
+//! fast-range test (`kvio_range_probe`) for all 2^32 patterns, in both PTX flavours. Then the
+//! quantizing slot updates against the CPU reference, and their argument checks.
 
 use cust::launch;
 use cust::memory::{CopyDestination, DeviceBuffer};
@@ -92,70 +94,81 @@ fn hw_fp8_equals_soft_for_all_bf16() {
     assert_eq!(bad, 0, "{bad} mismatches between hw and soft");
 }
 
-/// An entry point appended to kvio's PTX: thread i checks the bit patterns
-/// `[i * count, (i + 1) * count)` with `kvio_divider_probe` and adds its mismatches to
-/// `out[0]` and the patterns that took the fast path to `out[1]`.
-const DIVIDER_ENTRY: &str = r#"
-.visible .entry kvio_divider_check(.param .u64 out_p, .param .f32 scale_p, .param .u32 count_p)
-{
-    .reg .b32 %dr<12>;
-    .reg .b64 %drd<4>;
-    mov.u32 %dr1, %ctaid.x;
-    mov.u32 %dr2, %ntid.x;
-    mov.u32 %dr3, %tid.x;
-    mad.lo.u32 %dr4, %dr1, %dr2, %dr3;
-    ld.param.u32 %dr5, [count_p];
-    mul.lo.u32 %dr6, %dr4, %dr5;
-    ld.param.b32 %dr7, [scale_p];
-    {
+/// An entry point, `kvio_check`, appended to kvio's PTX: thread i calls `probe(i * count,
+/// count)` (with `scaled`, `probe(i * count, count, scale)`), the probe checking the bit
+/// patterns `[i * count, (i + 1) * count)`, and adds the low and high 16 bits of what it
+/// returns to `out[0]` and `out[1]`. Launched by [`all_patterns`].
+fn probe_entry(probe: &str, scaled: bool) -> String {
+    let (param, arg) = if scaled {
+        (
+            ", .param .f32 scale_p",
+            "\n        .param .b32 a2;\n        ld.param.b32 %pr7, [scale_p];\n        st.param.b32 [a2], %pr7;",
+        )
+    } else {
+        ("", "")
+    };
+    let args = if scaled { "a0, a1, a2" } else { "a0, a1" };
+    format!(
+        r#"
+.visible .entry kvio_check(.param .u64 out_p, .param .u32 count_p{param})
+{{
+    .reg .b32 %pr<12>;
+    .reg .b64 %prd<4>;
+    mov.u32 %pr1, %ctaid.x;
+    mov.u32 %pr2, %ntid.x;
+    mov.u32 %pr3, %tid.x;
+    mad.lo.u32 %pr4, %pr1, %pr2, %pr3;
+    ld.param.u32 %pr5, [count_p];
+    mul.lo.u32 %pr6, %pr4, %pr5;
+    {{
         .param .b32 a0;
         .param .b32 a1;
-        .param .b32 a2;
-        .param .b32 rv;
-        st.param.b32 [a0], %dr6;
-        st.param.b32 [a1], %dr5;
-        st.param.b32 [a2], %dr7;
-        call.uni (rv), kvio_divider_probe, (a0, a1, a2);
-        ld.param.b32 %dr8, [rv];
-    }
-    and.b32 %dr9, %dr8, 65535;
-    shr.u32 %dr10, %dr8, 16;
-    ld.param.u64 %drd1, [out_p];
-    cvta.to.global.u64 %drd2, %drd1;
-    atom.global.add.u32 %dr11, [%drd2], %dr9;
-    atom.global.add.u32 %dr11, [%drd2+4], %dr10;
+        .param .b32 rv;{arg}
+        st.param.b32 [a0], %pr6;
+        st.param.b32 [a1], %pr5;
+        call.uni (rv), {probe}, ({args});
+        ld.param.b32 %pr8, [rv];
+    }}
+    and.b32 %pr9, %pr8, 65535;
+    shr.u32 %pr10, %pr8, 16;
+    ld.param.u64 %prd1, [out_p];
+    cvta.to.global.u64 %prd2, %prd1;
+    atom.global.add.u32 %pr11, [%prd2], %pr9;
+    atom.global.add.u32 %pr11, [%prd2+4], %pr10;
     ret;
+}}
+"#
+    )
 }
-"#;
 
-/// An entry point appended to kvio's PTX: thread i checks the bit patterns
-/// `[i * count, (i + 1) * count)` with `kvio_range_probe` and adds its mismatches to `out[0]`.
-const RANGE_ENTRY: &str = r#"
-.visible .entry kvio_range_check(.param .u64 out_p, .param .u32 count_p)
-{
-    .reg .b32 %qr<10>;
-    .reg .b64 %qrd<4>;
-    mov.u32 %qr1, %ctaid.x;
-    mov.u32 %qr2, %ntid.x;
-    mov.u32 %qr3, %tid.x;
-    mad.lo.u32 %qr4, %qr1, %qr2, %qr3;
-    ld.param.u32 %qr5, [count_p];
-    mul.lo.u32 %qr6, %qr4, %qr5;
-    {
-        .param .b32 a0;
-        .param .b32 a1;
-        .param .b32 rv;
-        st.param.b32 [a0], %qr6;
-        st.param.b32 [a1], %qr5;
-        call.uni (rv), kvio_range_probe, (a0, a1);
-        ld.param.b32 %qr7, [rv];
+/// Bit patterns each thread of [`all_patterns`] checks.
+const PATTERNS_PER_THREAD: u32 = 1 << 12;
+
+/// Runs `kvio_check` of `module` ([`probe_entry`]) over every 32-bit pattern on `stream`
+/// (with `scale` where the probe takes one) and returns the two sums it adds up.
+fn all_patterns(module: &Module, stream: &Stream, scale: Option<f32>) -> [u32; 2] {
+    let check = module.get_function("kvio_check").unwrap();
+    let threads = 256u32;
+    let blocks = ((1u64 << 32) / (PATTERNS_PER_THREAD as u64 * threads as u64)) as u32;
+    // The kernel adds to the sums: they start at zero.
+    let out = DeviceBuffer::<u32>::from_slice(&[0u32; 2]).unwrap();
+    let count = PATTERNS_PER_THREAD;
+    unsafe {
+        match scale {
+            Some(scale) => launch!(check<<<blocks, threads, 0, stream>>>(
+                out.as_device_ptr(),
+                count,
+                scale
+            )),
+            None => launch!(check<<<blocks, threads, 0, stream>>>(out.as_device_ptr(), count)),
+        }
+        .unwrap();
     }
-    ld.param.u64 %qrd1, [out_p];
-    cvta.to.global.u64 %qrd2, %qrd1;
-    atom.global.add.u32 %qr8, [%qrd2], %qr7;
-    ret;
+    stream.synchronize().unwrap();
+    let mut got = [u32::MAX; 2];
+    out.copy_to(&mut got[..]).unwrap();
+    got
 }
-"#;
 
 /// The quantizing kernels take the division's fast path for a warp's units only where every
 /// element is finite and at most 2^80 (`convert::in_fast_range`). The sm_90 PTX finds the
@@ -168,22 +181,12 @@ fn fast_range_tests_agree_for_every_word() {
     let Some(_gpu) = kvio_suite::gpu("fast_range_tests_agree_for_every_word") else {
         return;
     };
-    let count = 1u32 << 12;
-    let threads = 256u32;
-    let blocks = ((1u64 << 32) / (count as u64 * threads as u64)) as u32;
+    let entry = probe_entry("kvio_range_probe", false);
     for (arch, base) in [("sm_90", kvio::PTX_SM90), ("sm_80", kvio::PTX_SM80)] {
-        let ptx = format!("{base}\n{RANGE_ENTRY}");
-        let module = Module::from_ptx(&ptx, &[]).expect("load PTX + range entry");
-        let check = module.get_function("kvio_range_check").unwrap();
+        let module = Module::from_ptx(format!("{base}\n{entry}"), &[]).expect("load PTX + probe");
         let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
-        let out = DeviceBuffer::<u32>::from_slice(&[0u32]).unwrap();
-        unsafe {
-            launch!(check<<<blocks, threads, 0, stream>>>(out.as_device_ptr(), count)).unwrap();
-        }
-        stream.synchronize().unwrap();
-        let mut got = [u32::MAX];
-        out.copy_to(&mut got[..]).unwrap();
-        assert_eq!(got[0], 0, "{arch}: the two fast-range tests differ");
+        let got = all_patterns(&module, &stream, None);
+        assert_eq!(got, [0, 0], "{arch}: the two fast-range tests differ");
     }
 }
 
@@ -232,26 +235,13 @@ fn divider_matches_ieee_division_for_every_f32() {
         let bits = (rng.next_u64() as u32 & 0x007f_ffff) | e | sign;
         scales.push(f32::from_bits(bits));
     }
-    let count = 1u32 << 12; // bit patterns per thread
-    let threads = 256u32;
-    let blocks = ((1u64 << 32) / (count as u64 * threads as u64)) as u32;
+    let entry = probe_entry("kvio_divider_probe", true);
     for (arch, base) in [("sm_90", kvio::PTX_SM90), ("sm_80", kvio::PTX_SM80)] {
-        let ptx = format!("{base}\n{DIVIDER_ENTRY}");
-        let module = Module::from_ptx(&ptx, &[]).expect("load PTX + divider entry");
-        let check = module.get_function("kvio_divider_check").unwrap();
+        let module = Module::from_ptx(format!("{base}\n{entry}"), &[]).expect("load PTX + probe");
         let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
-        let mut out = DeviceBuffer::<u32>::zeroed(2).unwrap();
         let mut total = 0u64;
         for &scale in &scales {
-            let mut got = [0u32; 2];
-            // The kernel adds to the counters: start them at zero.
-            out.copy_from(&[0u32; 2][..]).unwrap();
-            unsafe {
-                launch!(check<<<blocks, threads, 0, stream>>>(out.as_device_ptr(), scale, count))
-                    .unwrap();
-            }
-            stream.synchronize().unwrap();
-            out.copy_to(&mut got[..]).unwrap();
+            let got = all_patterns(&module, &stream, Some(scale));
             if got[0] != 0 {
                 eprintln!(
                     "{arch}: scale {scale:e} ({:#010x}): {} mismatches",
