@@ -181,7 +181,7 @@ impl Divider {
     /// (zeros included) it is a value of magnitude below 2^-47 with `x`'s sign, the exact
     /// quotient's for the positive scales the fast path takes, which every fp8 format rounds
     /// to the same signed zero as the exact quotient (the smallest fp8 magnitude is 2^-16).
-    /// The sign comes out of the operations themselves (`gpu::refine_fp8`), so no
+    /// The sign comes out of the operations themselves (`gpu::refine`), so no
     /// instruction copies it. `tests/gpu_fp8.rs` checks the fp8 codes against those of IEEE
     /// division for every f32 bit pattern. On the CPU it divides.
     #[inline(always)]
@@ -191,7 +191,7 @@ impl Divider {
         while k < 8 {
             #[cfg(target_arch = "nvptx64")]
             {
-                q[k] = gpu::refine_fp8(x[k], self.scale, self.recip);
+                q[k] = gpu::refine(x[k], self.scale, self.recip);
             }
             #[cfg(not(target_arch = "nvptx64"))]
             {
@@ -272,15 +272,17 @@ mod gpu {
         y
     }
 
-    /// `x / s` for [`super::Divider::div8_fp8`] (`s > 0`): [`refine`]'s steps with the
-    /// residual negated, `e = q0 * s - x` and `q = q0 - y * e` (the same values where nothing
-    /// is zero: rounding to nearest is symmetric), so that zeros keep `x`'s sign: for `x = -0`,
-    /// `q0 = -0`, `e = -0 + 0 = +0` and `q = -0 - (+0) = -0`, where [`refine`] gives `+0`.
-    /// For a tiny `x` whose product `q0` rounds to zero, `e = -x` and `q` is `x * y` rounded
-    /// once, with its sign. ptxas folds both negations into the multiply-adds' operands:
-    /// three instructions an element.
+    /// `x / s` from the refined reciprocal `y` (`s > 0`): the estimate `q0 = x * y` and one
+    /// correction by the residual, negated so that zeros keep `x`'s sign: `e = q0 * s - x`,
+    /// `q = q0 - y * e`. Where `x` and the quotient are nonzero (the fast path of
+    /// [`super::Divider::div8`]) this is the textbook correction `q0 + y * (x - q0 * s)`
+    /// with both signs turned, so the same value (rounding to nearest is symmetric), rounded as
+    /// IEEE division. For [`super::Divider::div8_fp8`]: for `x = -0`, `q0 = -0`, `e = -0 + 0 =
+    /// +0` and `q = -0 - (+0) = -0`; for a tiny `x` whose product `q0` rounds to zero, `e = -x`
+    /// and `q` is `x * y` rounded once, with its sign. ptxas folds both negations into the
+    /// multiply-adds' operands: three instructions an element.
     #[inline(always)]
-    pub(super) fn refine_fp8(x: f32, s: f32, y: f32) -> f32 {
+    pub(super) fn refine(x: f32, s: f32, y: f32) -> f32 {
         let q: f32;
         // SAFETY: register-only arithmetic.
         unsafe {
@@ -291,28 +293,6 @@ mod gpu {
                 "fma.rn.f32 e, q0, {s}, nx;",
                 "neg.f32 ny, {y};",
                 "fma.rn.f32 {q}, ny, e, q0; }}",
-                x = in(reg32) x,
-                s = in(reg32) s,
-                y = in(reg32) y,
-                q = out(reg32) q,
-                options(pure, nomem, nostack),
-            );
-        }
-        q
-    }
-
-    /// `x / s` from the refined reciprocal `y`: quotient estimate and one correction.
-    #[inline(always)]
-    pub(super) fn refine(x: f32, s: f32, y: f32) -> f32 {
-        let q: f32;
-        // SAFETY: register-only arithmetic.
-        unsafe {
-            core::arch::asm!(
-                "{{ .reg .f32 q0, e, n;",
-                "mul.rn.f32 q0, {x}, {y};",
-                "neg.f32 n, {s};",
-                "fma.rn.f32 e, q0, n, {x};",
-                "fma.rn.f32 {q}, {y}, e, q0; }}",
                 x = in(reg32) x,
                 s = in(reg32) s,
                 y = in(reg32) y,
