@@ -174,7 +174,7 @@ fn build_ptx(kernels: &Path, out: &Path) {
 ///   item, at least five per multiprocessor (≤ 102 registers; it takes 90 on sm_90, 96 on
 ///   sm_80, no spills; uncapped 108 and 94, four CTAs): 4–6 points more inside the GPU on the
 ///   H100 (BENCHMARKS.md, session 12), the same over PCIe.
-const DIRECTIVES: [(&str, &str); 13] = [
+const DIRECTIVES: [(&str, &str); 14] = [
     ("kvio_transfer_blocks", ".maxntid 512, 1, 1\n"),
     ("kvio_transfer_blocks_tma", ".maxntid 32, 1, 1\n"),
     ("kvio_convert_blocks", ".maxntid 256, 1, 1\n"),
@@ -184,6 +184,7 @@ const DIRECTIVES: [(&str, &str); 13] = [
     ),
     ("kvio_update_tiles", ".maxntid 256, 1, 1\n.minnctapersm 2\n"),
     ("kvio_update_stream", ".maxntid 256, 1, 1\n"),
+    ("kvio_update_stream_rot", ".maxntid 256, 1, 1\n"),
     (
         "kvio_update_stream_fp8",
         ".maxntid 256, 1, 1\n.minnctapersm 3\n",

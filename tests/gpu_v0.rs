@@ -315,10 +315,13 @@ fn cases(full: bool) -> Vec<Case> {
             v.push(case_h(format, 16, 9, 128, 1030, Slots::Pages, seed + 6000));
         }
         // Prefill batches of many sequences (runs of whole pages from any token index), on
-        // 16-, 32- and 128-token pages, fresh and continuing chunked prefills.
+        // 8-, 16-, 32- and 128-token pages, fresh and continuing chunked prefills (on 8-token
+        // pages 2-byte caches take the rotated stream, `kvio_update_stream_rot`).
         v.push(case(format, 16, 128, 1030, Slots::Batch, seed + 7000));
         v.push(case(format, 32, 128, 1030, Slots::Chunked, seed + 8000));
         v.push(case(format, 128, 64, 1030, Slots::Batch, seed + 9000));
+        v.push(case(format, 8, 128, 1030, Slots::Batch, seed + 10000));
+        v.push(case(format, 8, 64, 1030, Slots::Chunked, seed + 11000));
         // Keys only (one part) at prefill size.
         v.push(k_only(format, 16, 3, 128, 1030, seed + 4000));
         seed += 1;
@@ -539,7 +542,7 @@ fn gpu_v0_updates_match_reference() {
 }
 
 /// The prefill-size cases on the GPU (`kvio_update_stream` for 2-byte caches on pages of at
-/// most 16 slots, `kvio_update_pages` on larger pages, `kvio_update_pages_fp8` /
+/// most 16 slots, `kvio_update_stream_rot` on pages of 8, `kvio_update_pages` on larger pages, `kvio_update_pages_fp8` /
 /// `kvio_update_pages_fp8_32` and `kvio_update_tiles_staged` for fp8 caches, tiles of eight
 /// tokens (`kvio_update_tiles`) for the rest, with i32 and i64 slots), separately so that
 /// `scripts/sanitize gpu_v0_prefill` runs them under compute-sanitizer in minutes.

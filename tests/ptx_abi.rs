@@ -175,6 +175,7 @@ fn sm90_entry_points_wait_before_touching_memory() {
             "kvio_update_pages_fp8_32",
             "kvio_update_tiles_staged",
             "kvio_update_stream",
+            "kvio_update_stream_rot",
             "kvio_update_stream_fp8",
         ];
         if CopyArgs::ENTRIES.contains(&name) || never.contains(&name) {

@@ -261,6 +261,7 @@ unsafe fn emulate_launch(kernel: Kernel, launch: &Launch) {
             Kernel::Slots(a) => ops::update_slots(a, g),
             Kernel::Tiles(a) if a.elem == 4 => ops::update_tiles_wide(a, g),
             Kernel::Tiles(a) if a.streams() && a.elem == 1 => ops::update_stream_fp8(a, g),
+            Kernel::Tiles(a) if a.streams() && a.rotates() => ops::update_stream_rot(a, g),
             Kernel::Tiles(a) if a.streams() => ops::update_stream(a, g),
             Kernel::Tiles(a) if a.tile == 1 => ops::update_tiles_one(a, g),
             Kernel::Tiles(a) if a.elem == 1 => ops::update_tiles_staged(a, g),

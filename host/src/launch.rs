@@ -81,6 +81,8 @@ pub(crate) struct GridCap {
     pub(crate) tiles_one: u32,
     /// `kvio_update_stream` at [`BLOCK_THREADS`].
     pub(crate) stream: u32,
+    /// `kvio_update_stream_rot` at [`BLOCK_THREADS`].
+    pub(crate) stream_rot: u32,
     /// `kvio_update_stream_fp8` at [`BLOCK_THREADS`].
     pub(crate) stream_fp8: u32,
     /// `kvio_update_tiles_wide` at [`BLOCK_THREADS`].
@@ -123,6 +125,7 @@ impl GridCap {
             tiles: cap,
             tiles_one: cap,
             stream: cap,
+            stream_rot: cap,
             stream_fp8: cap,
             tiles_wide: cap,
             tiles_staged: cap,

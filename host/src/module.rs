@@ -42,6 +42,7 @@ pub struct Kvio {
     update_tiles: cu::CUfunction,
     update_tiles_one: cu::CUfunction,
     update_stream: cu::CUfunction,
+    update_stream_rot: cu::CUfunction,
     update_stream_fp8: cu::CUfunction,
     update_tiles_wide: cu::CUfunction,
     update_tiles_staged: cu::CUfunction,
@@ -124,6 +125,7 @@ impl Kvio {
             update_tiles: ptr::null_mut(),
             update_tiles_one: ptr::null_mut(),
             update_stream: ptr::null_mut(),
+            update_stream_rot: ptr::null_mut(),
             update_stream_fp8: ptr::null_mut(),
             update_tiles_wide: ptr::null_mut(),
             update_tiles_staged: ptr::null_mut(),
@@ -160,6 +162,7 @@ impl Kvio {
         this.update_tiles = this.function("kvio_update_tiles")?;
         this.update_tiles_one = this.function("kvio_update_tiles_one")?;
         this.update_stream = this.function("kvio_update_stream")?;
+        this.update_stream_rot = this.function("kvio_update_stream_rot")?;
         this.update_stream_fp8 = this.function("kvio_update_stream_fp8")?;
         this.update_tiles_wide = this.function("kvio_update_tiles_wide")?;
         this.update_tiles_staged = this.function("kvio_update_tiles_staged")?;
@@ -195,6 +198,7 @@ impl Kvio {
             tiles: resident_ctas(this.update_tiles, BLOCK_THREADS, sms)?,
             tiles_one: resident_ctas(this.update_tiles_one, ONE_CTA_THREADS, sms)?,
             stream: resident_ctas(this.update_stream, BLOCK_THREADS, sms)?,
+            stream_rot: resident_ctas(this.update_stream_rot, BLOCK_THREADS, sms)?,
             stream_fp8: resident_ctas(this.update_stream_fp8, BLOCK_THREADS, sms)?,
             tiles_wide: resident_ctas(this.update_tiles_wide, BLOCK_THREADS, sms)?,
             tiles_staged: resident_ctas(this.update_tiles_staged, STAGED_THREADS, sms)?,
@@ -242,6 +246,7 @@ impl Kvio {
             Kernel::Slots(_) => self.update_slots,
             Kernel::Tiles(a) if a.elem == 4 => self.update_tiles_wide,
             Kernel::Tiles(a) if a.streams() && a.elem == 1 => self.update_stream_fp8,
+            Kernel::Tiles(a) if a.streams() && a.rotates() => self.update_stream_rot,
             Kernel::Tiles(a) if a.streams() => self.update_stream,
             Kernel::Tiles(a) if a.tile == 1 => self.update_tiles_one,
             Kernel::Tiles(a) if a.pages() && a.elem == 1 && a.tile as u64 == PAGE_TOKENS_FP8 => {

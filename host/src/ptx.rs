@@ -25,6 +25,7 @@ pub const KERNELS: &[&str] = &[
     "kvio_update_tiles",
     "kvio_update_tiles_one",
     "kvio_update_stream",
+    "kvio_update_stream_rot",
     "kvio_update_stream_fp8",
     "kvio_update_tiles_wide",
     "kvio_update_tiles_staged",

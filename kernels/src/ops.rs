@@ -789,7 +789,25 @@ pub unsafe fn update_stream(a: &TileArgs, g: Group) {
     // Prefill sizes: dependents are scheduled as the CTAs exit (as `update_pages`).
     pdl::prologue(false);
     // SAFETY: forwarded.
-    unsafe { stream_body::<{ convert::NONE }>(a, g) }
+    unsafe { stream_body::<{ convert::NONE }, false>(a, g) }
+}
+
+/// [`update_stream`] with the warps' lanes read rotated, as [`update_stream_fp8`] reads them:
+/// a warp whose tokens go to runs of slots that do not start at a multiple of 8 (a batch's
+/// sequence that starts inside an earlier warp) still stores V as transposed columns, the
+/// virtual octet split across two octets of slots in two pieces. Its own entry point: the
+/// rotation's exchange and split stores hold registers that cost [`update_stream`] 2 points
+/// on one sequence (H100, BENCHMARKS.md sessions 24 and 27); the host runs it on pages of 8
+/// slots ([`crate::args::TileArgs::rotates`]), where batches of many sequences gained 12–14
+/// points.
+///
+/// # Safety
+/// As [`update_stream`].
+#[inline(always)]
+pub unsafe fn update_stream_rot(a: &TileArgs, g: Group) {
+    pdl::prologue(false);
+    // SAFETY: forwarded.
+    unsafe { stream_body::<{ convert::NONE }, true>(a, g) }
 }
 
 /// [`update_stream`] for quantizing updates into fp8 v0 caches (bf16 or f16 sources, e4m3 or
@@ -839,19 +857,20 @@ pub unsafe fn update_stream_fp8(a: &TileArgs, g: Group) {
     unsafe {
         convert::by_code!(a.convert, C => {
             if convert::src_bytes(C) == 2 {
-                stream_body::<C>(a, g)
+                stream_body::<C, true>(a, g)
             }
         })
     }
 }
 
-/// The body of [`update_stream`] (`C` = [`convert::NONE`]: 2-byte caches, copied) and of
-/// [`update_stream_fp8`] (`C` a conversion of 2-byte sources into 1-byte caches).
+/// The body of [`update_stream`] and [`update_stream_rot`] (`C` = [`convert::NONE`]: 2-byte
+/// caches, copied; `ROTATE` for the latter) and of [`update_stream_fp8`] (`C` a conversion of
+/// 2-byte sources into 1-byte caches, `ROTATE` always).
 ///
 /// # Safety
-/// As the entry point of `C`.
+/// As the entry point of `C` and `ROTATE`.
 #[inline(always)]
-unsafe fn stream_body<const C: u32>(a: &TileArgs, g: Group) {
+unsafe fn stream_body<const C: u32, const ROTATE: bool>(a: &TileArgs, g: Group) {
     let quant = C != convert::NONE;
     let (heads, quads) = (a.heads as u32, a.groups.div_ceil(STREAM_UNITS) as u32);
     let items = a.num_tokens.div_ceil(STREAM_LANES) * a.heads * quads as u64 * STREAM_LANES;
@@ -911,7 +930,7 @@ unsafe fn stream_body<const C: u32>(a: &TileArgs, g: Group) {
         // SAFETY: every lane of the warp is here (the loop is warp-uniform); `slot` is token
         // t's (-1 past the last token).
         let run = if columns {
-            unsafe { warp_runs(a, t, lane, slot, bs_shift, quant) }
+            unsafe { warp_runs(a, t, lane, slot, bs_shift, ROTATE) }
         } else {
             None
         };
@@ -1194,8 +1213,8 @@ unsafe fn warp_fast<const C: u32>(
 /// one block, whatever the first token's slot modulo 8 (a batch's sequences start at any token
 /// of the warp). With `d > 0` the last virtual octet holds two pieces: virtual lanes `24 ..
 /// 32 - d` (the warp's last tokens) at slots `pa .. pa + 8 - d`, and `32 - d .. 32` (its first
-/// `d` tokens, wrapped around) at `pb + 8 - d .. pb + 8`. Only the quantizing stream rotates
-/// (`d` is 0 in the copying one).
+/// `d` tokens, wrapped around) at `pb + 8 - d .. pb + 8`. The quantizing stream and
+/// [`update_stream_rot`] rotate; in [`update_stream`] `d` is 0.
 #[derive(Clone, Copy)]
 struct Run {
     /// The lanes' rotation (0 in the copying stream).
@@ -1315,10 +1334,10 @@ unsafe fn warp_runs(
 /// Column `lane & 7` of the V rows of [`stream_body`]'s virtual octet (virtual lanes `lane &
 /// !7 ..` of `run`'s rotation `d`) in one group: element `lane & 7` of the group of each of the
 /// octet's eight tokens, the `j`-th virtual token in the `j`-th 2-byte half-word. The GPU
-/// transposes each octet's rows (`row` is this lane's): there it serves the copying stream,
-/// whose warps do not rotate (`run.d == 0`; the quantizing stream rotates its quantized rows
-/// in [`octet_column_fp8`]). The CPU reads the column of virtual lanes, the warp's first
-/// token's group lying at source offset `at_w`.
+/// transposes each octet's rows (`row` is this lane's; in a rotated warp, `run.d > 0`, the
+/// virtual lane's, exchanged first): there it serves the copying streams (the quantizing
+/// stream rotates its quantized rows in [`octet_column_fp8`]). The CPU reads the column of
+/// virtual lanes, the warp's first token's group lying at source offset `at_w`.
 ///
 /// # Safety
 /// Every lane of the warp calls it together (GPU); the warp's 32 tokens exist and the group
@@ -1327,9 +1346,16 @@ unsafe fn warp_runs(
 unsafe fn octet_column(a: &TileArgs, row: &Row, lane: u32, run: &Run, at_w: u64) -> [u32; 4] {
     #[cfg(target_arch = "nvptx64")]
     {
-        let _ = (a, run, at_w);
+        let _ = (a, at_w);
+        let mut w = [row[0], row[1], row[2], row[3]];
+        if run.d != 0 {
+            // The virtual lane's row.
+            let src = (lane + run.d) & 31;
+            // SAFETY: every lane of the warp is here (`run` is the same on every lane).
+            w = w.map(|x| unsafe { crate::warp::shfl_idx(x, src) });
+        }
         // SAFETY: forwarded.
-        unsafe { crate::warp::transpose(lane & 7, [row[0], row[1], row[2], row[3]]) }
+        unsafe { crate::warp::transpose(lane & 7, w) }
     }
     #[cfg(not(target_arch = "nvptx64"))]
     {
@@ -1442,10 +1468,10 @@ impl Columns {
 /// Stores column `col` of [`stream_body`]'s virtual octet ([`octet_column`], quantized into
 /// its first two words for 1-byte caches: `E`) for the item's group `g0 + u` (`c` from
 /// [`Columns::new`] for `g0`): element `8 (g0 + u) + (lane & 7)` of the octet's eight slots,
-/// one store of `8 E` bytes from `run.base`; for a lane of a split last octet (1-byte caches
-/// only: the copying stream does not rotate), the first `8 - d` bytes from `run.pa` and the
-/// last `d` up to the end of `run.pb`'s octet, each piece in at most three stores of 4, 2 and
-/// 1 bytes, aligned to their sizes.
+/// one store of `8 E` bytes from `run.base`; for a lane of a split last octet (rotated warps),
+/// the first `8 - d` elements from `run.pa` and the last `d` up to the end of `run.pb`'s
+/// octet, each piece in at most three stores (of 4, 2 and 1 bytes for 1-byte caches, of 8, 4
+/// and 2 for 2-byte ones), aligned to their sizes.
 ///
 /// # Safety
 /// `c` is this lane's [`Columns`] for the warp's `run`, `g0 + u < groups`; the value cache's
@@ -1461,8 +1487,40 @@ unsafe fn store_column<const E: usize>(c: &Columns, u: u64, run: &Run, lane: u32
     unsafe {
         let pa = c.pa.add((u * c.step) as usize);
         if E == 2 {
-            // The copying stream does not rotate (`run.d == 0`).
-            core::ptr::write(pa as *mut V16, V16::from_array(col));
+            if !run.splits(lane) {
+                core::ptr::write(pa as *mut V16, V16::from_array(col));
+                return;
+            }
+            // The column's bytes, the j-th virtual token's element at bytes 2 j, 2 j + 1: the
+            // first `n` from `pa`'s octet start in decreasing sizes, the rest up to the end of
+            // `pb`'s octet in increasing sizes.
+            let x = col[0] as u128
+                | (col[1] as u128) << 32
+                | (col[2] as u128) << 64
+                | (col[3] as u128) << 96;
+            let n = 2 * (8 - run.d as usize);
+            if n & 8 != 0 {
+                core::ptr::write(pa as *mut u64, x as u64);
+            }
+            if n & 4 != 0 {
+                core::ptr::write(pa.add(n & 8) as *mut u32, (x >> (8 * (n & 8))) as u32);
+            }
+            if n & 2 != 0 {
+                core::ptr::write(pa.add(n & 12) as *mut u16, (x >> (8 * (n & 12))) as u16);
+            }
+            let (pb, d) = (c.pb.add((u * c.step) as usize), 2 * run.d as usize);
+            let mut o = n;
+            if d & 2 != 0 {
+                core::ptr::write(pb.add(o) as *mut u16, (x >> (8 * o)) as u16);
+                o += 2;
+            }
+            if d & 4 != 0 {
+                core::ptr::write(pb.add(o) as *mut u32, (x >> (8 * o)) as u32);
+                o += 4;
+            }
+            if d & 8 != 0 {
+                core::ptr::write(pb.add(o) as *mut u64, (x >> (8 * o)) as u64);
+            }
             return;
         }
         let x = col[0] as u64 | (col[1] as u64) << 32;

@@ -413,6 +413,13 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         _ => 1,
     };
     let (runs_k, runs_v) = (runs_k && src_vec, runs_v && src_vec);
+    // The copying stream on pages of 8 slots reads its warps' lanes rotated, so that a warp
+    // whose tokens do not start at a multiple of 8 slots (a batch's sequence starting inside
+    // it) still stores V as columns: `kvio_update_stream_rot`. On the H100 (BENCHMARKS.md,
+    // session 27) that took batches of many sequences from 52–58% of the copy ceiling to
+    // 60–72% and cost one sequence 2 points; on 16-slot pages batches gained 0–1 points, so
+    // those keep `kvio_update_stream`.
+    let rotate = stream && stream_copy && kl.block_size == 8 && runs_v;
     // Prefill sizes into fp8 caches that the pages update below does not take run
     // `kvio_update_tiles_staged`, which copies each thread's next tile into shared memory
     // while it quantizes and stores the current one (`staged`) when the tiles may be runs and
@@ -486,7 +493,7 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         piece_v: vl.piece_elems as u64,
         piece_stride_v: vl.piece_stride as u64 * e,
         unit_v,
-        runs: runs_k as u32 | (runs_v as u32) << 1,
+        runs: runs_k as u32 | (runs_v as u32) << 1 | (rotate as u32) << 2,
         num_blocks: kl.num_blocks as u64,
         block_size: kl.block_size as u64,
         heads: kl.num_heads as u64,
@@ -519,6 +526,8 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         (target.caps.tiles_staged, STAGED_THREADS)
     } else if stream && e == 1 {
         (target.caps.stream_fp8, BLOCK_THREADS)
+    } else if stream && rotate {
+        (target.caps.stream_rot, BLOCK_THREADS)
     } else if stream {
         (target.caps.stream, BLOCK_THREADS)
     } else if tile == 1 {
@@ -1125,7 +1134,8 @@ mod tests {
     }
 
     /// v0 caches (bf16, fp8) at prefill size: 2-byte caches on pages of at most 16 slots
-    /// stream (`kvio_update_stream`: one token a lane, four groups of one head); on 32- and
+    /// stream (`kvio_update_stream`: one token a lane, four groups of one head; on pages of 8
+    /// slots `kvio_update_stream_rot`, its lanes read rotated); on 32- and
     /// 128-token pages a CTA per sixteen tokens of a head (`kvio_update_pages`: one item per
     /// CTA, so the grid is the item count up to the cap); fp8 copies, and heads too wide for
     /// the tile, tiles of eight tokens, K stored as whole 16-byte (8-byte) pieces, V as
@@ -1154,10 +1164,13 @@ mod tests {
                 assert_eq!((a.unit_k, a.unit_v, a.piece_k, a.piece_v), (8, 1, 8, 1));
                 // Both parts may go out as runs: V as transposed columns of octets.
                 assert_eq!(a.runs, 3);
-                for (bs, runs) in [(1, 0), (8, 3)] {
+                assert!(!a.rotates());
+                // Pages of 8 slots: `kvio_update_stream_rot` (its lanes read rotated).
+                for (bs, runs) in [(1, 0), (8, 7)] {
                     let a = plan_tiles(&v0(bs, d), 132).0;
                     assert!(a.streams(), "page {bs}");
                     assert_eq!(a.runs, runs, "page {bs}");
+                    assert_eq!(a.rotates(), bs == 8, "page {bs}");
                 }
                 // 32-token pages: items of four heads (128 units each).
                 let (a, grid, threads) = plan_tiles(&v0(32, d), 132);
