@@ -798,8 +798,8 @@ pub unsafe fn update_stream(a: &TileArgs, g: Group) {
 /// virtual octet split across two octets of slots in two pieces. Its own entry point: the
 /// rotation's exchange and split stores hold registers that cost [`update_stream`] 2 points
 /// on one sequence (H100, BENCHMARKS.md sessions 24 and 27); the host runs it on pages of 8
-/// slots ([`crate::args::TileArgs::rotates`]), where batches of many sequences gained 12–14
-/// points.
+/// slots ([`crate::args::TileArgs::rotates`]), where batches of many sequences gained 7–14
+/// points (one sequence lost 1.6–1.8 there).
 ///
 /// # Safety
 /// As [`update_stream`].

@@ -416,9 +416,9 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     // The copying stream on pages of 8 slots reads its warps' lanes rotated, so that a warp
     // whose tokens do not start at a multiple of 8 slots (a batch's sequence starting inside
     // it) still stores V as columns: `kvio_update_stream_rot`. On the H100 (BENCHMARKS.md,
-    // session 27) that took batches of many sequences from 52–58% of the copy ceiling to
-    // 60–72% and cost one sequence 2 points; on 16-slot pages batches gained 0–1 points, so
-    // those keep `kvio_update_stream`.
+    // session 27) that took batches of many sequences on 8-slot pages from 51–58% of the copy
+    // ceiling to 59–72% and cost one sequence 1.6–1.8 points (82.3–82.7% → 80.7–80.9%); on
+    // 16-slot pages batches gained 0–1 points, so those keep `kvio_update_stream`.
     let rotate = stream && stream_copy && kl.block_size == 8 && runs_v;
     // Prefill sizes into fp8 caches that the pages update below does not take run
     // `kvio_update_tiles_staged`, which copies each thread's next tile into shared memory
