@@ -205,12 +205,12 @@ fn row_step<const P: usize>(lanes: u32) -> [u32; 2] {
 
 /// Loads one lane's round of a row ([`RowRound`]): values `u[0] + j * lanes` (`j < P`) of
 /// span `K` at `from[0]` and value `u[1]` of span `V` at `from[1]`, those below the span's
-/// `units`, as accesses of `T` ([`load_round`]; `VOLATILE` as there).
+/// `units`, as accesses of `T` read as `READ` says ([`load_round`]).
 ///
 /// # Safety
 /// `units[k]` values of `T` readable at `from[k]`, aligned for `T`.
 #[inline(always)]
-unsafe fn load_row<T: Unit, const P: usize, const VOLATILE: bool>(
+unsafe fn load_row<T: Unit, const P: usize, const READ: u8>(
     from: &[*const u8; 2],
     units: [u32; 2],
     u: [u32; 2],
@@ -218,19 +218,19 @@ unsafe fn load_row<T: Unit, const P: usize, const VOLATILE: bool>(
 ) -> RowRound<T, P> {
     // SAFETY: forwarded, one span at a time.
     unsafe {
-        let k = load_round::<T, 1, P, VOLATILE>(&[from[0]], &[true], |_| units[0], u[0], lanes);
-        let v = load_round::<T, 1, 1, VOLATILE>(&[from[1]], &[true], |_| units[1], u[1], lanes);
+        let k = load_round::<T, 1, P, READ>(&[from[0]], &[true], |_| units[0], u[0], lanes);
+        let v = load_round::<T, 1, 1, READ>(&[from[1]], &[true], |_| units[1], u[1], lanes);
         (k[0], v[0][0])
     }
 }
 
 /// Stores what [`load_row`] loaded for the same `(units, u, lanes)` at `to`, each value
-/// passed through `f` on its way ([`span::store_round_map`]).
+/// passed through `f` on its way and written as `WRITE` says ([`span::store_round_map`]).
 ///
 /// # Safety
 /// `units[k]` values of `O` writable at `to[k]`, aligned for `O`.
 #[inline(always)]
-unsafe fn store_row_map<T: Copy, O, const P: usize>(
+unsafe fn store_row_map<T: Copy, O: Unit, const P: usize, const WRITE: u8>(
     to: &[*mut u8; 2],
     units: [u32; 2],
     u: [u32; 2],
@@ -240,8 +240,24 @@ unsafe fn store_row_map<T: Copy, O, const P: usize>(
 ) {
     // SAFETY: forwarded, one span at a time.
     unsafe {
-        span::store_round_map(&[to[0]], &[true], |_| units[0], u[0], lanes, &[v.0], &f);
-        span::store_round_map(&[to[1]], &[true], |_| units[1], u[1], lanes, &[[v.1]], &f);
+        span::store_round_map::<T, O, 1, P, WRITE>(
+            &[to[0]],
+            &[true],
+            |_| units[0],
+            u[0],
+            lanes,
+            &[v.0],
+            &f,
+        );
+        span::store_round_map::<T, O, 1, 1, WRITE>(
+            &[to[1]],
+            &[true],
+            |_| units[1],
+            u[1],
+            lanes,
+            &[[v.1]],
+            &f,
+        );
     }
 }
 
@@ -272,7 +288,7 @@ unsafe fn rows_body<T: Unit>(a: &SlotArgs, g: Group) {
             let held = if one_round {
                 // SAFETY: `from` is a token's row ([`for_each_row`]): `units` values of T per
                 // part, aligned for T.
-                unsafe { load_row::<T, P, true>(&from, units, [lane; 2], lanes) }
+                unsafe { load_row::<T, P, { span::ONCE }>(&from, units, [lane; 2], lanes) }
             } else {
                 ([T::ZERO; P], T::ZERO)
             };
@@ -282,12 +298,13 @@ unsafe fn rows_body<T: Unit>(a: &SlotArgs, g: Group) {
             // caches ([`for_each_row`]): `units` values of T per part, aligned for T.
             unsafe {
                 if one_round {
-                    store_row_map(&to, units, [lane; 2], lanes, &held, |x: &T| *x);
+                    let (u, held) = ([lane; 2], &held);
+                    store_row_map::<T, T, P, { span::ONCE }>(&to, units, u, lanes, held, |x| *x);
                 } else {
                     let mut u = [lane; 2];
                     while u[0] < units[0] || u[1] < units[1] {
-                        let v = load_row::<T, P, false>(&from, units, u, lanes);
-                        store_row_map(&to, units, u, lanes, &v, |x: &T| *x);
+                        let v = load_row::<T, P, { span::ONCE }>(&from, units, u, lanes);
+                        store_row_map::<T, T, P, { span::ONCE }>(&to, units, u, lanes, &v, |x| *x);
                         u = [u[0] + step[0], u[1] + step[1]];
                     }
                 }
@@ -392,7 +409,7 @@ unsafe fn rows_convert_body<const C: u32, U: convert::Loaded, const P: usize>(
     // (host-checked); the slot array holds num_tokens entries.
     let (mut held, mut slot) = unsafe {
         (
-            load_row::<U, P, true>(&source(tok), units, u, lanes),
+            load_row::<U, P, { span::VOLATILE }>(&source(tok), units, u, lanes),
             slot_of(a, tok),
         )
     };
@@ -415,7 +432,7 @@ unsafe fn rows_convert_body<const C: u32, U: convert::Loaded, const P: usize>(
             // SAFETY: next_tok < num_tokens (as for the first round).
             unsafe {
                 (
-                    load_row::<U, P, true>(&source(next_tok), units, next_u, lanes),
+                    load_row::<U, P, { span::VOLATILE }>(&source(next_tok), units, next_u, lanes),
                     if rest { slot } else { slot_of(a, next_tok) },
                 )
             }
@@ -435,7 +452,7 @@ unsafe fn rows_convert_body<const C: u32, U: convert::Loaded, const P: usize>(
                 |at| {
                     let to = [a.dst_k.add(at), a.dst_v.add(at)];
                     let q = |v: &U| convert::unit::<C>(&v.raw(), &div);
-                    store_row_map(&to, units, u, lanes, &held, q);
+                    store_row_map::<U, u64, P, { span::PLAIN }>(&to, units, u, lanes, &held, q);
                 },
             )
         }

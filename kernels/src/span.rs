@@ -80,9 +80,72 @@ pub const BATCH_UNITS: u32 = 4;
 pub trait Unit: Copy {
     /// A value to initialise registers with (never stored).
     const ZERO: Self;
+
+    /// Reads a value that nothing reads again soon ([`ONCE`]): on the GPU a 16-byte unit is
+    /// one streaming load (`ld.global.cs`, evicted first from the caches); other units, and
+    /// the CPU, read plainly.
+    ///
+    /// # Safety
+    /// `p` readable and aligned for `Self`.
+    #[inline(always)]
+    unsafe fn read_once(p: *const Self) -> Self {
+        // SAFETY: the caller's.
+        unsafe { read(p) }
+    }
+
+    /// Writes a value that nothing reads again soon: on the GPU a 16-byte unit is one
+    /// streaming store (`st.global.cs`); other units, and the CPU, write plainly.
+    ///
+    /// # Safety
+    /// `p` writable and aligned for `Self`.
+    #[inline(always)]
+    unsafe fn write_once(p: *mut Self, v: Self) {
+        // SAFETY: the caller's.
+        unsafe { write(p, v) }
+    }
 }
 impl Unit for V16 {
     const ZERO: Self = V16::from_array([0; 4]);
+
+    #[cfg(target_arch = "nvptx64")]
+    #[inline(always)]
+    unsafe fn read_once(p: *const Self) -> Self {
+        let w: [u32; 4];
+        // SAFETY: `p` readable and 16-byte aligned (the caller's). Not `pure`: the load stays
+        // where it is written, as a volatile read would ([`load_round`]).
+        unsafe {
+            let (a, b, c, d);
+            core::arch::asm!(
+                "ld.global.cs.v4.b32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+                p = in(reg64) p,
+                a = out(reg32) a,
+                b = out(reg32) b,
+                c = out(reg32) c,
+                d = out(reg32) d,
+                options(nostack, readonly),
+            );
+            w = [a, b, c, d];
+        }
+        V16::from_array(w)
+    }
+
+    #[cfg(target_arch = "nvptx64")]
+    #[inline(always)]
+    unsafe fn write_once(p: *mut Self, v: Self) {
+        let w = v.to_array();
+        // SAFETY: `p` writable and 16-byte aligned (the caller's).
+        unsafe {
+            core::arch::asm!(
+                "st.global.cs.v4.b32 [{p}], {{{a}, {b}, {c}, {d}}};",
+                p = in(reg64) p,
+                a = in(reg32) w[0],
+                b = in(reg32) w[1],
+                c = in(reg32) w[2],
+                d = in(reg32) w[3],
+                options(nostack),
+            );
+        }
+    }
 }
 impl Unit for u64 {
     const ZERO: Self = 0;
@@ -104,16 +167,25 @@ impl Unit for [V16; 2] {
 /// `B` spans ([`load_round`], [`store_round_map`]).
 pub type Round<T, const B: usize, const P: usize> = [[T; P]; B];
 
+/// [`load_round`]'s reads: plain.
+pub const PLAIN: u8 = 0;
+/// [`load_round`]'s reads: volatile, which keeps the compiler from sinking the loads past a
+/// lookup that follows them (a caller that loads before it knows where the values go).
+pub const VOLATILE: u8 = 1;
+/// [`load_round`]'s reads, [`store_round_map`]'s writes: of data nothing reads again soon
+/// ([`Unit::read_once`], [`Unit::write_once`]: streaming accesses of 16-byte units on the
+/// GPU, kept in place as volatile reads are).
+pub const ONCE: u8 = 2;
+
 /// Loads one lane's share of one round of `B ≤ 4` spans: values `u + j * lanes` (`j < P ≤`
-/// [`BATCH_UNITS`], below `units(k)`) of every live span `k` at `from[k]`, as accesses of `T`.
-/// The unit counts come as a function of the span.
-/// `VOLATILE` keeps the compiler from sinking the loads past a lookup that follows them (a
-/// caller that loads before it knows where the values go).
+/// [`BATCH_UNITS`], below `units(k)`) of every live span `k` at `from[k]`, as accesses of `T`
+/// read as `READ` says ([`PLAIN`], [`VOLATILE`], [`ONCE`]). The unit counts come as a function
+/// of the span.
 ///
 /// # Safety
 /// Every live span: `units(k)` values of `T` readable at `from[k]`, aligned for `T`.
 #[inline(always)]
-pub unsafe fn load_round<T: Unit, const B: usize, const P: usize, const VOLATILE: bool>(
+pub unsafe fn load_round<T: Unit, const B: usize, const P: usize, const READ: u8>(
     from: &[*const u8; B],
     live: &[bool; B],
     units: impl Fn(usize) -> u32,
@@ -130,10 +202,10 @@ pub unsafe fn load_round<T: Unit, const B: usize, const P: usize, const VOLATILE
                 let p = (from[k] as *const T).add(i as usize);
                 // SAFETY: i < units(k): inside span k, aligned for T.
                 v[k][j] = unsafe {
-                    if VOLATILE {
-                        core::ptr::read_volatile(p)
-                    } else {
-                        read(p)
+                    match READ {
+                        VOLATILE => core::ptr::read_volatile(p),
+                        ONCE => T::read_once(p),
+                        _ => read(p),
                     }
                 };
             }
@@ -144,13 +216,14 @@ pub unsafe fn load_round<T: Unit, const B: usize, const P: usize, const VOLATILE
 
 /// Stores what [`load_round`] loaded for the same `(live, units, u, lanes)` at `to`, every
 /// value passed through `f` on its way (a copy: the identity; a conversion: values of `T`
-/// loaded, values of `O` stored, span `k`'s `i`-th at `to[k] + i * size_of::<O>()`). Only the
-/// values the round holds are passed through `f`.
+/// loaded, values of `O` stored, span `k`'s `i`-th at `to[k] + i * size_of::<O>()`), written
+/// plainly or, with `WRITE` [`ONCE`], as [`Unit::write_once`] does. Only the values the round
+/// holds are passed through `f`.
 ///
 /// # Safety
 /// Every live span: `units(k)` values of `O` writable at `to[k]`, aligned for `O`.
 #[inline(always)]
-pub unsafe fn store_round_map<T: Copy, O, const B: usize, const P: usize>(
+pub unsafe fn store_round_map<T: Copy, O: Unit, const B: usize, const P: usize, const WRITE: u8>(
     to: &[*mut u8; B],
     live: &[bool; B],
     units: impl Fn(usize) -> u32,
@@ -164,8 +237,15 @@ pub unsafe fn store_round_map<T: Copy, O, const B: usize, const P: usize>(
         unroll4!(j => {
             let i = u + j as u32 * lanes;
             if k < B && j < P && live[k] && i < units(k) {
+                let p = (to[k] as *mut O).add(i as usize);
                 // SAFETY: as for the load.
-                unsafe { write((to[k] as *mut O).add(i as usize), f(&v[k][j])) };
+                unsafe {
+                    if WRITE == ONCE {
+                        O::write_once(p, f(&v[k][j]))
+                    } else {
+                        write(p, f(&v[k][j]))
+                    }
+                };
             }
         });
     });
