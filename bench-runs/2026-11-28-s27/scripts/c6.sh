@@ -1,0 +1,14 @@
+set -x
+cd gpu-pack && tar xJf t.tar.xz && cd b
+R=$OUT/r; mkdir -p $R
+pk() { (cd $OUT && tar czf r.tgz r); }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.txt
+for a in sm90 sm80; do
+KVIO_TEST_ARCH=$a KVIO_REQUIRE_GPU=1 timeout 60 ./gpu_mla-h1 --test-threads=4 > $R/t-mla-$a.log 2>&1; echo "mla $a rc=$? $SECONDS" >> $R/rc.txt; pk
+done
+M='ceiling|mla-update-(T|prefill)-kvio-bf16/(16384|65536)$'
+for r in 1 2; do
+for v in s1 h1; do
+KVIO_BENCH_GROUPS=ceiling,mla-update KVIO_BENCH_PAGES=16 KVIO_BENCH_JSON=$R/m-$v-$r.json timeout 50 ./bench-$v --bench "$M" > $R/m-$v-$r.log 2>&1; echo "m $v $r rc=$? $SECONDS" >> $R/rc.txt; pk
+done
+done
