@@ -107,6 +107,28 @@ macro_rules! unroll4 {
     }};
 }
 
+/// The four words one vector load `$op` (`"ld.shared.v4.u32"`, `"ld.global.cs.v4.b32"`, ...)
+/// reads at address `$p`, passed in a register of class `$reg` (`reg32`: a `.shared` window
+/// address; `reg64`: a pointer), as `[u32; 4]`. `readonly` and not `pure`: the load is kept,
+/// and stays after any asm that may write memory. Only inside an `unsafe` block whose
+/// contract makes the load valid (nvptx only).
+#[cfg(target_arch = "nvptx64")]
+macro_rules! ld_v4 {
+    ($op:literal, $reg:ident $p:expr) => {{
+        let (a, b, c, d): (u32, u32, u32, u32);
+        core::arch::asm!(
+            concat!($op, " {{{a}, {b}, {c}, {d}}}, [{p}];"),
+            a = out(reg32) a,
+            b = out(reg32) b,
+            c = out(reg32) c,
+            d = out(reg32) d,
+            p = in($reg) $p,
+            options(readonly, nostack)
+        );
+        [a, b, c, d]
+    }};
+}
+
 #[macro_use]
 pub mod args;
 pub mod bulk;

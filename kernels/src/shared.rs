@@ -11,21 +11,9 @@
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn load128(addr: u32) -> [u32; 4] {
-    let (a, b, c, d): (u32, u32, u32, u32);
-    // SAFETY: forwarded; a read, ordered after the writes and barriers before it (`readonly`
+    // SAFETY: forwarded; a read, ordered after the writes and barriers before it (`ld_v4!`
     // keeps it after any asm that may write memory).
-    unsafe {
-        core::arch::asm!(
-            "ld.shared.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
-            a = out(reg32) a,
-            b = out(reg32) b,
-            c = out(reg32) c,
-            d = out(reg32) d,
-            p = in(reg32) addr,
-            options(readonly, nostack)
-        )
-    };
-    [a, b, c, d]
+    unsafe { ld_v4!("ld.shared.v4.u32", reg32 addr) }
 }
 
 /// `cp.async.ca.shared.global`: starts copying `bytes` (4, 8 or 16) from global `src` to

@@ -110,23 +110,9 @@ impl Unit for V16 {
     #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     unsafe fn read_once(p: *const Self) -> Self {
-        let w: [u32; 4];
-        // SAFETY: `p` readable and 16-byte aligned (the caller's). Not `pure`: the load stays
-        // where it is written, as a volatile read would ([`load_round`]).
-        unsafe {
-            let (a, b, c, d);
-            core::arch::asm!(
-                "ld.global.cs.v4.b32 {{{a}, {b}, {c}, {d}}}, [{p}];",
-                p = in(reg64) p,
-                a = out(reg32) a,
-                b = out(reg32) b,
-                c = out(reg32) c,
-                d = out(reg32) d,
-                options(nostack, readonly),
-            );
-            w = [a, b, c, d];
-        }
-        V16::from_array(w)
+        // SAFETY: `p` readable and 16-byte aligned (the caller's). `ld_v4!` keeps the load
+        // where it is written, as a volatile read would be ([`load_round`]).
+        V16::from_array(unsafe { ld_v4!("ld.global.cs.v4.b32", reg64 p) })
     }
 
     #[cfg(target_arch = "nvptx64")]
