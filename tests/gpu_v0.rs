@@ -424,9 +424,10 @@ fn v0_params() -> impl Strategy<Value = (Format, usize, usize, usize, usize, Slo
         })
 }
 
-/// Random prefill-size v0 updates on pages of 16, 32 and 128 tokens: copies into 2-byte caches
-/// (`kvio_update_stream` on 16-token pages, `kvio_update_pages` on the larger ones) and bf16
-/// or f16 quantized into fp8 caches (`kvio_update_stream_fp8` on 16- and 32-token pages,
+/// Random prefill-size v0 updates on pages of 8, 16, 32 and 128 tokens: copies into 2-byte
+/// caches (`kvio_update_stream_rot` on 8-token pages, `kvio_update_stream` on 16-token pages,
+/// `kvio_update_pages` on the larger ones) and bf16 or f16 quantized into fp8 caches
+/// (`kvio_update_stream_fp8` on 8-, 16- and 32-token pages,
 /// `kvio_update_pages_fp8_32` on 128; scales per tensor or per head); 1 to 10 heads (the
 /// pages entries' items of several heads, the last one short), head dims of 8 to 256 (16 to
 /// 256 for fp8, whose key pieces hold 16), 1,024 to 1,199 tokens (a short last item),
@@ -443,7 +444,7 @@ fn pages_params() -> impl Strategy<Value = (Format, usize, usize, usize, usize, 
     ];
     (
         proptest::sample::select(formats),
-        proptest::sample::select(vec![16usize, 32, 128]),
+        proptest::sample::select(vec![8usize, 16, 32, 128]),
         1usize..=10,
         1usize..=16,
         1024usize..1200,
