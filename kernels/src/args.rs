@@ -315,9 +315,9 @@ impl TileArgs {
         self.tile >= crate::ops::PAGE_TOKENS as u32
     }
 
-    /// Whether this update runs `kvio_update_stream` or, into 1-byte caches,
-    /// `kvio_update_stream_fp8` (one token a lane, `subs` =
-    /// [`crate::ops::STREAM_LANES`] tokens a warp).
+    /// Whether this update runs `kvio_update_stream` (`kvio_update_stream_rot`:
+    /// [`TileArgs::rotates`]) or, into 1-byte caches, `kvio_update_stream_fp8` (one token a
+    /// lane, `subs` = [`crate::ops::STREAM_LANES`] tokens a warp).
     pub fn streams(&self) -> bool {
         self.tile == 1 && self.subs as u64 == crate::ops::STREAM_LANES
     }
