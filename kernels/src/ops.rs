@@ -1238,7 +1238,7 @@ unsafe fn warp_fast<const C: u32>(
 /// [`update_stream_rot`] rotate; in [`update_stream`] `d` is 0.
 #[derive(Clone, Copy)]
 struct Run {
-    /// The lanes' rotation (0 in the copying stream).
+    /// The lanes' rotation (0 in [`update_stream`]).
     d: u32,
     /// The first slot of this lane's virtual octet (a multiple of 8).
     base: u64,
@@ -1253,6 +1253,12 @@ impl Run {
     #[inline(always)]
     fn splits(&self, lane: u32) -> bool {
         self.d != 0 && lane >= 24
+    }
+
+    /// The lane whose token virtual lane `lane` holds: `(lane + d) % 32`.
+    #[inline(always)]
+    fn source(&self, lane: u32) -> u32 {
+        (lane + self.d) & 31
     }
 }
 
@@ -1371,7 +1377,7 @@ unsafe fn octet_column(a: &TileArgs, row: &Row, lane: u32, run: &Run, at_w: u64)
         let mut w = [row[0], row[1], row[2], row[3]];
         if run.d != 0 {
             // The virtual lane's row.
-            let src = (lane + run.d) & 31;
+            let src = run.source(lane);
             // SAFETY: every lane of the warp is here (`run` is the same on every lane).
             w = w.map(|x| unsafe { crate::warp::shfl_idx(x, src) });
         }
@@ -1384,7 +1390,7 @@ unsafe fn octet_column(a: &TileArgs, row: &Row, lane: u32, run: &Run, at_w: u64)
         let mut col = [0u32; 4];
         let mut j = 0;
         while j < 8 {
-            let tok = ((lane & !7) + j as u32 + run.d) & 31;
+            let tok = run.source((lane & !7) + j as u32);
             let off = at_w + tok as u64 * a.src_token_stride + 2 * (lane & 7) as u64;
             // SAFETY: the warp's tok-th token, element lane & 7 of the group: inside the
             // validated source.
@@ -1419,7 +1425,7 @@ unsafe fn octet_column_fp8<const C: u32>(
         let _ = (a, at_w);
         let q = convert::unit_fast::<C>(&raw_of(row), div);
         // The virtual lane's row (this stream always reads its lanes rotated, `run.d` maybe 0).
-        let src = (lane + run.d) & 31;
+        let src = run.source(lane);
         // SAFETY: every lane of the warp is here.
         let w = unsafe { [q as u32, (q >> 32) as u32].map(|x| crate::warp::shfl_idx(x, src)) };
         // SAFETY: forwarded.
