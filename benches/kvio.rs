@@ -12,7 +12,11 @@
 //! (`2,4,1,4`: pairs of CTA budgets, offload then onload, of the kernel transfers in group
 //! `concurrent`; the first pair is the main split),
 //! `KVIO_BENCH_PRODUCER_ITERS` (256: arithmetic steps per thread of the `pdl` group's
-//! producer). Without a GPU it says so and exits 0.
+//! producer), `KVIO_BENCH_VLLM_CUBIN` (a cubin of vLLM's own cache-write kernels, built from
+//! vLLM's source as BENCHMARKS.md describes: with it, groups `slot-update`, `fp8-update`,
+//! `v0-update` and `mla-update` add a `vllm…` row beside kvio's `kvio…` rows, first checking
+//! that both write the same bytes, and the tables gain an `x vllm` column; bf16 models only).
+//! Without a GPU it says so and exits 0.
 //!
 //! A filter on the command line (`cargo bench -- 'v0-update-page-kvio-bf16/16$'`, criterion's
 //! regular expression over `group/row`) selects rows before anything of theirs runs: a row left
@@ -88,6 +92,7 @@ use criterion::{measurement::WallTime, BenchmarkGroup, Criterion, Throughput};
 use std::sync::OnceLock;
 
 mod filter;
+mod peer;
 use cust::memory::DeviceBuffer;
 use cust::sys as cu;
 use filter::Filter;
@@ -432,6 +437,75 @@ fn memcpy_spans<'a>(
     }
 }
 
+/// A device copy of `m` made now: the caches a `vllm-*` row writes, taken from the setup's
+/// caches before kvio writes them, so that [`peer_row`] compares both writers' output from the
+/// same starting bytes.
+fn twin(m: &Mem, stream: &Stream) -> Mem {
+    let t = Mem::new(false, m.bytes().len());
+    memcpy(t.bytes().ptr(), m.bytes().ptr(), m.bytes().len(), stream);
+    stream.synchronize().expect("sync");
+    t
+}
+
+/// Twins ([`twin`]) of `caches` when vLLM's kernels are loaded.
+fn twins<const N: usize>(
+    peer: Option<&peer::Vllm>,
+    caches: [&Mem; N],
+    stream: &Stream,
+) -> Option<[Mem; N]> {
+    peer.map(|_| caches.map(|m| twin(m, stream)))
+}
+
+/// A `vllm-*` row: kvio's call (`kvio`, writing `ours`) and vLLM's kernel (`vllm`, writing
+/// `theirs`, twins of `ours` made before kvio's first write) each run once, every cache must
+/// then hold the same bytes as its twin (the same work, done the same way; a panic says where
+/// they differ), then vLLM's kernel is measured as [`measure`] measures kvio's.
+#[allow(clippy::too_many_arguments)]
+fn peer_row(
+    grp: &mut Group<'_>,
+    rec: &RefCell<Rec>,
+    group: &str,
+    param: usize,
+    variant: &str,
+    bytes: u64,
+    stream: &Stream,
+    (ours, theirs): (&[&Mem], &[Mem]),
+    mut kvio: impl FnMut(),
+    vllm: impl FnMut(),
+) {
+    let id = format!("{}-{variant}/{param}", group.replace('/', "-"));
+    if !grp.selects(&id) {
+        return;
+    }
+    let mut vllm = vllm;
+    kvio();
+    vllm();
+    stream
+        .synchronize()
+        .expect("sync (a kernel fault shows here)");
+    for (a, b) in ours.iter().zip(theirs) {
+        let (x, y) = (a.read(), b.read());
+        let differ = x.iter().zip(&y).filter(|(p, q)| p != q).count();
+        assert!(
+            differ == 0,
+            "{id}: vLLM's kernel and kvio wrote different bytes: {differ} of {} differ, the first at {:?}",
+            x.len(),
+            kvio_suite::first_diff(&x, &y)
+        );
+    }
+    println!("{id}: vLLM's output equals kvio's, byte for byte");
+    measure(grp, rec, group, param, variant, bytes, stream, vllm);
+}
+
+/// A CUDA graph of 100 launches of a vLLM kernel (`launch` enqueues one on `stream`).
+fn peer_graph(stream: &Stream, mut launch: impl FnMut()) -> Graph {
+    Graph::capture(stream, |_| {
+        for _ in 0..100 {
+            launch();
+        }
+    })
+}
+
 fn ceilings(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
     let mut grp = group(c, "ceiling");
     let a = Mem::new(false, D2D_BYTES / 2);
@@ -592,6 +666,25 @@ impl WriteSetup {
     fn bytes(&self) -> u64 {
         2 * 2 * (self.slot_host.len() * self.input.row_bytes()) as u64
     }
+    /// vLLM's `reshape_and_cache_flash` of the same update into caches `[kc, vc]` (this
+    /// setup's or their twins). Its bf16 entry reads no scale: it gets the slot array's
+    /// address.
+    fn flash(&self, kc: &Mem, vc: &Mem) -> peer::Flash {
+        let slots = DeviceBytes::of(&self.slots).ptr();
+        peer::Flash {
+            key: DeviceBytes::of(&self.key).ptr(),
+            value: DeviceBytes::of(&self.value).ptr(),
+            key_cache: kc.bytes().ptr(),
+            value_cache: vc.bytes().ptr(),
+            slots,
+            tokens: self.input.num_tokens,
+            heads: self.input.num_heads,
+            dim: self.input.head_dim,
+            block_size: self.cache.block_size,
+            k_scale: slots,
+            v_scale: slots,
+        }
+    }
 }
 
 /// The `(tokens, page size)` cases of the write benchmarks: token counts at page size 16,
@@ -605,11 +698,19 @@ fn write_cases(cfg: &Cfg) -> Vec<(usize, usize)> {
     cases
 }
 
-fn slot_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
+fn slot_update(
+    c: &mut Criterion,
+    rec: &RefCell<Rec>,
+    g: &Gpu,
+    stream: &Stream,
+    cfg: &Cfg,
+    peer: Option<&peer::Vllm>,
+) {
     let mut grp = group(c, "slot-update");
     let row = cfg.heads * cfg.dim * cfg.elem;
     for (t, bs) in write_cases(cfg) {
         let w = WriteSetup::new(cfg, t, bs, t as u64 ^ bs as u64);
+        let tw = twins(peer, [&w.kc, &w.vc], stream);
         let name = if bs == 16 && t != 16384 {
             "slot-update/T"
         } else {
@@ -670,6 +771,25 @@ fn slot_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, 
             stream,
             memcpy_spans(&spans, row, stream),
         );
+        if let (Some(p), Some(tw)) = (peer, &tw) {
+            let a = w.flash(&tw[0], &tw[1]);
+            peer_row(
+                &mut grp,
+                rec,
+                name,
+                param,
+                "vllm",
+                w.bytes(),
+                stream,
+                (&[&w.kc, &w.vc], tw),
+                || {
+                    g.kv.update_slots(&op, StreamRef::from(stream))
+                        .expect("update_slots")
+                },
+                // SAFETY: the setup's inputs and slots, the twins of its caches.
+                || unsafe { p.flash(false, &a, stream) },
+            );
+        }
     }
     // Decode-size updates inside a CUDA graph: time per call, against an empty kernel.
     for t in [1usize, 16, 64, 256] {
@@ -690,6 +810,21 @@ fn slot_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, 
                 "slot-update/graph-latency",
                 t,
                 variant,
+                0,
+                stream,
+                || graph.launch(stream),
+            );
+        }
+        if let Some(p) = peer {
+            let a = w.flash(&w.kc, &w.vc);
+            // SAFETY: the setup's buffers.
+            let graph = peer_graph(stream, || unsafe { p.flash(false, &a, stream) });
+            measure(
+                &mut grp,
+                rec,
+                "slot-update/graph-latency",
+                t,
+                "vllm-x100",
                 0,
                 stream,
                 || graph.launch(stream),
@@ -1109,17 +1244,45 @@ impl Fp8Setup {
         .value(DeviceBytes::of(&self.value), vc)
         .quantize(q)
     }
+
+    /// vLLM's `reshape_and_cache_flash` of the same update into `caches` (K then V, this
+    /// setup's or their twin), with the same scales.
+    fn flash(&self, caches: &Mem) -> peer::Flash {
+        let c = caches.bytes();
+        let sc = DeviceBytes::of(&self.scales).ptr();
+        peer::Flash {
+            key: DeviceBytes::of(&self.key).ptr(),
+            value: DeviceBytes::of(&self.value).ptr(),
+            key_cache: c.ptr(),
+            value_cache: c.ptr() + c.len() as u64 / 2,
+            slots: DeviceBytes::of(&self.slots).ptr(),
+            tokens: self.input.num_tokens,
+            heads: self.input.num_heads,
+            dim: self.input.head_dim,
+            block_size: self.cache.block_size,
+            k_scale: sc,
+            v_scale: sc + 4,
+        }
+    }
 }
 
 /// fp8 quantize-on-write: bf16 K and V `[T, H, D]` into e4m3 NHD caches (16-token pages) with
 /// per-tensor scales; bytes = bf16 read + fp8 written. vLLM's anchor on this GPU
 /// (`reshape_and_cache_flash`, fp8 e4m3, `../shared/LAYOUTS.md`): 827 / 844 GB/s at T = 4,096
 /// / 65,536, 2.32 / 2.75 / 3.10 µs per call in a graph at T = 1 / 64 / 256.
-fn fp8_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
+fn fp8_update(
+    c: &mut Criterion,
+    rec: &RefCell<Rec>,
+    g: &Gpu,
+    stream: &Stream,
+    cfg: &Cfg,
+    peer: Option<&peer::Vllm>,
+) {
     let mut grp = group(c, "fp8-update");
     let (h, d, bs) = (cfg.heads, cfg.dim, 16);
     for t in [1usize, 16, 256, 4096, 16384, 65536] {
         let s = Fp8Setup::new(t, h, d, bs, 500 + t as u64);
+        let tw = twins(peer, [&s.caches], stream);
         let u = s.op();
         let bytes = 2 * (t * h * d * (2 + 1)) as u64;
         measure(
@@ -1135,6 +1298,25 @@ fn fp8_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, c
                     .expect("update_slots")
             },
         );
+        if let (Some(p), Some(tw)) = (peer, &tw) {
+            let a = s.flash(&tw[0]);
+            peer_row(
+                &mut grp,
+                rec,
+                "fp8-update/T",
+                t,
+                "vllm-e4m3",
+                bytes,
+                stream,
+                (&[&s.caches], tw),
+                || {
+                    g.kv.update_slots(&u, StreamRef::from(stream))
+                        .expect("update_slots")
+                },
+                // SAFETY: the setup's inputs, slots and scales, the twin of its caches.
+                || unsafe { p.flash(true, &a, stream) },
+            );
+        }
     }
     for t in [1usize, 64, 256] {
         let s = Fp8Setup::new(t, h, d, bs, 900 + t as u64);
@@ -1154,6 +1336,21 @@ fn fp8_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, c
             stream,
             || graph.launch(stream),
         );
+        if let Some(p) = peer {
+            let a = s.flash(&s.caches);
+            // SAFETY: the setup's buffers.
+            let graph = peer_graph(stream, || unsafe { p.flash(true, &a, stream) });
+            measure(
+                &mut grp,
+                rec,
+                "fp8-update/graph-latency",
+                t,
+                "vllm-x100",
+                0,
+                stream,
+                || graph.launch(stream),
+            );
+        }
     }
     grp.finish();
 }
@@ -1252,6 +1449,26 @@ impl V0Setup {
         )
     }
 
+    /// vLLM's `reshape_and_cache` of the same update into `caches` (K then V, this setup's or
+    /// their twin), with the same scales (read for e4m3 caches only).
+    fn vllm(&self, caches: &Mem) -> peer::V0 {
+        let c = caches.bytes();
+        let sc = DeviceBytes::of(&self.scales).ptr();
+        peer::V0 {
+            key: DeviceBytes::of(&self.key).ptr(),
+            value: DeviceBytes::of(&self.value).ptr(),
+            key_cache: c.ptr(),
+            value_cache: c.ptr() + c.len() as u64 / 2,
+            slots: DeviceBytes::of(&self.slots).ptr(),
+            tokens: self.input.num_tokens,
+            heads: self.input.num_heads,
+            dim: self.input.head_dim,
+            block_size: self.key_layout.block_size,
+            k_scale: sc,
+            v_scale: sc + 4,
+        }
+    }
+
     /// Bytes read (bf16) and written (cache elements), K and V.
     fn bytes(&self) -> u64 {
         let i = &self.input;
@@ -1266,7 +1483,14 @@ impl V0Setup {
 /// `-seq1024`, `-seq128`, `-chunked1024`, see [`V0Fill::Batch`]), then decode sizes in a CUDA graph beside the NHD update's latency measured the same way. vLLM's
 /// anchor on this GPU (`../shared/LAYOUTS.md`): bf16 324 / 170 GB/s, fp8 362 / 169 GB/s at
 /// T = 16,384 / 65,536.
-fn v0_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cfg: &Cfg) {
+fn v0_update(
+    c: &mut Criterion,
+    rec: &RefCell<Rec>,
+    g: &Gpu,
+    stream: &Stream,
+    cfg: &Cfg,
+    peer: Option<&peer::Vllm>,
+) {
     let mut grp = group(c, "v0-update");
     // (group, T, page size, how the tokens fill pages, variant suffix)
     let fill = |t: usize| {
@@ -1329,6 +1553,8 @@ fn v0_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cf
                 continue;
             }
             let s = V0Setup::new(t, bs, fp8, fill, cfg, 1100 + t as u64 + bs as u64);
+            // vLLM beside kvio's default launch.
+            let tw = twins(peer.filter(|_| pdl.is_none()), [&s.caches], stream);
             let u = s.op();
             let param = if name == "v0-update/T" { t } else { bs };
             let sref = match pdl {
@@ -1345,6 +1571,23 @@ fn v0_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cf
                 stream,
                 || g.kv.update_slots(&u, sref).expect("update_slots"),
             );
+            if let (Some(p), Some(tw)) = (peer, &tw) {
+                let a = s.vllm(&tw[0]);
+                let theirs = format!("vllm{}{what}", &variant["kvio".len()..]);
+                peer_row(
+                    &mut grp,
+                    rec,
+                    name,
+                    param,
+                    &theirs,
+                    s.bytes(),
+                    stream,
+                    (&[&s.caches], tw),
+                    || g.kv.update_slots(&u, sref).expect("update_slots"),
+                    // SAFETY: the setup's inputs, slots and scales, the twin of its caches.
+                    || unsafe { p.v0(fp8, &a, stream) },
+                );
+            }
         }
     }
     for t in [1usize, 16, 64, 256] {
@@ -1362,6 +1605,21 @@ fn v0_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream, cf
                 "v0-update/graph-latency",
                 t,
                 variant,
+                0,
+                stream,
+                || graph.launch(stream),
+            );
+        }
+        if let Some(p) = peer {
+            let a = s.vllm(&s.caches);
+            // SAFETY: the setup's buffers.
+            let graph = peer_graph(stream, || unsafe { p.v0(false, &a, stream) });
+            measure(
+                &mut grp,
+                rec,
+                "v0-update/graph-latency",
+                t,
+                "vllm-v0-x100",
                 0,
                 stream,
                 || graph.launch(stream),
@@ -1432,6 +1690,19 @@ impl MlaSetup {
             op
         }
     }
+
+    /// vLLM's `concat_and_cache_mla` of the same rows into `cache` (this setup's or its
+    /// twin), with the same scale (read for an e4m3 cache only).
+    fn vllm(&self, cache: &Mem) -> peer::Mla {
+        peer::Mla {
+            rows: DeviceBytes::of(&self.input).ptr(),
+            cache: cache.bytes().ptr(),
+            slots: DeviceBytes::of(&self.slots).ptr(),
+            tokens: self.t,
+            block_size: self.layout.block_size,
+            scale: DeviceBytes::of(&self.scale).ptr(),
+        }
+    }
 }
 
 /// MLA cache writes (vLLM `concat_and_cache_mla`), bf16 copied and quantized to e4m3; bytes =
@@ -1439,7 +1710,13 @@ impl MlaSetup {
 /// (T ≥ 4,096): whole 64-token pages in random order. Then decode sizes in a CUDA graph.
 /// vLLM's anchor on this GPU (random slots): bf16 1,013 / 735 GB/s, fp8 732 / 532 GB/s at
 /// T = 16,384 / 65,536.
-fn mla_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
+fn mla_update(
+    c: &mut Criterion,
+    rec: &RefCell<Rec>,
+    g: &Gpu,
+    stream: &Stream,
+    peer: Option<&peer::Vllm>,
+) {
     let mut grp = group(c, "mla-update");
     for fp8 in [false, true] {
         let variant = if fp8 { "kvio-fp8-e4m3" } else { "kvio-bf16" };
@@ -1452,6 +1729,7 @@ fn mla_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
                     continue;
                 }
                 let s = MlaSetup::new(t, fp8, 700 + t as u64, prefill);
+                let tw = twins(peer, [&s.cache], stream);
                 let u = s.op();
                 let name = if prefill {
                     "mla-update/prefill"
@@ -1462,6 +1740,25 @@ fn mla_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
                     g.kv.update_mla(&u, StreamRef::from(stream))
                         .expect("update_mla")
                 });
+                if let (Some(p), Some(tw)) = (peer, &tw) {
+                    let a = s.vllm(&tw[0]);
+                    peer_row(
+                        &mut grp,
+                        rec,
+                        name,
+                        t,
+                        &format!("vllm{}", &variant["kvio".len()..]),
+                        bytes,
+                        stream,
+                        (&[&s.cache], tw),
+                        || {
+                            g.kv.update_mla(&u, StreamRef::from(stream))
+                                .expect("update_mla")
+                        },
+                        // SAFETY: the setup's rows, slots and scale, the twin of its cache.
+                        || unsafe { p.mla(fp8, &a, stream) },
+                    );
+                }
             }
         }
     }
@@ -1490,6 +1787,21 @@ fn mla_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
                 stream,
                 || graph.launch(stream),
             );
+            if let Some(p) = peer {
+                let a = s.vllm(&s.cache);
+                // SAFETY: the setup's buffers.
+                let graph = peer_graph(stream, || unsafe { p.mla(fp8, &a, stream) });
+                measure(
+                    &mut grp,
+                    rec,
+                    "mla-update/graph-latency",
+                    t,
+                    &format!("vllm{}", &variant["kvio".len()..]),
+                    0,
+                    stream,
+                    || graph.launch(stream),
+                );
+            }
         }
     }
     grp.finish();
@@ -2554,6 +2866,11 @@ fn report_concurrent(rec: &Rec, group: &str, rows: &mut Vec<String>) {
 /// Prints one table per group and writes the JSON file.
 fn report(rec: &Rec, device: &str, driver: i32) {
     let get = |g: &str, p: usize, v: &str| rec.runs.get(&(g.to_string(), p, v.to_string()));
+    // vLLM's row beside kvio row `v` (`kvio…` → `vllm…`), where it ran.
+    let vllm_row = |g: &str, p: usize, v: &str| {
+        v.strip_prefix("kvio")
+            .and_then(|rest| get(g, p, &format!("vllm{rest}")))
+    };
     let ceil = |v: &str| get("ceiling", 0, v).map(Run::gbps).unwrap_or(f64::NAN);
     let (d2d, h2d, d2h) = (ceil("device-copy"), ceil("pinned-h2d"), ceil("pinned-d2h"));
     let launch = get("ceiling", 0, "empty-launch")
@@ -2678,23 +2995,31 @@ fn report(rec: &Rec, device: &str, driver: i32) {
             continue;
         }
         if group.ends_with("graph-latency") {
+            // `x vllm`: a kvio row's time per call over vLLM's same row's (below 1: faster).
             println!(
-                "{:>8} {:<18} {:>14} {:>16}",
-                "T", "variant", "us per call", "x empty launch"
+                "{:>8} {:<18} {:>14} {:>16} {:>8}",
+                "T", "variant", "us per call", "x empty launch", "x vllm"
             );
             for ((g, p, v), r) in rec.runs.iter().filter(|(k, _)| k.0 == group) {
                 let us = r.median() * 1e6 / 100.0;
-                println!("{p:>8} {v:<18} {us:>14.2} {:>16.2}", us / glaunch);
+                let x_vllm = vllm_row(&group, *p, v)
+                    .map(|t| r.median() / t.median())
+                    .unwrap_or(f64::NAN);
+                println!(
+                    "{p:>8} {v:<18} {us:>14.2} {:>16.2} {x_vllm:>8.2}",
+                    us / glaunch
+                );
                 rows.push(format!(
-                    "    {{\"group\": \"{g}\", \"param\": {p}, \"variant\": \"{v}\", \"us_per_call\": {us:.3}, \"x_empty_launch\": {:.3}}}",
+                    "    {{\"group\": \"{g}\", \"param\": {p}, \"variant\": \"{v}\", \"us_per_call\": {us:.3}, \"x_empty_launch\": {:.3}, \"x_vllm\": {x_vllm:.3}}}",
                     us / glaunch
                 ));
             }
             continue;
         }
+        // `x vllm`: a kvio row's GB/s over vLLM's same row's (above 1: faster).
         println!(
-            "{:>8} {:<18} {:>10} {:>10} {:>12} {:>12}",
-            "param", "variant", "GB/s", "% ceiling", "x memcpy", "x naive"
+            "{:>8} {:<18} {:>10} {:>10} {:>12} {:>12} {:>8}",
+            "param", "variant", "GB/s", "% ceiling", "x memcpy", "x naive", "x vllm"
         );
         let params: Vec<usize> = {
             let mut v: Vec<usize> = rec
@@ -2716,13 +3041,16 @@ fn report(rec: &Rec, device: &str, driver: i32) {
             for ((_, _, v), r) in rec.runs.iter().filter(|(k, _)| k.0 == group && k.1 == p) {
                 let gb = r.gbps();
                 let pct = 100.0 * gb / ceiling;
+                let x_vllm = vllm_row(&group, p, v)
+                    .map(|t| gb / t.gbps())
+                    .unwrap_or(f64::NAN);
                 println!(
-                    "{p:>8} {v:<18} {gb:>10.1} {pct:>9.1}% {:>12.2} {:>12.2}",
+                    "{p:>8} {v:<18} {gb:>10.1} {pct:>9.1}% {:>12.2} {:>12.2} {x_vllm:>8.2}",
                     gb / base_m,
                     gb / base_n
                 );
                 rows.push(format!(
-                    "    {{\"group\": \"{group}\", \"param\": {p}, \"variant\": \"{v}\", \"bytes\": {}, \"median_s\": {:.9}, \"gbps\": {gb:.3}, \"pct_ceiling\": {pct:.2}, \"x_memcpy\": {:.3}, \"x_naive\": {:.3}}}",
+                    "    {{\"group\": \"{group}\", \"param\": {p}, \"variant\": \"{v}\", \"bytes\": {}, \"median_s\": {:.9}, \"gbps\": {gb:.3}, \"pct_ceiling\": {pct:.2}, \"x_memcpy\": {:.3}, \"x_naive\": {:.3}, \"x_vllm\": {x_vllm:.3}}}",
                     r.bytes,
                     r.median(),
                     gb / base_m,
@@ -2785,21 +3113,27 @@ fn main() {
         .nresamples(1000)
         .configure_from_args();
     let rec = RefCell::new(Rec::default());
+    // vLLM's kernels (bf16 inputs) when a cubin of them is given and the model is bf16.
+    let vllm = peer::Vllm::load().filter(|_| cfg.elem == 2);
+    let peer = vllm.as_ref();
+    if let Some(p) = peer {
+        println!("vLLM's kernels loaded from {}", p.path);
+    }
     ceilings(&mut c, &rec, g, &stream);
     if cfg.wants("slot-update") {
-        slot_update(&mut c, &rec, g, &stream, &cfg);
+        slot_update(&mut c, &rec, g, &stream, &cfg, peer);
     }
     if cfg.wants("slice-update") {
         slice_update(&mut c, &rec, g, &stream, &cfg);
     }
     if cfg.wants("fp8-update") {
-        fp8_update(&mut c, &rec, g, &stream, &cfg);
+        fp8_update(&mut c, &rec, g, &stream, &cfg, peer);
     }
     if cfg.wants("mla-update") {
-        mla_update(&mut c, &rec, g, &stream);
+        mla_update(&mut c, &rec, g, &stream, peer);
     }
     if cfg.wants("v0-update") {
-        v0_update(&mut c, &rec, g, &stream, &cfg);
+        v0_update(&mut c, &rec, g, &stream, &cfg, peer);
     }
     if cfg.wants("copy-blocks") {
         copy_blocks(&mut c, &rec, g, &stream, &cfg);
