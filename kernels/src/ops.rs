@@ -418,7 +418,13 @@ unsafe fn rows_convert_body<const C: u32, U: convert::Loaded, const P: usize>(
         )
     };
     // SAFETY: the host checked one per-tensor scale (K's) for the rows.
-    let div = Divider::new(unsafe { *a.k_scale });
+    let scale = unsafe { *a.k_scale };
+    // Where the first row is the thread's last (decode sizes), its dependents are signalled
+    // before the scale is used: [`Divider::new`] waits for the scale's load, and the signal
+    // behind it delayed each decode-size update in a graph by about a load's latency. (The
+    // loop signals that row again; a second signal changes nothing.)
+    pdl::signal_at_last(tok, g.step, a.num_tokens);
+    let div = Divider::new(scale);
     loop {
         let first = u[0] == lane;
         if first {
