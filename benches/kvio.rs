@@ -262,6 +262,12 @@ fn time_on(stream: &Stream, iters: u64, f: &mut dyn FnMut()) -> Duration {
     Duration::from_secs_f64(ms as f64 / 1e3)
 }
 
+/// A row's id within its criterion group (`group` with `-` for `/`, the variant, the
+/// parameter), which the command line's filter matches.
+fn row_id(group: &str, variant: &str, param: usize) -> String {
+    format!("{}-{variant}/{param}", group.replace('/', "-"))
+}
+
 /// Measures one variant with criterion and records its per-iteration samples.
 #[allow(clippy::too_many_arguments)]
 fn measure(
@@ -274,7 +280,7 @@ fn measure(
     stream: &Stream,
     mut f: impl FnMut(),
 ) {
-    let id = format!("{}-{variant}/{param}", group.replace('/', "-"));
+    let id = row_id(group, variant, param);
     if !grp.selects(&id) {
         return;
     }
@@ -347,7 +353,7 @@ fn measure_across(
     parts: &[Part<'_>],
     mut f: impl FnMut(),
 ) {
-    let id = format!("{}-{variant}/{param}", group.replace('/', "-"));
+    let id = row_id(group, variant, param);
     if !grp.selects(&id) {
         return;
     }
@@ -447,6 +453,12 @@ fn twin(m: &Mem, stream: &Stream) -> Mem {
     t
 }
 
+/// The addresses of the two halves of `m` (K's cache, then V's, in one allocation).
+fn halves(m: &Mem) -> [u64; 2] {
+    let b = m.bytes();
+    [b.ptr(), b.ptr() + b.len() as u64 / 2]
+}
+
 /// Twins ([`twin`]) of `caches` when vLLM's kernels are loaded.
 fn twins<const N: usize>(
     peer: Option<&peer::Vllm>,
@@ -473,7 +485,7 @@ fn peer_row(
     mut kvio: impl FnMut(),
     vllm: impl FnMut(),
 ) {
-    let id = format!("{}-{variant}/{param}", group.replace('/', "-"));
+    let id = row_id(group, variant, param);
     if !grp.selects(&id) {
         return;
     }
@@ -497,13 +509,26 @@ fn peer_row(
     measure(grp, rec, group, param, variant, bytes, stream, vllm);
 }
 
-/// A CUDA graph of 100 launches of a vLLM kernel (`launch` enqueues one on `stream`).
-fn peer_graph(stream: &Stream, mut launch: impl FnMut()) -> Graph {
-    Graph::capture(stream, |_| {
+/// A graph-latency row of vLLM's: a CUDA graph of 100 launches of its kernel (`launch`
+/// enqueues one on `stream`), measured as kvio's `-x100` rows are.
+#[allow(clippy::too_many_arguments)]
+fn peer_graph_row(
+    grp: &mut Group<'_>,
+    rec: &RefCell<Rec>,
+    group: &str,
+    t: usize,
+    variant: &str,
+    stream: &Stream,
+    mut launch: impl FnMut(),
+) {
+    let graph = Graph::capture(stream, |_| {
         for _ in 0..100 {
             launch();
         }
-    })
+    });
+    measure(grp, rec, group, t, variant, 0, stream, || {
+        graph.launch(stream)
+    });
 }
 
 fn ceilings(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream) {
@@ -671,19 +696,14 @@ impl WriteSetup {
     /// address.
     fn flash(&self, kc: &Mem, vc: &Mem) -> peer::Flash {
         let slots = DeviceBytes::of(&self.slots).ptr();
-        peer::Flash {
-            key: DeviceBytes::of(&self.key).ptr(),
-            value: DeviceBytes::of(&self.value).ptr(),
-            key_cache: kc.bytes().ptr(),
-            value_cache: vc.bytes().ptr(),
+        peer::Flash::new(
+            [&self.key, &self.value].map(|b| DeviceBytes::of(b).ptr()),
+            [kc, vc].map(|m| m.bytes().ptr()),
             slots,
-            tokens: self.input.num_tokens,
-            heads: self.input.num_heads,
-            dim: self.input.head_dim,
-            block_size: self.cache.block_size,
-            k_scale: slots,
-            v_scale: slots,
-        }
+            &self.input,
+            self.cache.block_size,
+            slots,
+        )
     }
 }
 
@@ -818,16 +838,15 @@ fn slot_update(
         if let Some(p) = peer {
             let a = w.flash(&w.kc, &w.vc);
             // SAFETY: the setup's buffers.
-            let graph = peer_graph(stream, || unsafe { p.flash(false, &a, stream) });
-            measure(
+            let launch = || unsafe { p.flash(false, &a, stream) };
+            peer_graph_row(
                 &mut grp,
                 rec,
                 "slot-update/graph-latency",
                 t,
                 "vllm-x100",
-                0,
                 stream,
-                || graph.launch(stream),
+                launch,
             );
         }
     }
@@ -1248,21 +1267,14 @@ impl Fp8Setup {
     /// vLLM's `reshape_and_cache_flash` of the same update into `caches` (K then V, this
     /// setup's or their twin), with the same scales.
     fn flash(&self, caches: &Mem) -> peer::Flash {
-        let c = caches.bytes();
-        let sc = DeviceBytes::of(&self.scales).ptr();
-        peer::Flash {
-            key: DeviceBytes::of(&self.key).ptr(),
-            value: DeviceBytes::of(&self.value).ptr(),
-            key_cache: c.ptr(),
-            value_cache: c.ptr() + c.len() as u64 / 2,
-            slots: DeviceBytes::of(&self.slots).ptr(),
-            tokens: self.input.num_tokens,
-            heads: self.input.num_heads,
-            dim: self.input.head_dim,
-            block_size: self.cache.block_size,
-            k_scale: sc,
-            v_scale: sc + 4,
-        }
+        peer::Flash::new(
+            [&self.key, &self.value].map(|b| DeviceBytes::of(b).ptr()),
+            halves(caches),
+            DeviceBytes::of(&self.slots).ptr(),
+            &self.input,
+            self.cache.block_size,
+            DeviceBytes::of(&self.scales).ptr(),
+        )
     }
 }
 
@@ -1339,16 +1351,15 @@ fn fp8_update(
         if let Some(p) = peer {
             let a = s.flash(&s.caches);
             // SAFETY: the setup's buffers.
-            let graph = peer_graph(stream, || unsafe { p.flash(true, &a, stream) });
-            measure(
+            let launch = || unsafe { p.flash(true, &a, stream) };
+            peer_graph_row(
                 &mut grp,
                 rec,
                 "fp8-update/graph-latency",
                 t,
                 "vllm-x100",
-                0,
                 stream,
-                || graph.launch(stream),
+                launch,
             );
         }
     }
@@ -1452,21 +1463,14 @@ impl V0Setup {
     /// vLLM's `reshape_and_cache` of the same update into `caches` (K then V, this setup's or
     /// their twin), with the same scales (read for e4m3 caches only).
     fn vllm(&self, caches: &Mem) -> peer::V0 {
-        let c = caches.bytes();
-        let sc = DeviceBytes::of(&self.scales).ptr();
-        peer::V0 {
-            key: DeviceBytes::of(&self.key).ptr(),
-            value: DeviceBytes::of(&self.value).ptr(),
-            key_cache: c.ptr(),
-            value_cache: c.ptr() + c.len() as u64 / 2,
-            slots: DeviceBytes::of(&self.slots).ptr(),
-            tokens: self.input.num_tokens,
-            heads: self.input.num_heads,
-            dim: self.input.head_dim,
-            block_size: self.key_layout.block_size,
-            k_scale: sc,
-            v_scale: sc + 4,
-        }
+        peer::V0::new(
+            [&self.key, &self.value].map(|b| DeviceBytes::of(b).ptr()),
+            halves(caches),
+            DeviceBytes::of(&self.slots).ptr(),
+            &self.input,
+            self.key_layout.block_size,
+            DeviceBytes::of(&self.scales).ptr(),
+        )
     }
 
     /// Bytes read (bf16) and written (cache elements), K and V.
@@ -1613,16 +1617,15 @@ fn v0_update(
         if let Some(p) = peer {
             let a = s.vllm(&s.caches);
             // SAFETY: the setup's buffers.
-            let graph = peer_graph(stream, || unsafe { p.v0(false, &a, stream) });
-            measure(
+            let launch = || unsafe { p.v0(false, &a, stream) };
+            peer_graph_row(
                 &mut grp,
                 rec,
                 "v0-update/graph-latency",
                 t,
                 "vllm-v0-x100",
-                0,
                 stream,
-                || graph.launch(stream),
+                launch,
             );
         }
     }
@@ -1790,16 +1793,15 @@ fn mla_update(
             if let Some(p) = peer {
                 let a = s.vllm(&s.cache);
                 // SAFETY: the setup's buffers.
-                let graph = peer_graph(stream, || unsafe { p.mla(fp8, &a, stream) });
-                measure(
+                let launch = || unsafe { p.mla(fp8, &a, stream) };
+                peer_graph_row(
                     &mut grp,
                     rec,
                     "mla-update/graph-latency",
                     t,
                     &format!("vllm{}", &variant["kvio".len()..]),
-                    0,
                     stream,
-                    || graph.launch(stream),
+                    launch,
                 );
             }
         }

@@ -10,7 +10,7 @@
 use std::ffi::{c_void, CString};
 
 use cust::sys as cu;
-use kvio::Stream;
+use kvio::{Stream, TokenLayout};
 
 /// `reshape_and_cache_flash_kernel<bf16, bf16, kAuto>`, then `<bf16, uint8_t, kFp8E4M3>`.
 const FLASH: [&str; 2] = [
@@ -57,6 +57,35 @@ pub struct Flash {
     pub block_size: usize,
     pub k_scale: u64,
     pub v_scale: u64,
+}
+
+impl Flash {
+    /// The arguments for contiguous bf16 inputs `key` and `value` of `input`'s tokens, heads
+    /// and head size, the caches `[key, value]` of pages of `block_size` tokens, the slot
+    /// array `slots` (i64) and the scales at `scales` (K's f32, then V's; kernels into bf16
+    /// caches read none).
+    pub fn new(
+        [key, value]: [u64; 2],
+        [key_cache, value_cache]: [u64; 2],
+        slots: u64,
+        input: &TokenLayout,
+        block_size: usize,
+        scales: u64,
+    ) -> Flash {
+        Flash {
+            key,
+            value,
+            key_cache,
+            value_cache,
+            slots,
+            tokens: input.num_tokens,
+            heads: input.num_heads,
+            dim: input.head_dim,
+            block_size,
+            k_scale: scales,
+            v_scale: scales + 4,
+        }
+    }
 }
 
 /// bf16 K and V `[T, H, D]` into the v0 caches (`reshape_and_cache`): key `[NB, H, D/x, bs,
