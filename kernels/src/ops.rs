@@ -1515,76 +1515,103 @@ unsafe fn store_column<const E: usize>(c: &Columns, u: u64, run: &Run, lane: u32
     // SAFETY (all stores): valid slots' elements of group g0 + u < groups (`c` names those
     // of g0, a group's column lies `step` bytes after the previous group's), each store inside
     // its octet's eight elements, aligned to its size (a whole column from an aligned octet's
-    // first slot; a piece's stores in decreasing sizes from an octet's start, or increasing
-    // sizes up to an octet's end).
+    // first slot; a split column's pieces as `split_column` stores them).
     unsafe {
         let pa = c.pa.add((u * c.step) as usize);
+        let pb = c.pb.add((u * c.step) as usize);
         if E == 2 {
             if !run.splits(lane) {
                 core::ptr::write(pa as *mut V16, V16::from_array(col));
                 return;
             }
-            // The column's bytes, the j-th virtual token's element at bytes 2 j, 2 j + 1: the
-            // first `n` from `pa`'s octet start in decreasing sizes, the rest up to the end of
-            // `pb`'s octet in increasing sizes.
             let x = col[0] as u128
                 | (col[1] as u128) << 32
                 | (col[2] as u128) << 64
                 | (col[3] as u128) << 96;
-            let n = 2 * (8 - run.d as usize);
-            if n & 8 != 0 {
-                core::ptr::write(pa as *mut u64, x as u64);
-            }
-            if n & 4 != 0 {
-                core::ptr::write(pa.add(n & 8) as *mut u32, (x >> (8 * (n & 8))) as u32);
-            }
-            if n & 2 != 0 {
-                core::ptr::write(pa.add(n & 12) as *mut u16, (x >> (8 * (n & 12))) as u16);
-            }
-            let (pb, d) = (c.pb.add((u * c.step) as usize), 2 * run.d as usize);
-            let mut o = n;
-            if d & 2 != 0 {
-                core::ptr::write(pb.add(o) as *mut u16, (x >> (8 * o)) as u16);
-                o += 2;
-            }
-            if d & 4 != 0 {
-                core::ptr::write(pb.add(o) as *mut u32, (x >> (8 * o)) as u32);
-                o += 4;
-            }
-            if d & 8 != 0 {
-                core::ptr::write(pb.add(o) as *mut u64, (x >> (8 * o)) as u64);
-            }
+            split_column(pa, pb, x, 2 * (8 - run.d as usize), 2 * run.d as usize, 2);
             return;
         }
         let x = col[0] as u64 | (col[1] as u64) << 32;
         if !run.splits(lane) {
             core::ptr::write(pa as *mut u64, x);
         } else {
-            let n = 8 - run.d as usize;
-            if n & 4 != 0 {
-                core::ptr::write(pa as *mut u32, x as u32);
-            }
-            if n & 2 != 0 {
-                core::ptr::write(pa.add(n & 4) as *mut u16, (x >> (8 * (n & 4))) as u16);
-            }
-            if n & 1 != 0 {
-                core::ptr::write(pa.add(n & 6), (x >> (8 * (n & 6))) as u8);
-            }
-            let (pb, d) = (c.pb.add((u * c.step) as usize), run.d as usize);
-            let mut o = n;
-            if d & 1 != 0 {
-                core::ptr::write(pb.add(o), (x >> (8 * o)) as u8);
-                o += 1;
-            }
-            if d & 2 != 0 {
-                core::ptr::write(pb.add(o) as *mut u16, (x >> (8 * o)) as u16);
-                o += 2;
-            }
-            if d & 4 != 0 {
-                core::ptr::write(pb.add(o) as *mut u32, (x >> (8 * o)) as u32);
-            }
+            split_column(pa, pb, x, 8 - run.d as usize, run.d as usize, 1);
         }
     }
+}
+
+/// An octet's column of [`store_column`] as one integer (`u64` for 1-byte elements, `u128`
+/// for 2-byte ones), the `j`-th virtual token's element in its `j`-th `E` bytes.
+trait ColumnBits: Copy + core::ops::Shr<usize, Output = Self> {
+    /// The low eight bytes.
+    fn low(self) -> u64;
+}
+
+impl ColumnBits for u64 {
+    #[inline(always)]
+    fn low(self) -> u64 {
+        self
+    }
+}
+
+impl ColumnBits for u128 {
+    #[inline(always)]
+    fn low(self) -> u64 {
+        self as u64
+    }
+}
+
+/// Stores a split column `x` of elements of `e` bytes (see [`store_column`]): its first `n`
+/// bytes from `pa` (the first piece's octet start) in stores of decreasing sizes (`4e`, `2e`,
+/// `e` where `n` holds them), its last `d` bytes up to the end of `pb`'s octet in stores of
+/// increasing sizes. Each store lies inside its octet, aligned to its size where `pa` and
+/// `pb` are aligned to `8e`.
+///
+/// # Safety
+/// `n + d == 8e`, both multiples of `e`; `pa .. pa + n` and `pb + n .. pb + 8e` writable,
+/// `pa` and `pb` aligned to `8e` bytes.
+#[inline(always)]
+unsafe fn split_column<X: ColumnBits>(
+    pa: *mut u8,
+    pb: *mut u8,
+    x: X,
+    n: usize,
+    d: usize,
+    e: usize,
+) {
+    // Writes the low `size` bytes of `v` at `p` (a constant size after inlining).
+    // SAFETY (both closures' stores): as the caller promised, aligned to `size`.
+    let put = |p: *mut u8, v: u64, size: usize| unsafe {
+        match size {
+            1 => core::ptr::write(p, v as u8),
+            2 => core::ptr::write(p as *mut u16, v as u16),
+            4 => core::ptr::write(p as *mut u32, v as u32),
+            _ => core::ptr::write(p as *mut u64, v),
+        }
+    };
+    // Decreasing sizes from the first piece's octet start: a store of `size` bytes at the
+    // bytes of `n` above it (SAFETY: inside `pa .. pa + n`).
+    let dec = |size: usize| {
+        if n & size != 0 {
+            let o = n & !(2 * size - 1);
+            put(unsafe { pa.add(o) }, (x >> (8 * o)).low(), size);
+        }
+    };
+    dec(4 * e);
+    dec(2 * e);
+    dec(e);
+    // Increasing sizes up to the end of the second piece's octet (SAFETY: inside `pb + n ..
+    // pb + 8e`).
+    let mut o = n;
+    let mut inc = |size: usize| {
+        if d & size != 0 {
+            put(unsafe { pb.add(o) }, (x >> (8 * o)).low(), size);
+            o += size;
+        }
+    };
+    inc(e);
+    inc(2 * e);
+    inc(4 * e);
 }
 
 /// Tokens a warp of [`update_stream`] takes together, one a lane (four octets of eight).
