@@ -164,11 +164,10 @@ fn build_ptx(kernels: &Path, out: &Path) {
 ///   give it up to 255 registers, and it takes 80 on sm_90 (three CTAs a multiprocessor) and 92
 ///   on sm_80, no spills. Capped at three CTAs an earlier build (94 registers uncapped) spilled
 ///   112 B and lost 11–24 points on the H200 (BENCHMARKS.md, session 20).
-/// - `kvio_update_stream_rot` (the same with its lanes read rotated, pages of 8 slots) the
-///   same: 80 registers on sm_90 with 12 B / 12 B of spills, 94 on sm_80 (none); with
-///   `.minnctapersm 2` it takes 116, no spills, two CTAs a multiprocessor (not measured; a
-///   rotating build at two CTAs lost 2 points of one sequence on the H100, BENCHMARKS.md
-///   session 24).
+/// - `kvio_update_stream_rot` (the same with shifted windows, pages of 8 and 16 slots) the
+///   same: 92 registers on sm_90 (two CTAs a multiprocessor), no spills; capped at three CTAs
+///   (80 registers) it spilled 48 B / 88 B and lost 8 points of one sequence and 5–10 of
+///   batches on the H100 (BENCHMARKS.md, session 28).
 /// - `kvio_update_stream_fp8` runs 256-thread CTAs, at least three per multiprocessor (≤ 80
 ///   registers; it takes 80 on sm_90, no spills, 81 uncapped: two CTAs). On the H100
 ///   (BENCHMARKS.md, session 23) builds at 101–112 registers (two CTAs) lost 3–4 points of

@@ -217,8 +217,8 @@ kernel! {
     /// fp8 v0 pages from bf16 or f16 `kvio_update_pages_fp8` (`kvio_update_pages_fp8_32` on
     /// pages of a multiple of 32 slots), and prefill sizes into 2-byte v0 caches of pages of
     /// at most 16 slots `kvio_update_stream` (a warp's lanes on consecutive tokens:
-    /// `crate::ops::update_stream`; on pages of 8 slots `kvio_update_stream_rot`, its lanes
-    /// read rotated: `crate::ops::update_stream_rot`), and those quantizing bf16 or f16 into fp8 v0 caches of
+    /// `crate::ops::update_stream`; on pages of 8 and 16 slots `kvio_update_stream_rot`, its
+    /// warps' windows shifted: `crate::ops::update_stream_rot`), and those quantizing bf16 or f16 into fp8 v0 caches of
     /// pages of 8, 16 or 32 slots `kvio_update_stream_fp8`.
     kvio_update_tiles | kvio_update_tiles_one [crate::ops::update_tiles_one] | kvio_update_stream [crate::ops::update_stream] | kvio_update_stream_rot [crate::ops::update_stream_rot] | kvio_update_stream_fp8 [crate::ops::update_stream_fp8] | kvio_update_tiles_wide [crate::ops::update_tiles_wide] | kvio_update_tiles_staged [crate::ops::update_tiles_staged] | kvio_update_pages [crate::ops::update_pages] | kvio_update_pages_fp8 [crate::ops::update_pages_fp8] | kvio_update_pages_fp8_32 [crate::ops::update_pages_fp8_32] (TileArgs) => crate::ops::update_tiles {
         /// New keys.
@@ -262,7 +262,7 @@ kernel! {
         /// Bit 0 (K), bit 1 (V): eight aligned consecutive slots of a block may be stored as
         /// one run (rows, or transposed columns for one element per piece); set only with
         /// `src_vec`, 8-slot-aligned blocks and stores aligned for it. Bit 2: the copying
-        /// stream reads its lanes rotated (`kvio_update_stream_rot`: [`TileArgs::rotates`]).
+        /// stream shifts its warps' windows (`kvio_update_stream_rot`: [`TileArgs::rotates`]).
         runs: u32,
         /// Blocks in the caches.
         num_blocks: u64,
@@ -323,7 +323,7 @@ impl TileArgs {
     }
 
     /// Whether this copying stream ([`TileArgs::streams`], 2-byte caches) runs
-    /// `kvio_update_stream_rot`, its warps' lanes read rotated (`runs` bit 2).
+    /// `kvio_update_stream_rot`, its warps' windows shifted (`runs` bit 2).
     pub fn rotates(&self) -> bool {
         self.runs & 4 != 0
     }

@@ -816,17 +816,24 @@ pub unsafe fn update_stream(a: &TileArgs, g: Group) {
     // Prefill sizes: dependents are scheduled as the CTAs exit (as `update_pages`).
     pdl::prologue(false);
     // SAFETY: forwarded.
-    unsafe { stream_body::<{ convert::NONE }, false>(a, g) }
+    unsafe { stream_body::<{ convert::NONE }, STREAM_OWN>(a, g) }
 }
 
-/// [`update_stream`] with the warps' lanes read rotated, as [`update_stream_fp8`] reads them:
+/// [`update_stream`] with shifted windows (`STREAM_SHIFT`, `Window`): a warp takes the 32
+/// tokens from its first token whose slot starts an octet of slots (its lanes below that shift
+/// `d` load the next warp's first `d` tokens; its own first `d` go to the warp before), so that
 /// a warp whose tokens go to runs of slots that do not start at a multiple of 8 (a batch's
-/// sequence that starts inside an earlier warp) still stores V as transposed columns, the
-/// virtual octet split across two octets of slots in two pieces. Its own entry point: the
-/// rotation's exchange and split stores hold registers that cost [`update_stream`] 2 points
-/// on one sequence (H100, BENCHMARKS.md sessions 24 and 27); the host runs it on pages of 8
-/// slots ([`crate::args::TileArgs::rotates`]), where batches of many sequences gained 7–14
-/// points (one sequence lost 1.6–1.8 there).
+/// sequence that starts inside an earlier warp) still stores V as whole transposed columns.
+/// Where a window is no run (a sequence's start or end inside it) its tokens go token by
+/// token, a lane its own and, where the warp before's window is no run either, the first `d`
+/// tokens too. Its own entry point: the shift's slot loads, window checks and exchange take 92
+/// registers (two CTAs a multiprocessor, where [`update_stream`] has three).
+///
+/// The host runs it on pages of 8 and 16 slots ([`crate::args::TileArgs::rotates`]).
+/// BENCHMARKS.md, session 28, % of the copy ceiling at 16,384 tokens: batches of many
+/// sequences on 16-slot pages 58–62 → 66–69 on the H200 (64–67 → 73–76 on the H100), on
+/// 8-slot pages 66 → 71 (71 → 77; session 27's rotation with split octets); one sequence on
+/// 16-slot pages 77 → 73 on the H200 (83 → 81 on the H100), on 8-slot pages 74–75 → 74.
 ///
 /// # Safety
 /// As [`update_stream`].
@@ -834,7 +841,7 @@ pub unsafe fn update_stream(a: &TileArgs, g: Group) {
 pub unsafe fn update_stream_rot(a: &TileArgs, g: Group) {
     pdl::prologue(false);
     // SAFETY: forwarded.
-    unsafe { stream_body::<{ convert::NONE }, true>(a, g) }
+    unsafe { stream_body::<{ convert::NONE }, STREAM_SHIFT>(a, g) }
 }
 
 /// [`update_stream`] for quantizing updates into fp8 v0 caches (bf16 or f16 sources, e4m3 or
@@ -884,21 +891,24 @@ pub unsafe fn update_stream_fp8(a: &TileArgs, g: Group) {
     unsafe {
         convert::by_code!(a.convert, C => {
             if convert::src_bytes(C) == 2 {
-                stream_body::<C, true>(a, g)
+                stream_body::<C, STREAM_SPLIT>(a, g)
             }
         })
     }
 }
 
 /// The body of [`update_stream`] and [`update_stream_rot`] (`C` = [`convert::NONE`]: 2-byte
-/// caches, copied; `ROTATE` for the latter) and of [`update_stream_fp8`] (`C` a conversion of
-/// 2-byte sources into 1-byte caches, `ROTATE` always).
+/// caches, copied; `MODE` [`STREAM_OWN`] and [`STREAM_SHIFT`]) and of [`update_stream_fp8`]
+/// (`C` a conversion of 2-byte sources into 1-byte caches, `MODE` [`STREAM_SPLIT`]).
 ///
 /// # Safety
-/// As the entry point of `C` and `ROTATE`.
+/// As the entry point of `C` and `MODE`.
 #[inline(always)]
-unsafe fn stream_body<const C: u32, const ROTATE: bool>(a: &TileArgs, g: Group) {
+unsafe fn stream_body<const C: u32, const MODE: u8>(a: &TileArgs, g: Group) {
     let quant = C != convert::NONE;
+    // Shifted windows ([`STREAM_SHIFT`]), where the stream stores columns at all.
+    const { assert!(MODE <= STREAM_SHIFT) };
+    let shifted = MODE == STREAM_SHIFT;
     let (heads, quads) = (a.heads as u32, a.groups.div_ceil(STREAM_UNITS) as u32);
     let items = a.num_tokens.div_ceil(STREAM_LANES) * a.heads * quads as u64 * STREAM_LANES;
     let (k, v) = (TilePart::of(a, 0), TilePart::of(a, 1));
@@ -922,29 +932,28 @@ unsafe fn stream_body<const C: u32, const ROTATE: bool>(a: &TileArgs, g: Group) 
         item += g.step;
         // Every lane stays to the end of the item: the octets exchange their rows.
         let live = t < a.num_tokens;
-        let mut rows = [[[0u32; 8]; 2]; STREAM_UNITS as usize];
         let at = t * a.src_token_stride + head * a.src_head_stride;
-        if !quant && live && g0 + STREAM_UNITS <= a.groups && with_v {
-            // A live token's whole quad (the common case): every row loaded, none zeroed
-            // first. (Not in the quantizing stream: there the same branch spilled 16 bytes at
-            // its 80 registers.)
-            unroll4!(u => {
-                // SAFETY: as below, every group of the quad below `groups`.
-                rows[u] = unsafe { stream_group(a, at, g0 + u as u64, true) };
-            });
-        } else {
-            unroll4!(u => {
-                let grp = g0 + u as u64;
-                if live && grp < a.groups {
-                    // SAFETY: t < num_tokens, head < heads, grp < groups: inside the validated
-                    // sources, 16-byte aligned (`src_vec`).
-                    rows[u] = unsafe { stream_group(a, at, grp, with_v) };
-                }
-            });
-        }
+        // SAFETY: t < num_tokens where live, head < heads, groups below `groups`: inside the
+        // validated sources, 16-byte aligned (`src_vec`).
+        let mut rows = unsafe { stream_rows::<C>(a, at, g0, live, with_v) };
         let slot = if live {
             // SAFETY: t < num_tokens, the length of the slot array.
             unsafe { tile_slot(a, t) }
+        } else {
+            -1
+        };
+        // A shifted window ([`STREAM_SHIFT`]) takes the next warp's first tokens and leaves
+        // its own first ones to the warp before: the slots of both warps' tokens on this lane.
+        let shift = shifted && columns;
+        let slot_next = if shift && lane < 8 && t + STREAM_LANES < a.num_tokens {
+            // SAFETY: t + 32 < num_tokens.
+            unsafe { tile_slot(a, t + STREAM_LANES) }
+        } else {
+            -1
+        };
+        let slot_prev = if shift && t >= STREAM_LANES {
+            // SAFETY: t - 32 < t, and t - 32 < num_tokens.
+            unsafe { tile_slot(a, t - STREAM_LANES) }
         } else {
             -1
         };
@@ -955,19 +964,61 @@ unsafe fn stream_body<const C: u32, const ROTATE: bool>(a: &TileArgs, g: Group) 
             (Divider::UNUSED, Divider::UNUSED)
         };
         // SAFETY: every lane of the warp is here (the loop is warp-uniform); `slot` is token
-        // t's (-1 past the last token).
-        let run = if columns {
-            unsafe { warp_runs(a, t, lane, slot, bs_shift, ROTATE) }
+        // t's (-1 past the last token), `slot_next` token t + 32's on lanes below 8,
+        // `slot_prev` token t - 32's.
+        let win = if columns {
+            unsafe { warp_window::<MODE>(a, t, lane, [slot_prev, slot, slot_next], bs_shift) }
         } else {
-            None
+            Window::OWN
         };
+        // This lane's own token goes token by token where no window takes it: below `d` the
+        // warp before's window (if a run) holds it, from `d` on this warp's.
+        let own = if shift && lane < win.d {
+            !win.prev
+        } else {
+            win.run.is_none()
+        };
+        if shifted && own && !quant {
+            // Before the rows of a run's lanes below `d` are replaced (below).
+            // SAFETY: `rows` are token t's, its slot (-1 past the last token).
+            unsafe {
+                stream_token::<C>(
+                    a,
+                    Some(&rows),
+                    at,
+                    g0,
+                    head,
+                    slot,
+                    bs_shift,
+                    with_v,
+                    &sk,
+                    &sv,
+                )
+            };
+        }
+        if let Some(r) = win.run.filter(|_| shift) {
+            if lane < r.d {
+                // This lane's virtual token is the next warp's: its rows.
+                // SAFETY: a window's tokens exist (their slots are runs).
+                rows = unsafe {
+                    stream_rows::<C>(a, at + STREAM_LANES * a.src_token_stride, g0, true, with_v)
+                };
+            }
+        }
         // SAFETY: as above (`run` is the same on every lane).
-        let run = run
-            .filter(|_| !quant || unsafe { warp_fast::<C>(a, &rows, t, lane, head, g0, &sk, &sv) });
+        let run = win.run.filter(|r| {
+            let d = if shift { r.d } else { 0 };
+            !quant || unsafe { warp_fast::<C>(a, &rows, t, lane, d, head, g0, &sk, &sv) }
+        });
         if let Some(run) = run {
             // Every virtual octet of the warp a run: K as 16-byte pieces (each lane its own
-            // token's), V as transposed columns.
-            let (block, offset) = index::split_slot(slot as u64, a.block_size, bs_shift);
+            // virtual token's), V as transposed columns.
+            let vslot = if shift && lane < run.d {
+                slot_next
+            } else {
+                slot
+            };
+            let (block, offset) = index::split_slot(vslot as u64, a.block_size, bs_shift);
             // The warp's first token's source offset.
             let at_w = at - lane as u64 * a.src_token_stride;
             if quant {
@@ -999,39 +1050,160 @@ unsafe fn stream_body<const C: u32, const ROTATE: bool>(a: &TileArgs, g: Group) 
                     }
                 });
             }
-            continue;
-        }
-        if slot < 0 {
-            continue;
-        }
-        let (block, offset) = index::split_slot(slot as u64, a.block_size, bs_shift);
-        if block >= a.num_blocks {
-            if head == 0 && g0 == 0 {
-                // SAFETY: see count_error.
-                unsafe { count_error(a.errors, err::BAD_SLOT) };
+            if !(shifted && quant) {
+                // Nothing else of this lane's: no value is kept across the column path.
+                continue;
             }
-            continue;
+        }
+        if !shifted && !quant {
+            // Token by token (no run), from the rows this lane holds.
+            // SAFETY: `rows` are token t's, its slot (-1 past the last token).
+            unsafe {
+                stream_token::<C>(
+                    a,
+                    Some(&rows),
+                    at,
+                    g0,
+                    head,
+                    slot,
+                    bs_shift,
+                    with_v,
+                    &sk,
+                    &sv,
+                )
+            };
         }
         if quant {
-            core::hint::cold_path();
-            // SAFETY: t < num_tokens (a live lane: its slot is not -1), head < heads; a valid
-            // target.
-            unsafe { stream_tokens::<C>(a, at, head, g0, block, offset, &sk, &sv) };
-            continue;
+            // Token by token from the source (one call site, so that the kernel holds one copy
+            // of the general conversion): this lane's own token where no window takes it,
+            // then its virtual token where the window is a run whose elements are not all on
+            // the division's fast path.
+            let mut which = 0;
+            while which < if shift { 2 } else { 1 } {
+                let (on, at, slot) = if which == 0 {
+                    // Without a shift: this lane's token wherever the warp stores no columns.
+                    (if shift { own } else { run.is_none() }, at, slot)
+                } else {
+                    let virt = shift && win.run.is_some() && run.is_none();
+                    if lane < win.d {
+                        (virt, at + STREAM_LANES * a.src_token_stride, slot_next)
+                    } else {
+                        (virt, at, slot)
+                    }
+                };
+                if on {
+                    // SAFETY: token t's source rows and slot (-1 past the last token), or
+                    // those of token t + 32, which a run's window holds (it exists).
+                    unsafe {
+                        stream_token::<C>(a, None, at, g0, head, slot, bs_shift, with_v, &sk, &sv)
+                    };
+                }
+                which += 1;
+            }
         }
+    }
+}
+
+/// The groups `g0 ..` (at most [`STREAM_UNITS`], below `groups`) of the head whose source rows
+/// start at offset `at`, as [`stream_body`]'s lane holds them: K's and V's (where `with_v`);
+/// zeros where not `live`.
+///
+/// # Safety
+/// Where `live`, the groups lie in the sources, 16-byte aligned.
+#[inline(always)]
+unsafe fn stream_rows<const C: u32>(
+    a: &TileArgs,
+    at: u64,
+    g0: u64,
+    live: bool,
+    with_v: bool,
+) -> [[Row; 2]; STREAM_UNITS as usize] {
+    let mut rows = [[[0u32; 8]; 2]; STREAM_UNITS as usize];
+    if C == convert::NONE && live && g0 + STREAM_UNITS <= a.groups && with_v {
+        // A live token's whole quad (the common case): every row loaded, none zeroed first.
+        // (Not in the quantizing stream: there the same branch spilled 16 bytes at its 80
+        // registers.)
+        unroll4!(u => {
+            // SAFETY: as below, every group of the quad below `groups`.
+            rows[u] = unsafe { stream_group(a, at, g0 + u as u64, true) };
+        });
+    } else {
         unroll4!(u => {
             let grp = g0 + u as u64;
-            if grp < a.groups {
-                // SAFETY: a valid target (block < num_blocks, offset < block_size, head <
-                // heads); elements 8 grp .. 8 grp + 7 of the head.
-                unsafe {
-                    store_part::<2>(&k, block, offset, head, &rows[u][0], 8 * grp, 1);
-                    if with_v {
-                        store_part::<2>(&v, block, offset, head, &rows[u][1], 8 * grp, 1);
-                    }
-                }
+            if live && grp < a.groups {
+                // SAFETY: a live token's group below `groups` (caller).
+                rows[u] = unsafe { stream_group(a, at, grp, with_v) };
             }
         });
+    }
+    rows
+}
+
+/// [`stream_body`]'s token-by-token store of one token (its source rows at offset `at`; its
+/// groups `g0 ..` of head `head` in `rows` where the lane holds them) at `slot`: skipped where
+/// negative, counted once per token (at its first item) past the cache; K as its pieces and V
+/// element by element, copied from `rows` or, without them, group by group from the source,
+/// or for a conversion `C` converted again from the source ([`stream_tokens`]).
+///
+/// # Safety
+/// The token's groups lie in the sources at `at` (16-byte aligned) and `rows` (if any) are
+/// them, `head < heads`; as the entry point.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn stream_token<const C: u32>(
+    a: &TileArgs,
+    rows: Option<&[[Row; 2]; STREAM_UNITS as usize]>,
+    at: u64,
+    g0: u64,
+    head: u64,
+    slot: i64,
+    bs_shift: u32,
+    with_v: bool,
+    sk: &Divider,
+    sv: &Divider,
+) {
+    if slot < 0 {
+        return;
+    }
+    let (block, offset) = index::split_slot(slot as u64, a.block_size, bs_shift);
+    if block >= a.num_blocks {
+        if head == 0 && g0 == 0 {
+            // SAFETY: see count_error.
+            unsafe { count_error(a.errors, err::BAD_SLOT) };
+        }
+        return;
+    }
+    if C != convert::NONE {
+        core::hint::cold_path();
+        // SAFETY: the token's groups lie in the sources, head < heads; a valid target.
+        unsafe { stream_tokens::<C>(a, at, head, g0, block, offset, sk, sv) };
+        return;
+    }
+    let (k, v) = (TilePart::of(a, 0), TilePart::of(a, 1));
+    // SAFETY (both stores): a valid target (block < num_blocks, offset < block_size, head <
+    // heads); elements 8 grp .. 8 grp + 7 of the head.
+    let store = |grp: u64, row: &[Row; 2]| unsafe {
+        store_part::<2>(&k, block, offset, head, &row[0], 8 * grp, 1);
+        if with_v {
+            store_part::<2>(&v, block, offset, head, &row[1], 8 * grp, 1);
+        }
+    };
+    match rows {
+        Some(rows) => unroll4!(u => {
+            let grp = g0 + u as u64;
+            if grp < a.groups {
+                store(grp, &rows[u]);
+            }
+        }),
+        None => {
+            // A group at a time, so that the rows this takes are few.
+            let mut grp = g0;
+            while grp < a.groups && grp < g0 + STREAM_UNITS {
+                // SAFETY: the token's group below `groups` (caller).
+                store(grp, &unsafe { stream_group(a, at, grp, with_v) });
+                grp += 1;
+            }
+        }
     }
 }
 
@@ -1063,7 +1235,7 @@ unsafe fn stream_group(a: &TileArgs, at: u64, grp: u64, with_v: bool) -> [Row; 2
 /// quantizes its own row, then the octet transposes bytes ([`octet_column_fp8`]).
 ///
 /// # Safety
-/// Every lane of the warp calls it together (GPU). `run` is the warp's ([`warp_runs`]), the
+/// Every lane of the warp calls it together (GPU). `run` is the warp's ([`warp_window`]), the
 /// warp's first token's group lies at source offset `at_w`, (`block`, `offset`) is this lane's
 /// valid target; the key pieces are 16-byte aligned, the value columns 8-byte aligned.
 #[inline(always)]
@@ -1176,8 +1348,9 @@ unsafe fn stream_tokens<const C: u32>(
 }
 
 /// Whether every element of the groups that [`stream_body`]'s warp loaded (`rows`: this lane's,
-/// of token `t`, head `head`, groups `g0 ..`) lies on the division's fast path of conversion
-/// `C` with the scales `dk` (K) and `dv` (V) ([`convert::fast`]). The same on every lane.
+/// of token `t`, or of token `t + 32` on lanes below the window's shift `d`; head `head`,
+/// groups `g0 ..`) lies on the division's fast path of conversion `C` with the scales `dk`
+/// (K) and `dv` (V) ([`convert::fast`]). The same on every lane.
 ///
 /// # Safety
 /// Every lane of the warp calls it together (GPU); the warp's live tokens' groups lie in the
@@ -1189,6 +1362,7 @@ unsafe fn warp_fast<const C: u32>(
     rows: &[[Row; 2]; STREAM_UNITS as usize],
     t: u64,
     lane: u32,
+    d: u32,
     head: u64,
     g0: u64,
     dk: &Divider,
@@ -1196,7 +1370,7 @@ unsafe fn warp_fast<const C: u32>(
 ) -> bool {
     #[cfg(target_arch = "nvptx64")]
     {
-        let _ = (a, t, lane, head, g0);
+        let _ = (a, t, lane, d, head, g0);
         let raws = |p: usize| {
             [
                 raw_of(&rows[0][p]),
@@ -1211,9 +1385,9 @@ unsafe fn warp_fast<const C: u32>(
     }
     #[cfg(not(target_arch = "nvptx64"))]
     {
-        // The warp's lanes in turn: each live token's groups, as the lanes loaded them.
+        // The warp's virtual lanes in turn: each live token's groups, as the lanes loaded them.
         let _ = rows;
-        let tw = t - lane as u64;
+        let tw = t - lane as u64 + d as u64;
         let mut j = 0;
         while j < STREAM_LANES && tw + j < a.num_tokens {
             let at = (tw + j) * a.src_token_stride + head * a.src_head_stride;
@@ -1234,57 +1408,114 @@ unsafe fn warp_fast<const C: u32>(
     }
 }
 
+/// How [`stream_body`]'s warps take their tokens: each lane its own ([`update_stream`]).
+const STREAM_OWN: u8 = 0;
+/// How [`stream_body`]'s warps take their tokens: rotated within the warp, the last virtual
+/// octet split between two octets of slots ([`update_stream_fp8`]; see [`Run`]).
+const STREAM_SPLIT: u8 = 1;
+/// How [`stream_body`]'s warps take their tokens: a window shifted past the warp's first
+/// tokens into the next warp's ([`update_stream_rot`]; see [`Run`], [`Window`]).
+const STREAM_SHIFT: u8 = 2;
+
 /// Where [`stream_body`]'s warp stores V as transposed columns: the lanes are read as
-/// *virtual* lanes, virtual lane `L` holding the token of lane `(L + d) % 32`, so that each
-/// virtual octet (lanes `8m .. 8m + 8`) goes to eight consecutive slots from a multiple of 8 in
-/// one block, whatever the first token's slot modulo 8 (a batch's sequences start at any token
-/// of the warp). With `d > 0` the last virtual octet holds two pieces: virtual lanes `24 ..
-/// 32 - d` (the warp's last tokens) at slots `pa .. pa + 8 - d`, and `32 - d .. 32` (its first
-/// `d` tokens, wrapped around) at `pb + 8 - d .. pb + 8`. The quantizing stream and
-/// [`update_stream_rot`] rotate; in [`update_stream`] `d` is 0.
+/// *virtual* lanes, so that each virtual octet (lanes `8m .. 8m + 8`) goes to eight
+/// consecutive slots from a multiple of 8 in one block, whatever the first token's slot modulo
+/// 8 (a batch's sequences start at any token of the warp). Virtual lane `L` is read from lane
+/// `(L + d) % 32`, and holds:
+/// - [`STREAM_SHIFT`]: token `tw + d + L` of the warp whose first token is `tw` (lanes below
+///   `d` load the next warp's first `d` tokens): the window of 32 tokens is shifted by `d`, no
+///   octet is split ([`Window`] says which warp stores which tokens);
+/// - [`STREAM_SPLIT`]: token `tw + (L + d) % 32`, the warp's own tokens rotated. With `d > 0`
+///   the last virtual octet holds two pieces: virtual lanes `24 .. 32 - d` (the warp's last
+///   tokens) at slots `pa .. pa + 8 - d`, and `32 - d .. 32` (its first `d` tokens, wrapped
+///   around) at `pb + 8 - d .. pb + 8`.
+///
+/// In [`update_stream`] ([`STREAM_OWN`]) `d` is 0.
 #[derive(Clone, Copy)]
 struct Run {
-    /// The lanes' rotation (0 in [`update_stream`]).
+    /// The lanes' rotation (0 with [`STREAM_OWN`]).
     d: u32,
     /// The first slot of this lane's virtual octet (a multiple of 8).
     base: u64,
-    /// With `d > 0`: the first slots of the octets of the last virtual octet's two pieces.
+    /// [`STREAM_SPLIT`] with `d > 0`: the first slots of the octets of the last virtual
+    /// octet's two pieces (else 0).
     pa: u64,
     pb: u64,
+    /// [`STREAM_SPLIT`]: the last virtual octet is split where `d > 0`.
+    split: bool,
 }
 
 impl Run {
-    /// Whether lane `lane` holds a piece of a split last virtual octet (rotated warps only:
+    /// Whether lane `lane` holds a piece of a split last virtual octet ([`STREAM_SPLIT`]:
     /// virtual lanes 24..32 with `d > 0`), so that it stores its column in two pieces.
     #[inline(always)]
     fn splits(&self, lane: u32) -> bool {
-        self.d != 0 && lane >= 24
+        self.split && self.d != 0 && lane >= 24
     }
 
-    /// The lane whose token virtual lane `lane` holds: `(lane + d) % 32`.
+    /// The lane whose register holds virtual lane `lane`'s token: `(lane + d) % 32`.
+    #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     fn source(&self, lane: u32) -> u32 {
         (lane + self.d) & 31
     }
+
+    /// Virtual lane `lane`'s token, counted from the warp's first: `(lane + d) % 32` split,
+    /// `lane + d` shifted.
+    #[cfg(not(target_arch = "nvptx64"))]
+    #[inline(always)]
+    fn token(&self, lane: u32) -> u64 {
+        if self.split {
+            ((lane + self.d) & 31) as u64
+        } else {
+            (lane + self.d) as u64
+        }
+    }
 }
 
-/// The warp's [`Run`] when every virtual octet of [`stream_body`]'s warp (token `t` on lane
-/// `lane`, slot `s`) goes to consecutive slots of one aligned octet of a block (see [`Run`]),
-/// so that the warp can store V as transposed columns; `None` otherwise (a sequence's start or
-/// end inside the warp, a skipped or out-of-range slot, padding). The same on every lane.
+/// Which tokens [`stream_body`]'s warp stores, and how. With [`STREAM_SHIFT`], warp `w` (first
+/// token `tw = 32 w`) has the window of tokens `tw + d .. tw + 32 + d`, `d` the shift (from token `tw`'s slot: `(8 -
+/// slot % 8) % 8`; 0 for the first warp). Where the window's tokens go to runs of slots
+/// (`run`; see [`Run`]) the warp stores them as transposed columns; its own first `d` tokens
+/// then belong to the warp before's window, which stores them only if it is a run too
+/// (`prev`). So: a lane stores its own token token by token where no run takes it, below `d`
+/// where `prev` is false, from `d` on where `run` is `None`. With [`STREAM_OWN`] and
+/// [`STREAM_SPLIT`] the warp stores its own 32 tokens (`prev` false), as columns where `run`
+/// is a run.
+#[derive(Clone, Copy)]
+struct Window {
+    run: Option<Run>,
+    d: u32,
+    prev: bool,
+}
+
+impl Window {
+    /// A warp of a stream without columns: its own 32 tokens, token by token.
+    const OWN: Window = Window {
+        run: None,
+        d: 0,
+        prev: false,
+    };
+}
+
+/// The warp's [`Window`] for mode `MODE` (`[s_prev, s, s_next]`: the slots of tokens `t - 32`,
+/// `t` and, on lanes below 8, `t + 32`, -1 where no such token is; only `s` is read without
+/// [`STREAM_SHIFT`]): its run when every virtual octet goes to consecutive slots of one
+/// aligned octet of a block (see [`Run`]), so that the warp can store V as transposed columns,
+/// else `None` (a sequence's start or end inside the window, a skipped or out-of-range slot,
+/// padding); with [`STREAM_SHIFT`] whether the warp before's window is a run. The same on
+/// every lane.
 ///
 /// # Safety
-/// Every lane of the warp calls it together (GPU); `s` is token `t`'s slot (-1 past the last
-/// token).
+/// Every lane of the warp calls it together (GPU); the slots as above.
 #[inline(always)]
-unsafe fn warp_runs(
+unsafe fn warp_window<const MODE: u8>(
     a: &TileArgs,
     t: u64,
     lane: u32,
-    s: i64,
+    [s_prev, s, s_next]: [i64; 3],
     bs_shift: u32,
-    rotate: bool,
-) -> Option<Run> {
+) -> Window {
     // Virtual lane `l` with slot `vs`, its piece's first virtual lane holding `first_base`:
     // the slot is at its place in an aligned octet of a valid block, the same octet as the
     // piece's first lane's. A token past the last has slot -1, which no run holds.
@@ -1294,73 +1525,116 @@ unsafe fn warp_runs(
             && vs & !7 == first_base
             && index::split_slot(vs as u64, a.block_size, bs_shift).0 < a.num_blocks
     };
-    // The first virtual lane of virtual lane `l`'s piece.
-    let first = |l: u32, d: u32| if l + d >= 32 { 32 - d } else { l & !7 };
+    let tw = t - lane as u64;
+    let (split, shift) = (MODE == STREAM_SPLIT, MODE == STREAM_SHIFT);
+    // The rotation that puts the slot `x` of a window's first token at an octet's start (0
+    // for the first warp's shifted window).
+    let rotation = |first: u64, x: i64| {
+        if shift && first == 0 {
+            0
+        } else {
+            (8 - (x as u32 & 7)) & 7
+        }
+    };
+    // The first virtual lane of virtual lane `l`'s piece (split: the last octet's two pieces).
+    let first = |l: u32, d: u32| if split && l + d >= 32 { 32 - d } else { l & !7 };
+    let run = |all: bool, d: u32, base: i64, pa: i64, pb: i64| {
+        all.then_some(Run {
+            d,
+            base: base as u64,
+            pa: pa as u64,
+            pb: pb as u64,
+            split,
+        })
+    };
     #[cfg(target_arch = "nvptx64")]
     {
-        let _ = t;
         // SAFETY: every lane of the warp is here (caller).
         let sh = |x: i64, src: u32| unsafe {
             (crate::warp::shfl_idx(x as u32, src) as u64
                 | (crate::warp::shfl_idx((x as u64 >> 32) as u32, src) as u64) << 32)
                 as i64
         };
-        let d = if rotate {
-            (8 - (sh(s, 0) as u32 & 7)) & 7
-        } else {
-            0
-        };
-        let vs = if rotate { sh(s, (lane + d) & 31) } else { s };
-        let base = vs & !7;
-        let fb = sh(base, first(lane, d));
         // SAFETY: as above.
-        if unsafe { cta::ballot(ok(lane, vs, fb)) } != u32::MAX {
-            return None;
-        }
-        let (pa, pb) = if rotate {
+        let low = |x: i64| unsafe { crate::warp::shfl_idx(x as u32, 0) as i64 };
+        // Whether the window rotated by `d` over the slots `lo` (its warp's tokens) and `hi`
+        // (shifted: the next warp's, on lanes below `d`) is a run; the base of this lane's
+        // virtual octet.
+        let window = |d: u32, lo: i64, hi: i64| {
+            let vs = if MODE == STREAM_OWN {
+                lo
+            } else {
+                sh(if shift && lane < d { hi } else { lo }, (lane + d) & 31)
+            };
+            let base = vs & !7;
+            let fb = sh(base, first(lane, d));
+            // SAFETY: as above.
+            (unsafe { cta::ballot(ok(lane, vs, fb)) } == u32::MAX, base)
+        };
+        let d = if MODE == STREAM_OWN {
+            0
+        } else {
+            rotation(tw, low(s))
+        };
+        let (all, base) = window(d, s, s_next);
+        let (pa, pb) = if split {
             (sh(base, 24), sh(base, 31))
         } else {
             (0, 0)
         };
-        Some(Run {
+        let prev = shift && tw >= STREAM_LANES && {
+            let dp = rotation(tw - STREAM_LANES, low(s_prev));
+            window(dp, s_prev, s).0
+        };
+        Window {
+            run: run(all, d, base, pa, pb),
             d,
-            base: base as u64,
-            pa: pa as u64,
-            pb: pb as u64,
-        })
+            prev,
+        }
     }
     #[cfg(not(target_arch = "nvptx64"))]
     {
-        let _ = s;
-        let tw = t - lane as u64;
-        let slot = |j: u32| {
-            let tj = tw + j as u64;
-            if tj < a.num_tokens {
+        let _ = (s_prev, s, s_next);
+        // The slot of token `tw + j` (j may be negative: the warp before's).
+        let slot = |j: i64| {
+            let tj = tw as i64 + j;
+            if tj >= 0 && (tj as u64) < a.num_tokens {
                 // SAFETY: tj < num_tokens: inside the slot array.
-                unsafe { tile_slot(a, tj) }
+                unsafe { tile_slot(a, tj as u64) }
             } else {
                 -1
             }
         };
-        let d = if rotate {
-            (8 - (slot(0) as u32 & 7)) & 7
-        } else {
-            0
+        // The window rotated by `d` from token `tw + from`: a run; this lane's octet's base.
+        let vslot = |from: i64, d: u32, l: u32| {
+            let j = if split { (l + d) & 31 } else { l + d };
+            slot(from + j as i64)
         };
-        let vslot = |l: u32| slot((l + d) & 31);
-        let mut l = 0;
-        while l < 32 {
-            if !ok(l, vslot(l), vslot(first(l, d)) & !7) {
-                return None;
+        let window = |from: i64, d: u32| {
+            let mut all = true;
+            let mut l = 0;
+            while l < 32 {
+                all &= ok(l, vslot(from, d, l), vslot(from, d, first(l, d)) & !7);
+                l += 1;
             }
-            l += 1;
-        }
-        Some(Run {
+            (all, vslot(from, d, lane) & !7)
+        };
+        let d = if MODE == STREAM_OWN {
+            0
+        } else {
+            rotation(tw, slot(0))
+        };
+        let (all, base) = window(0, d);
+        let (pa, pb) = (vslot(0, d, 24) & !7, vslot(0, d, 31) & !7);
+        let prev = shift && tw >= STREAM_LANES && {
+            let dp = rotation(tw - STREAM_LANES, slot(-32));
+            window(-32, dp).0
+        };
+        Window {
+            run: run(all, d, base, pa, pb),
             d,
-            base: (vslot(lane) & !7) as u64,
-            pa: (vslot(24) & !7) as u64,
-            pb: (vslot(31) & !7) as u64,
-        })
+            prev,
+        }
     }
 }
 
@@ -1396,8 +1670,8 @@ unsafe fn octet_column(a: &TileArgs, row: &Row, lane: u32, run: &Run, at_w: u64)
         let mut col = [0u32; 4];
         let mut j = 0;
         while j < 8 {
-            let tok = run.source((lane & !7) + j as u32);
-            let off = at_w + tok as u64 * a.src_token_stride + 2 * (lane & 7) as u64;
+            let tok = run.token((lane & !7) + j as u32);
+            let off = at_w + tok * a.src_token_stride + 2 * (lane & 7) as u64;
             // SAFETY: the warp's tok-th token, element lane & 7 of the group: inside the
             // validated source.
             let x = unsafe { core::ptr::read(a.src_v.add(off as usize) as *const u16) };
@@ -1467,7 +1741,7 @@ impl Columns {
     /// The targets of lane `lane` for the item's first group `g0` of head `head`.
     ///
     /// # Safety
-    /// `run` is the warp's ([`warp_runs`]): every slot it names is valid; `head < heads`, `g0 <
+    /// `run` is the warp's ([`warp_window`]): every slot it names is valid; `head < heads`, `g0 <
     /// groups`.
     #[inline(always)]
     unsafe fn new(
@@ -1489,7 +1763,11 @@ impl Columns {
             unsafe { v.dst.add(at as usize) }
         };
         let pa = at(if run.splits(lane) { run.pa } else { run.base });
-        let pb = if run.d != 0 { at(run.pb) } else { pa };
+        let pb = if run.split && run.d != 0 {
+            at(run.pb)
+        } else {
+            pa
+        };
         Columns {
             pa,
             pb,

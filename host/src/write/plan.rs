@@ -413,13 +413,16 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         _ => 1,
     };
     let (runs_k, runs_v) = (runs_k && src_vec, runs_v && src_vec);
-    // The copying stream on pages of 8 slots reads its warps' lanes rotated, so that a warp
-    // whose tokens do not start at a multiple of 8 slots (a batch's sequence starting inside
-    // it) still stores V as columns: `kvio_update_stream_rot`. On the H100 (BENCHMARKS.md,
-    // session 27) that took batches of many sequences on 8-slot pages from 51–58% of the copy
-    // ceiling to 59–72% and cost one sequence 1.6–1.8 points (82.3–82.7% → 80.7–80.9%); on
-    // 16-slot pages batches gained 0–1 points, so those keep `kvio_update_stream`.
-    let rotate = stream && stream_copy && kl.block_size == 8 && runs_v;
+    // The copying stream on pages of 8 and 16 slots shifts its warps' windows of tokens, so
+    // that a warp whose tokens do not start at a multiple of 8 slots (a batch's sequence
+    // starting inside an earlier warp) still stores V as whole columns:
+    // `kvio_update_stream_rot`. BENCHMARKS.md, session 28: batches of many sequences on
+    // 16-slot pages 58–62% → 66–69% of the copy ceiling on the H200 (64–67% → 73–76% on the
+    // H100), on 8-slot pages 66% → 71% (71% → 77%); one sequence loses 3.6 points on
+    // 16-slot pages on the H200 (77% → 73%; 2 on the H100), 0.8 on 8-slot ones (the
+    // entry's 92 registers leave two CTAs a multiprocessor where `kvio_update_stream` has
+    // three). Pages of 1, 2 or 4 slots hold no octet: the plain stream.
+    let rotate = stream && stream_copy && kl.block_size <= 16 && runs_v;
     // Prefill sizes into fp8 caches that the pages update below does not take run
     // `kvio_update_tiles_staged`, which copies each thread's next tile into shared memory
     // while it quantizes and stores the current one (`staged`) when the tiles may be runs and
@@ -1162,10 +1165,11 @@ mod tests {
                 assert!(a.streams() && !a.pages());
                 assert_eq!(plan_tiles(&op, 100_000).1, 94 * 32 * 8 * 4 / 256);
                 assert_eq!((a.unit_k, a.unit_v, a.piece_k, a.piece_v), (8, 1, 8, 1));
-                // Both parts may go out as runs: V as transposed columns of octets.
-                assert_eq!(a.runs, 3);
-                assert!(!a.rotates());
-                // Pages of 8 slots: `kvio_update_stream_rot` (its lanes read rotated).
+                // Both parts may go out as runs: V as transposed columns of octets, from
+                // `kvio_update_stream_rot`'s shifted windows.
+                assert_eq!(a.runs, 7);
+                assert!(a.rotates());
+                // Pages of 8 slots: the same; of 1 slot: no runs, the plain stream.
                 for (bs, runs) in [(1, 0), (8, 7)] {
                     let a = plan_tiles(&v0(bs, d), 132).0;
                     assert!(a.streams(), "page {bs}");
