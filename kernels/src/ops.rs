@@ -978,23 +978,16 @@ unsafe fn stream_body<const C: u32, const MODE: u8>(a: &TileArgs, g: Group) {
         } else {
             win.run.is_none()
         };
+        // One token token by token ([`stream_token`]): its rows where this lane holds them,
+        // its source rows' offset and its slot.
+        // SAFETY (every call): the rows (if any) and the source offset are the token's, its
+        // slot -1 past the last token; as the entry point.
+        let token = |rows: Option<&[[Row; 2]; STREAM_UNITS as usize]>, at: u64, slot: i64| unsafe {
+            stream_token::<C>(a, rows, at, g0, head, slot, bs_shift, with_v, &sk, &sv)
+        };
         if shifted && own && !quant {
-            // Before the rows of a run's lanes below `d` are replaced (below).
-            // SAFETY: `rows` are token t's, its slot (-1 past the last token).
-            unsafe {
-                stream_token::<C>(
-                    a,
-                    Some(&rows),
-                    at,
-                    g0,
-                    head,
-                    slot,
-                    bs_shift,
-                    with_v,
-                    &sk,
-                    &sv,
-                )
-            };
+            // Before the rows of a run's lanes below `d` are replaced (below): token t's.
+            token(Some(&rows), at, slot);
         }
         if let Some(r) = win.run.filter(|_| shift) {
             if lane < r.d {
@@ -1056,22 +1049,8 @@ unsafe fn stream_body<const C: u32, const MODE: u8>(a: &TileArgs, g: Group) {
             }
         }
         if !shifted && !quant {
-            // Token by token (no run), from the rows this lane holds.
-            // SAFETY: `rows` are token t's, its slot (-1 past the last token).
-            unsafe {
-                stream_token::<C>(
-                    a,
-                    Some(&rows),
-                    at,
-                    g0,
-                    head,
-                    slot,
-                    bs_shift,
-                    with_v,
-                    &sk,
-                    &sv,
-                )
-            };
+            // Token by token (no run), from the rows this lane holds: token t's.
+            token(Some(&rows), at, slot);
         }
         if quant {
             // Token by token from the source (one call site, so that the kernel holds one copy
@@ -1092,11 +1071,8 @@ unsafe fn stream_body<const C: u32, const MODE: u8>(a: &TileArgs, g: Group) {
                     }
                 };
                 if on {
-                    // SAFETY: token t's source rows and slot (-1 past the last token), or
-                    // those of token t + 32, which a run's window holds (it exists).
-                    unsafe {
-                        stream_token::<C>(a, None, at, g0, head, slot, bs_shift, with_v, &sk, &sv)
-                    };
+                    // Token t, or token t + 32, which a run's window holds (it exists).
+                    token(None, at, slot);
                 }
                 which += 1;
             }
