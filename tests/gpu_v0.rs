@@ -38,6 +38,11 @@ enum Slots {
     /// As `Batch`, each sequence continuing a chunked prefill: from a random slot of its first
     /// page.
     Chunked,
+    /// Sequences of 32 tokens (a warp of the streams each), every other one continuing a
+    /// chunked prefill from slot 5 of its first page: a warp whose window of tokens is a run
+    /// from a page's start, then one whose first slot is not a multiple of 8 (the streams'
+    /// shifted or split windows at a warp's seam).
+    Seams,
 }
 
 /// One v0 slot update: the host data it runs on, its format and the two cache layouts.
@@ -63,6 +68,9 @@ fn case_h(format: Format, bs: usize, h: usize, d: usize, t: usize, mode: Slots, 
         Slots::Batch | Slots::Chunked => {
             batch_sequences(&mut rng, t, 79, bs, mode == Slots::Chunked)
         }
+        Slots::Seams => (0..t.div_ceil(32))
+            .map(|k| (if k % 2 == 1 { 5 } else { 0 }, 32.min(t - 32 * k)))
+            .collect(),
         _ => vec![],
     };
     let used = batch_pages(&seqs, bs);
@@ -90,7 +98,7 @@ fn case_h(format: Format, bs: usize, h: usize, d: usize, t: usize, mode: Slots, 
                 .map(|i| pages[i / bs] * bs as i64 + (i % bs) as i64)
                 .collect()
         }
-        Slots::Batch | Slots::Chunked => {
+        Slots::Batch | Slots::Chunked | Slots::Seams => {
             let mut pages: Vec<i64> = (0..nb as i64).collect();
             rng.shuffle(&mut pages);
             batch_slots(&seqs, bs, pages)
@@ -315,13 +323,17 @@ fn cases(full: bool) -> Vec<Case> {
             v.push(case_h(format, 16, 9, 128, 1030, Slots::Pages, seed + 6000));
         }
         // Prefill batches of many sequences (runs of whole pages from any token index), on
-        // 8-, 16-, 32- and 128-token pages, fresh and continuing chunked prefills (on 8-token
-        // pages 2-byte caches take the rotated stream, `kvio_update_stream_rot`).
+        // 8-, 16-, 32- and 128-token pages, fresh and continuing chunked prefills (on 8- and
+        // 16-token pages 2-byte caches take the shifted windows, `kvio_update_stream_rot`).
         v.push(case(format, 16, 128, 1030, Slots::Batch, seed + 7000));
         v.push(case(format, 32, 128, 1030, Slots::Chunked, seed + 8000));
         v.push(case(format, 128, 64, 1030, Slots::Batch, seed + 9000));
         v.push(case(format, 8, 128, 1030, Slots::Batch, seed + 10000));
         v.push(case(format, 8, 64, 1030, Slots::Chunked, seed + 11000));
+        // Sequences of one warp each, every other one from slot 5 of its first page: the
+        // streams' windows at warp seams (8- and 16-token pages).
+        v.push(case(format, 16, 64, 1030, Slots::Seams, seed + 12000));
+        v.push(case(format, 8, 128, 1030, Slots::Seams, seed + 13000));
         // Keys only (one part) at prefill size.
         v.push(k_only(format, 16, 3, 128, 1030, seed + 4000));
         seed += 1;
@@ -425,14 +437,15 @@ fn v0_params() -> impl Strategy<Value = (Format, usize, usize, usize, usize, Slo
 }
 
 /// Random prefill-size v0 updates on pages of 8, 16, 32 and 128 tokens: copies into 2-byte
-/// caches (`kvio_update_stream_rot` on 8-token pages, `kvio_update_stream` on 16-token pages,
+/// caches (`kvio_update_stream_rot` on 8- and 16-token pages,
 /// `kvio_update_pages` on the larger ones) and bf16 or f16 quantized into fp8 caches
 /// (`kvio_update_stream_fp8` on 8-, 16- and 32-token pages,
 /// `kvio_update_pages_fp8_32` on 128; scales per tensor or per head); 1 to 10 heads (the
 /// pages entries' items of several heads, the last one short), head dims of 8 to 256 (16 to
 /// 256 for fp8, whose key pieces hold 16), 1,024 to 1,199 tokens (a short last item),
 /// page-filling slots of one sequence or of a batch of sequences (fresh or continuing chunked
-/// prefills), or scattered slots (the cases add skipped and out-of-range ones, and the fp8
+/// prefills, or one warp's worth each with every other one mid-page: `Slots::Seams`), or
+/// scattered slots (the cases add skipped and out-of-range ones, and the fp8
 /// sources special values, which send a warp or an item token by token).
 fn pages_params() -> impl Strategy<Value = (Format, usize, usize, usize, usize, Slots, u64)> {
     let formats = vec![
@@ -452,6 +465,7 @@ fn pages_params() -> impl Strategy<Value = (Format, usize, usize, usize, usize, 
             3 => proptest::strategy::Just(Slots::Pages),
             2 => proptest::strategy::Just(Slots::Batch),
             2 => proptest::strategy::Just(Slots::Chunked),
+            1 => proptest::strategy::Just(Slots::Seams),
             1 => proptest::strategy::Just(Slots::Random),
         ],
         any::<u64>(),
@@ -542,8 +556,9 @@ fn gpu_v0_updates_match_reference() {
     println!("{n} v0 slot updates bit-exact");
 }
 
-/// The prefill-size cases on the GPU (`kvio_update_stream` for 2-byte caches on pages of at
-/// most 16 slots, `kvio_update_stream_rot` on pages of 8, `kvio_update_pages` on larger pages, `kvio_update_pages_fp8` /
+/// The prefill-size cases on the GPU (`kvio_update_stream_rot` for 2-byte caches on pages of 8
+/// and 16 slots, `kvio_update_stream` on smaller ones, `kvio_update_pages` on larger pages,
+/// `kvio_update_pages_fp8` /
 /// `kvio_update_pages_fp8_32` and `kvio_update_tiles_staged` for fp8 caches, tiles of eight
 /// tokens (`kvio_update_tiles`) for the rest, with i32 and i64 slots), separately so that
 /// `scripts/sanitize gpu_v0_prefill` runs them under compute-sanitizer in minutes.

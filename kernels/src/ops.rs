@@ -825,8 +825,8 @@ pub unsafe fn update_stream(a: &TileArgs, g: Group) {
 /// a warp whose tokens go to runs of slots that do not start at a multiple of 8 (a batch's
 /// sequence that starts inside an earlier warp) still stores V as whole transposed columns.
 /// Where a window is no run (a sequence's start or end inside it) its tokens go token by
-/// token, a lane its own and, where the warp before's window is no run either, the first `d`
-/// tokens too. Its own entry point: the shift's slot loads, window checks and exchange take 92
+/// token, a lane its own; the warp's first `d` tokens too where the warp before's window does
+/// not hold them (no run of the same shift). Its own entry point: the shift's slot loads, window checks and exchange take 92
 /// registers (two CTAs a multiprocessor, where [`update_stream`] has three).
 ///
 /// The host runs it on pages of 8 and 16 slots ([`crate::args::TileArgs::rotates`]).
@@ -1450,14 +1450,14 @@ impl Run {
 }
 
 /// Which tokens [`stream_body`]'s warp stores, and how. With [`STREAM_SHIFT`], warp `w` (first
-/// token `tw = 32 w`) has the window of tokens `tw + d .. tw + 32 + d`, `d` the shift (from token `tw`'s slot: `(8 -
-/// slot % 8) % 8`; 0 for the first warp). Where the window's tokens go to runs of slots
-/// (`run`; see [`Run`]) the warp stores them as transposed columns; its own first `d` tokens
-/// then belong to the warp before's window, which stores them only if it is a run too
-/// (`prev`). So: a lane stores its own token token by token where no run takes it, below `d`
-/// where `prev` is false, from `d` on where `run` is `None`. With [`STREAM_OWN`] and
-/// [`STREAM_SPLIT`] the warp stores its own 32 tokens (`prev` false), as columns where `run`
-/// is a run.
+/// token `tw = 32 w`) has the window of tokens `tw + d .. tw + 32 + d`, `d` its shift (from
+/// token `tw`'s slot: `(8 - slot % 8) % 8`; 0 for the first warp). Where the window's tokens go
+/// to runs of slots (`run`; see [`Run`]) the warp stores them as transposed columns. Its own
+/// first `d` tokens belong to the warp before's window where that one is a run of the same
+/// shift (`prev`; a run of shift 0 ends at token `tw`), else to this warp. So a lane stores its
+/// own token token by token where no run takes it: below `d` where `prev` is false, from `d` on
+/// where `run` is `None`; every token is stored once. With [`STREAM_OWN`] and [`STREAM_SPLIT`]
+/// the warp stores its own 32 tokens (`prev` false), as columns where `run` is a run.
 #[derive(Clone, Copy)]
 struct Window {
     run: Option<Run>,
@@ -1558,9 +1558,12 @@ unsafe fn warp_window<const MODE: u8>(
         } else {
             (0, 0)
         };
+        // The warp before's window holds this warp's first `d` tokens only with the same
+        // shift (a run shifted by `dp > 0` ends at token `tw + dp`; one of `dp = 0` at `tw`).
+        // `dp` and `d` are the same on every lane: the ballot runs on all or none.
         let prev = shift && tw >= STREAM_LANES && {
             let dp = rotation(tw - STREAM_LANES, low(s_prev));
-            window(dp, s_prev, s).0
+            dp == d && window(dp, s_prev, s).0
         };
         Window {
             run: run(all, d, base, pa, pb),
@@ -1604,7 +1607,7 @@ unsafe fn warp_window<const MODE: u8>(
         let (pa, pb) = (vslot(0, d, 24) & !7, vslot(0, d, 31) & !7);
         let prev = shift && tw >= STREAM_LANES && {
             let dp = rotation(tw - STREAM_LANES, slot(-32));
-            window(-32, dp).0
+            dp == d && window(-32, dp).0
         };
         Window {
             run: run(all, d, base, pa, pb),
