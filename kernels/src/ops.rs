@@ -906,7 +906,8 @@ pub unsafe fn update_stream_fp8(a: &TileArgs, g: Group) {
 #[inline(always)]
 unsafe fn stream_body<const C: u32, const MODE: u8>(a: &TileArgs, g: Group) {
     let quant = C != convert::NONE;
-    // Shifted windows ([`STREAM_SHIFT`]), where the stream stores columns at all.
+    // Whether this stream shifts its windows ([`STREAM_SHIFT`]; `shift` below: where it
+    // stores columns at all).
     const { assert!(MODE <= STREAM_SHIFT) };
     let shifted = MODE == STREAM_SHIFT;
     let (heads, quads) = (a.heads as u32, a.groups.div_ceil(STREAM_UNITS) as u32);
@@ -972,7 +973,8 @@ unsafe fn stream_body<const C: u32, const MODE: u8>(a: &TileArgs, g: Group) {
             Window::OWN
         };
         // This lane's own token goes token by token where no window takes it: below `d` the
-        // warp before's window (if a run) holds it, from `d` on this warp's.
+        // warp before's window holds it if that is a run of the same shift (`prev`), from `d`
+        // on this warp's.
         let own = if shift && lane < win.d {
             !win.prev
         } else {
