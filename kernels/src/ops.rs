@@ -980,9 +980,9 @@ unsafe fn stream_body<const C: u32, const MODE: u8>(a: &TileArgs, g: Group) {
         } else {
             win.run.is_none()
         };
-        // One token token by token ([`stream_token`]): its rows where this lane holds them,
-        // its source rows' offset and its slot.
-        // SAFETY (every call): the rows (if any) and the source offset are the token's, its
+        // One token token by token ([`stream_token`]): its rows (a copy's; a conversion reads
+        // the source again), its source rows' offset and its slot.
+        // SAFETY (every call): the rows (a copy's) and the source offset are the token's, its
         // slot -1 past the last token; as the entry point.
         let token = |rows: Option<&[[Row; 2]; STREAM_UNITS as usize]>, at: u64, slot: i64| unsafe {
             stream_token::<C>(a, rows, at, g0, head, slot, bs_shift, with_v, &sk, &sv)
@@ -1118,14 +1118,14 @@ unsafe fn stream_rows<const C: u32>(
 }
 
 /// [`stream_body`]'s token-by-token store of one token (its source rows at offset `at`; its
-/// groups `g0 ..` of head `head` in `rows` where the lane holds them) at `slot`: skipped where
-/// negative, counted once per token (at its first item) past the cache; K as its pieces and V
-/// element by element, copied from `rows` or, without them, group by group from the source,
-/// or for a conversion `C` converted again from the source ([`stream_tokens`]).
+/// groups `g0 ..` of head `head` in `rows`, which a copy needs and a conversion does not read)
+/// at `slot`: skipped where negative, counted once per token (at its first item) past the
+/// cache; K as its pieces and V element by element, copied from `rows` or, for a conversion
+/// `C`, converted again from the source ([`stream_tokens`]).
 ///
 /// # Safety
-/// The token's groups lie in the sources at `at` (16-byte aligned) and `rows` (if any) are
-/// them, `head < heads`; as the entry point.
+/// The token's groups lie in the sources at `at` (16-byte aligned), `rows` are them where `C`
+/// copies (`None` stores nothing then), `head < heads`; as the entry point.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn stream_token<const C: u32>(
@@ -1166,22 +1166,13 @@ unsafe fn stream_token<const C: u32>(
             store_part::<2>(&v, block, offset, head, &row[1], 8 * grp, 1);
         }
     };
-    match rows {
-        Some(rows) => unroll4!(u => {
+    if let Some(rows) = rows {
+        unroll4!(u => {
             let grp = g0 + u as u64;
             if grp < a.groups {
                 store(grp, &rows[u]);
             }
-        }),
-        None => {
-            // A group at a time, so that the rows this takes are few.
-            let mut grp = g0;
-            while grp < a.groups && grp < g0 + STREAM_UNITS {
-                // SAFETY: the token's group below `groups` (caller).
-                store(grp, &unsafe { stream_group(a, at, grp, with_v) });
-                grp += 1;
-            }
-        }
+        });
     }
 }
 
