@@ -86,7 +86,9 @@ pub trait Unit: Copy {
     /// the CPU, read plainly.
     ///
     /// # Safety
-    /// `p` readable and aligned for `Self`.
+    /// `p` readable and aligned for `Self`; on the GPU in the global state space (device or
+    /// mapped host memory, not shared or local memory: the 16-byte unit's load is
+    /// `ld.global`).
     #[inline(always)]
     unsafe fn read_once(p: *const Self) -> Self {
         // SAFETY: the caller's.
@@ -97,7 +99,8 @@ pub trait Unit: Copy {
     /// streaming store (`st.global.cs`); other units, and the CPU, write plainly.
     ///
     /// # Safety
-    /// `p` writable and aligned for `Self`.
+    /// `p` writable and aligned for `Self`; on the GPU in the global state space (as for
+    /// [`Unit::read_once`]).
     #[inline(always)]
     unsafe fn write_once(p: *mut Self, v: Self) {
         // SAFETY: the caller's.
@@ -169,7 +172,8 @@ pub const ONCE: u8 = 2;
 /// of the span.
 ///
 /// # Safety
-/// Every live span: `units(k)` values of `T` readable at `from[k]`, aligned for `T`.
+/// Every live span: `units(k)` values of `T` readable at `from[k]`, aligned for `T` (with
+/// `READ` [`ONCE`], in global memory on the GPU: [`Unit::read_once`]).
 #[inline(always)]
 pub unsafe fn load_round<T: Unit, const B: usize, const P: usize, const READ: u8>(
     from: &[*const u8; B],
@@ -207,7 +211,8 @@ pub unsafe fn load_round<T: Unit, const B: usize, const P: usize, const READ: u8
 /// holds are passed through `f`.
 ///
 /// # Safety
-/// Every live span: `units(k)` values of `O` writable at `to[k]`, aligned for `O`.
+/// Every live span: `units(k)` values of `O` writable at `to[k]`, aligned for `O` (with
+/// `WRITE` [`ONCE`], in global memory on the GPU: [`Unit::write_once`]).
 #[inline(always)]
 pub unsafe fn store_round_map<T: Copy, O: Unit, const B: usize, const P: usize, const WRITE: u8>(
     to: &[*mut u8; B],
