@@ -1003,9 +1003,10 @@ unsafe fn stream_body<const C: u32, const MODE: u8>(a: &TileArgs, g: Group) {
             }
         }
         // SAFETY: as above (`run` is the same on every lane).
-        let run = win
-            .run
-            .filter(|_| !quant || unsafe { warp_fast::<C>(a, &rows, t, lane, head, g0, &sk, &sv) });
+        let run = win.run.filter(|r| {
+            let d = if shift { r.d } else { 0 };
+            !quant || unsafe { warp_fast::<C>(a, &rows, t, lane, d, head, g0, &sk, &sv) }
+        });
         if let Some(run) = run {
             // Every virtual octet of the warp a run: K as 16-byte pieces (each lane its own
             // virtual token's), V as transposed columns.
@@ -1046,17 +1047,42 @@ unsafe fn stream_body<const C: u32, const MODE: u8>(a: &TileArgs, g: Group) {
                     }
                 });
             }
-            // Nothing else of this lane's: no value is kept across the column path.
-            continue;
+            if !(shifted && quant) {
+                // Nothing else of this lane's: no value is kept across the column path.
+                continue;
+            }
         }
         if !shifted && !quant {
             // Token by token (no run), from the rows this lane holds: token t's.
             token(Some(&rows), at, slot);
         }
         if quant {
-            // Token by token (no run, or not every element on the division's fast path),
-            // converted again from the source: token t.
-            token(None, at, slot);
+            // Token by token from the source (one call site, so that the kernel holds one copy
+            // of the general conversion): this lane's own token where no window takes it,
+            // then its virtual token where the window is a run whose elements are not all on
+            // the division's fast path. (With the assert above, `shift` is false wherever
+            // `quant` holds, so only `which == 0` runs; the branches stay written this way
+            // because the form without them compiled to different PTX for all three stream
+            // entries and cost the quantizing stream 1.3–1.6 points on the H100: session 29.)
+            let mut which = 0;
+            while which < if shift { 2 } else { 1 } {
+                let (on, at, slot) = if which == 0 {
+                    // Without a shift: this lane's token wherever the warp stores no columns.
+                    (if shift { own } else { run.is_none() }, at, slot)
+                } else {
+                    let virt = shift && win.run.is_some() && run.is_none();
+                    if lane < win.d {
+                        (virt, at + STREAM_LANES * a.src_token_stride, slot_next)
+                    } else {
+                        (virt, at, slot)
+                    }
+                };
+                if on {
+                    // Token t, or token t + 32, which a run's window holds (it exists).
+                    token(None, at, slot);
+                }
+                which += 1;
+            }
         }
     }
 }
@@ -1296,8 +1322,9 @@ unsafe fn stream_tokens<const C: u32>(
 }
 
 /// Whether every element of the groups that [`stream_body`]'s warp loaded (`rows`: this lane's,
-/// of token `t`, head `head`, groups `g0 ..`) lies on the division's fast path of conversion
-/// `C` with the scales `dk` (K) and `dv` (V) ([`convert::fast`]). The same on every lane.
+/// of token `t`, or of token `t + 32` on lanes below the window's shift `d`; head `head`,
+/// groups `g0 ..`) lies on the division's fast path of conversion `C` with the scales `dk`
+/// (K) and `dv` (V) ([`convert::fast`]). The same on every lane.
 ///
 /// # Safety
 /// Every lane of the warp calls it together (GPU); the warp's live tokens' groups lie in the
@@ -1309,6 +1336,7 @@ unsafe fn warp_fast<const C: u32>(
     rows: &[[Row; 2]; STREAM_UNITS as usize],
     t: u64,
     lane: u32,
+    d: u32,
     head: u64,
     g0: u64,
     dk: &Divider,
@@ -1316,7 +1344,7 @@ unsafe fn warp_fast<const C: u32>(
 ) -> bool {
     #[cfg(target_arch = "nvptx64")]
     {
-        let _ = (a, t, lane, head, g0);
+        let _ = (a, t, lane, d, head, g0);
         let raws = |p: usize| {
             [
                 raw_of(&rows[0][p]),
@@ -1331,9 +1359,9 @@ unsafe fn warp_fast<const C: u32>(
     }
     #[cfg(not(target_arch = "nvptx64"))]
     {
-        // The warp's lanes in turn: each live token's groups, as the lanes loaded them.
+        // The warp's virtual lanes in turn: each live token's groups, as the lanes loaded them.
         let _ = rows;
-        let tw = t - lane as u64;
+        let tw = t - lane as u64 + d as u64;
         let mut j = 0;
         while j < STREAM_LANES && tw + j < a.num_tokens {
             let at = (tw + j) * a.src_token_stride + head * a.src_head_stride;
