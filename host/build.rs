@@ -164,10 +164,13 @@ fn build_ptx(kernels: &Path, out: &Path) {
 ///   give it up to 255 registers, and it takes 80 on sm_90 (three CTAs a multiprocessor) and 92
 ///   on sm_80, no spills. Capped at three CTAs an earlier build (94 registers uncapped) spilled
 ///   112 B and lost 11–24 points on the H200 (BENCHMARKS.md, session 20).
-/// - `kvio_update_stream_rot` (the same with shifted windows, pages of 8 and 16 slots) the
-///   same: 92 registers on sm_90 (two CTAs a multiprocessor), no spills; capped at three CTAs
-///   (80 registers) it spilled 48 B / 88 B and lost 8 points of one sequence and 5–10 of
-///   batches on the H100 (BENCHMARKS.md, session 28).
+/// - `kvio_update_stream_rot` (the same with shifted windows, pages of 8 and 16 slots) runs
+///   128-thread CTAs (`ROT_THREADS`): 90 registers on sm_90 (five CTAs, 20 warps, a
+///   multiprocessor), no spills. At 256 threads it took 92 (two CTAs, 16 warps): 1.1–2.3
+///   points less for one sequence and up to 4.2 less for batches on the H100 (BENCHMARKS.md,
+///   session 29); capped at three 256-thread CTAs (80 registers) it spilled 48 B / 88 B and
+///   lost 8 points of one sequence and 5–10 of batches (session 28). `sm_80`: see
+///   [`SM80_DIRECTIVES`].
 /// - `kvio_update_stream_fp8` runs 256-thread CTAs, at least three per multiprocessor (≤ 80
 ///   registers; it takes 80 on sm_90, no spills, 81 uncapped: two CTAs). On the H100
 ///   (BENCHMARKS.md, session 23) builds at 101–112 registers (two CTAs) lost 3–4 points of
@@ -188,7 +191,7 @@ const DIRECTIVES: [(&str, &str); 14] = [
     ),
     ("kvio_update_tiles", ".maxntid 256, 1, 1\n.minnctapersm 2\n"),
     ("kvio_update_stream", ".maxntid 256, 1, 1\n"),
-    ("kvio_update_stream_rot", ".maxntid 256, 1, 1\n"),
+    ("kvio_update_stream_rot", ".maxntid 128, 1, 1\n"),
     (
         "kvio_update_stream_fp8",
         ".maxntid 256, 1, 1\n.minnctapersm 3\n",
@@ -278,10 +281,17 @@ fn declare(text: &str, decl: &str) -> String {
 ///   `sm_89` (more registers): at five CTAs per multiprocessor the first one's `sm_80` code
 ///   spills 248 B / 384 B (8 B / 8 B uncapped), so both go uncapped there (no `sm_80` GPU
 ///   measured either way).
-const SM80_DIRECTIVES: [(&str, &str); 3] = [
+/// - `kvio_update_stream_rot` at four 128-thread CTAs (≤ 128 registers): it takes 110, no
+///   spills (16 warps, as two 256-thread CTAs at 102 before session 29); with `.maxntid` alone
+///   ptxas gave it 96 with 4 B / 40 B of spills.
+const SM80_DIRECTIVES: [(&str, &str); 4] = [
     ("kvio_update_pages_fp8", ".maxntid 128, 1, 1\n"),
     ("kvio_update_pages_fp8_32", ".maxntid 128, 1, 1\n"),
     ("kvio_update_stream_fp8", ".maxntid 256, 1, 1\n"),
+    (
+        "kvio_update_stream_rot",
+        ".maxntid 128, 1, 1\n.minnctapersm 4\n",
+    ),
 ];
 
 fn add_directives(path: &Path, tag: &str) {

@@ -8,6 +8,12 @@ use crate::error::Result;
 
 /// Threads per CTA of the write-path kernels and of device-side block copies.
 pub(crate) const BLOCK_THREADS: u32 = 256;
+/// Threads per CTA of `kvio_update_stream_rot`: at 90 registers (sm_90) a multiprocessor holds
+/// five 128-thread CTAs, 20 warps, where it held two of [`BLOCK_THREADS`], 16 (the stream's warps
+/// work alone: the CTA size is free). On the H100 (BENCHMARKS.md, session 29) that took bf16
+/// v0 prefill on 8- and 16-token pages 1.1–2.3 points up for one sequence and −0.1 to +4.2
+/// for batches.
+pub(crate) const ROT_THREADS: u32 = 128;
 /// Threads per CTA of decode-size write-path kernels at their smallest (see [`cta_threads`]).
 pub(crate) const SMALL_CTA_THREADS: u32 = 64;
 /// Threads per CTA of the one-token-per-thread tiled update (`kvio_update_tiles_one`): one
@@ -81,7 +87,7 @@ pub(crate) struct GridCap {
     pub(crate) tiles_one: u32,
     /// `kvio_update_stream` at [`BLOCK_THREADS`].
     pub(crate) stream: u32,
-    /// `kvio_update_stream_rot` at [`BLOCK_THREADS`].
+    /// `kvio_update_stream_rot` at [`ROT_THREADS`].
     pub(crate) stream_rot: u32,
     /// `kvio_update_stream_fp8` at [`BLOCK_THREADS`].
     pub(crate) stream_fp8: u32,

@@ -11,8 +11,8 @@ use crate::driver::{
 };
 use crate::error::{Error, Result};
 use crate::launch::{
-    resident_ctas, GridCap, BLOCK_THREADS, ONE_CTA_THREADS, PAGE_THREADS, STAGED_THREADS,
-    TMA_THREADS, TRANSFER_THREADS,
+    resident_ctas, GridCap, BLOCK_THREADS, ONE_CTA_THREADS, PAGE_THREADS, ROT_THREADS,
+    STAGED_THREADS, TMA_THREADS, TRANSFER_THREADS,
 };
 use crate::plan::{Kernel, Target};
 use crate::ptx::{ptx, Arch};
@@ -198,7 +198,7 @@ impl Kvio {
             tiles: resident_ctas(this.update_tiles, BLOCK_THREADS, sms)?,
             tiles_one: resident_ctas(this.update_tiles_one, ONE_CTA_THREADS, sms)?,
             stream: resident_ctas(this.update_stream, BLOCK_THREADS, sms)?,
-            stream_rot: resident_ctas(this.update_stream_rot, BLOCK_THREADS, sms)?,
+            stream_rot: resident_ctas(this.update_stream_rot, ROT_THREADS, sms)?,
             stream_fp8: resident_ctas(this.update_stream_fp8, BLOCK_THREADS, sms)?,
             tiles_wide: resident_ctas(this.update_tiles_wide, BLOCK_THREADS, sms)?,
             tiles_staged: resident_ctas(this.update_tiles_staged, STAGED_THREADS, sms)?,

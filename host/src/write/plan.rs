@@ -14,7 +14,8 @@ use super::{
 use crate::error::{invalid, Error, Result};
 use crate::error_word::DeviceErrors;
 use crate::launch::{
-    cta_threads, grid_for, one_cta_threads, BLOCK_THREADS, PAGE_THREADS, PER_LANE, STAGED_THREADS,
+    cta_threads, grid_for, one_cta_threads, BLOCK_THREADS, PAGE_THREADS, PER_LANE, ROT_THREADS,
+    STAGED_THREADS,
 };
 use crate::layout::{chunks_disjoint, PagedLayout, TokenLayout};
 use crate::mem::DeviceBytes;
@@ -530,7 +531,7 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     } else if stream && e == 1 {
         (target.caps.stream_fp8, BLOCK_THREADS)
     } else if stream && rotate {
-        (target.caps.stream_rot, BLOCK_THREADS)
+        (target.caps.stream_rot, ROT_THREADS)
     } else if stream {
         (target.caps.stream, BLOCK_THREADS)
     } else if tile == 1 {
@@ -1160,10 +1161,10 @@ mod tests {
                 assert_eq!((a.tile, a.staged, threads), (8, 1, 128));
             } else {
                 // The stream: 94 warps of 32 tokens × 8 heads × 4 quads of groups, one item a
-                // thread, 256-thread CTAs up to the cap.
-                assert_eq!((a.tile, a.subs, grid, threads), (1, 32, 132, 256));
+                // thread, 128-thread CTAs (`kvio_update_stream_rot`) up to the cap.
+                assert_eq!((a.tile, a.subs, grid, threads), (1, 32, 132, 128));
                 assert!(a.streams() && !a.pages());
-                assert_eq!(plan_tiles(&op, 100_000).1, 94 * 32 * 8 * 4 / 256);
+                assert_eq!(plan_tiles(&op, 100_000).1, 94 * 32 * 8 * 4 / 128);
                 assert_eq!((a.unit_k, a.unit_v, a.piece_k, a.piece_v), (8, 1, 8, 1));
                 // Both parts may go out as runs: V as transposed columns of octets, from
                 // `kvio_update_stream_rot`'s shifted windows.
