@@ -242,6 +242,16 @@ unsafe fn run(plan: &Plan<'_>, errors: Option<u64>) {
 /// # Safety
 /// As [`run`].
 unsafe fn emulate_launch(kernel: Kernel, launch: &Launch) {
+    // What a GPU launch of the plan would need: the CTA size its entry point takes.
+    debug_assert!(
+        kernel
+            .entry()
+            .cta_threads()
+            .is_some_and(|t| launch.threads <= t),
+        "{:?}: {} threads",
+        kernel.entry(),
+        launch.threads
+    );
     match &kernel {
         // SAFETY: as below; a whole CTA per item, phase by phase.
         Kernel::Tiles(a) if a.pages() => return unsafe { ops::emulate_pages(a, launch.grid) },

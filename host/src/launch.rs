@@ -54,6 +54,100 @@ pub(crate) const STAGED_THREADS: u32 = kvio_kernels::stage::THREADS;
 /// Threads per CTA of the CTA-phase entries (`kvio_update_pages`, `kvio_update_pages_fp8`,
 /// `kvio_update_pages_fp8_32`, `kvio_convert_pages`; `kvio_kernels::cta`).
 pub(crate) const PAGE_THREADS: u32 = kvio_kernels::cta::THREADS;
+/// kvio's PTX entry points, in the order of [`crate::KERNELS`] (`e as usize` indexes its name
+/// there): what [`crate::Kvio`] loads, and what a plan's kernel runs
+/// ([`Kernel::entry`](crate::plan::Kernel::entry)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Entry {
+    UpdateSlots,
+    UpdateSlotsGeneral,
+    UpdateRows,
+    UpdateSlotsConvert,
+    UpdateRowsConvert,
+    UpdateTiles,
+    UpdateTilesOne,
+    UpdateStream,
+    UpdateStreamRot,
+    UpdateStreamFp8,
+    UpdateTilesWide,
+    UpdateTilesStaged,
+    UpdatePages,
+    UpdatePagesFp8,
+    UpdatePagesFp8_32,
+    UpdateSlices,
+    SlicesToSlots,
+    CopyBlocks,
+    TransferBlocks,
+    TransferBlocksTma,
+    ConvertBlocks,
+    ConvertPages,
+    Noop,
+    Wait,
+    NaiveSpans,
+    Spin,
+    Produce,
+}
+
+impl Entry {
+    /// Every entry point, in [`crate::KERNELS`]' order.
+    pub(crate) const ALL: [Entry; 27] = [
+        Entry::UpdateSlots,
+        Entry::UpdateSlotsGeneral,
+        Entry::UpdateRows,
+        Entry::UpdateSlotsConvert,
+        Entry::UpdateRowsConvert,
+        Entry::UpdateTiles,
+        Entry::UpdateTilesOne,
+        Entry::UpdateStream,
+        Entry::UpdateStreamRot,
+        Entry::UpdateStreamFp8,
+        Entry::UpdateTilesWide,
+        Entry::UpdateTilesStaged,
+        Entry::UpdatePages,
+        Entry::UpdatePagesFp8,
+        Entry::UpdatePagesFp8_32,
+        Entry::UpdateSlices,
+        Entry::SlicesToSlots,
+        Entry::CopyBlocks,
+        Entry::TransferBlocks,
+        Entry::TransferBlocksTma,
+        Entry::ConvertBlocks,
+        Entry::ConvertPages,
+        Entry::Noop,
+        Entry::Wait,
+        Entry::NaiveSpans,
+        Entry::Spin,
+        Entry::Produce,
+    ];
+
+    /// Its name in the PTX.
+    pub(crate) fn name(self) -> &'static str {
+        crate::ptx::KERNELS[self as usize]
+    }
+
+    /// The CTA size a plan launches it with at the most, at which
+    /// [`Kvio::load`](crate::Kvio::load) measures its occupancy cap ([`GridCap`]); never more
+    /// than the `.maxntid` its PTX declares (`host/build.rs`). `None`: the bench's and tests'
+    /// helpers, which no plan launches.
+    pub(crate) fn cta_threads(self) -> Option<u32> {
+        Some(match self {
+            Entry::UpdateTilesOne => ONE_CTA_THREADS,
+            Entry::UpdateStreamRot => ROT_THREADS,
+            Entry::UpdateTilesStaged => STAGED_THREADS,
+            Entry::UpdatePages
+            | Entry::UpdatePagesFp8
+            | Entry::UpdatePagesFp8_32
+            | Entry::ConvertPages => PAGE_THREADS,
+            Entry::TransferBlocks => TRANSFER_THREADS,
+            Entry::TransferBlocksTma => TMA_THREADS,
+            Entry::Noop | Entry::Wait | Entry::NaiveSpans | Entry::Spin | Entry::Produce => {
+                return None
+            }
+            _ => BLOCK_THREADS,
+        })
+    }
+}
+
 /// Accesses each lane of a group is given per span (enough loads in flight, few idle lanes).
 pub(crate) const PER_LANE: u64 = 4;
 /// Default CTA budget of block copies when a pool is in host memory (leaves the SMs to the
@@ -185,7 +279,8 @@ pub(crate) fn resident_ctas(f: cu::CUfunction, threads: u32, sms: u32) -> Result
 
 #[cfg(test)]
 mod tests {
-    use super::{cta_threads, BLOCK_THREADS, SMALL_CTA_THREADS};
+    use super::{cta_threads, Entry, BLOCK_THREADS, SMALL_CTA_THREADS};
+    use crate::Arch;
 
     /// Decode-size updates spread over the multiprocessors in smaller CTAs; larger ones keep
     /// full CTAs; a CTA never holds less than one group.
@@ -206,5 +301,45 @@ mod tests {
         // v0 decode, 8 heads of 16 groups: T = 1 and 16 on half warps, T = 64 on warps.
         let v0 = |t: u64| super::one_cta_threads(t * 8 * 16, 132);
         assert_eq!((v0(1), v0(16), v0(64)), (16, 16, 32));
+    }
+
+    /// `Entry::X` is `kvio_x` in `KERNELS` (its name from its own spelling, so an entry out of
+    /// order or renamed on one side fails).
+    #[test]
+    fn entries_follow_the_kernel_list() {
+        assert_eq!(Entry::ALL.len(), crate::KERNELS.len());
+        for (i, e) in Entry::ALL.into_iter().enumerate() {
+            assert_eq!(e as usize, i);
+            let mut snake = String::from("kvio");
+            for c in format!("{e:?}").chars() {
+                if c.is_ascii_uppercase() {
+                    snake.push('_');
+                }
+                snake.push(c.to_ascii_lowercase());
+            }
+            assert_eq!(e.name(), snake);
+        }
+    }
+
+    /// Every entry's largest CTA fits the `.maxntid` its PTX declares (a launch past it would
+    /// fail), in both builds.
+    #[test]
+    fn cta_sizes_fit_the_ptx() {
+        for arch in [Arch::Sm80, Arch::Sm90] {
+            let text = crate::ptx(arch);
+            for e in Entry::ALL {
+                let Some(threads) = e.cta_threads() else {
+                    continue;
+                };
+                let start = text.find(&format!(".entry {}(", e.name())).unwrap();
+                let close = start + text[start..].find("\n)\n").unwrap() + 3;
+                let max = text[close..]
+                    .strip_prefix(".maxntid ")
+                    .map_or(1024, |rest| {
+                        rest.split(',').next().unwrap().parse().unwrap()
+                    });
+                assert!(threads <= max, "{arch:?} {}: {threads} > {max}", e.name());
+            }
+        }
     }
 }

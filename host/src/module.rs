@@ -10,14 +10,10 @@ use crate::driver::{
     check, current_context, current_device, device_attribute, with_ctx, LaunchKernelEx, MemcpyBatch,
 };
 use crate::error::{Error, Result};
-use crate::launch::{
-    resident_ctas, GridCap, BLOCK_THREADS, ONE_CTA_THREADS, PAGE_THREADS, ROT_THREADS,
-    STAGED_THREADS, TMA_THREADS, TRANSFER_THREADS,
-};
+use crate::launch::{resident_ctas, Entry, GridCap};
 use crate::plan::{Kernel, Target};
 use crate::ptx::{ptx, Arch};
 use crate::scratch::Scratch;
-use kvio_kernels::ops::PAGE_TOKENS_FP8;
 
 /// Kvio's kernels, loaded into one CUDA context. Load once, at set-up time; every operation is
 /// a method that plans it (all validation, on the host) and runs the plan on the caller's
@@ -34,33 +30,8 @@ use kvio_kernels::ops::PAGE_TOKENS_FP8;
 pub struct Kvio {
     ctx: cu::CUcontext,
     module: cu::CUmodule,
-    update_slots: cu::CUfunction,
-    update_slots_general: cu::CUfunction,
-    update_rows: cu::CUfunction,
-    update_slots_convert: cu::CUfunction,
-    update_rows_convert: cu::CUfunction,
-    update_tiles: cu::CUfunction,
-    update_tiles_one: cu::CUfunction,
-    update_stream: cu::CUfunction,
-    update_stream_rot: cu::CUfunction,
-    update_stream_fp8: cu::CUfunction,
-    update_tiles_wide: cu::CUfunction,
-    update_tiles_staged: cu::CUfunction,
-    update_pages: cu::CUfunction,
-    update_pages_fp8: cu::CUfunction,
-    update_pages_fp8_32: cu::CUfunction,
-    update_slices: cu::CUfunction,
-    slices_to_slots: cu::CUfunction,
-    copy_blocks: cu::CUfunction,
-    transfer_blocks: cu::CUfunction,
-    transfer_blocks_tma: cu::CUfunction,
-    convert_blocks: cu::CUfunction,
-    convert_pages: cu::CUfunction,
-    noop: cu::CUfunction,
-    wait: cu::CUfunction,
-    naive_spans: cu::CUfunction,
-    spin: cu::CUfunction,
-    produce: cu::CUfunction,
+    /// Every entry point, indexed by [`Entry`].
+    functions: [cu::CUfunction; Entry::ALL.len()],
     sm_count: u32,
     grid_cap: GridCap,
     arch: Arch,
@@ -117,33 +88,7 @@ impl Kvio {
         let mut this = Kvio {
             ctx,
             module,
-            update_slots: ptr::null_mut(),
-            update_slots_general: ptr::null_mut(),
-            update_rows: ptr::null_mut(),
-            update_slots_convert: ptr::null_mut(),
-            update_rows_convert: ptr::null_mut(),
-            update_tiles: ptr::null_mut(),
-            update_tiles_one: ptr::null_mut(),
-            update_stream: ptr::null_mut(),
-            update_stream_rot: ptr::null_mut(),
-            update_stream_fp8: ptr::null_mut(),
-            update_tiles_wide: ptr::null_mut(),
-            update_tiles_staged: ptr::null_mut(),
-            update_pages: ptr::null_mut(),
-            update_pages_fp8: ptr::null_mut(),
-            update_pages_fp8_32: ptr::null_mut(),
-            update_slices: ptr::null_mut(),
-            slices_to_slots: ptr::null_mut(),
-            copy_blocks: ptr::null_mut(),
-            transfer_blocks: ptr::null_mut(),
-            transfer_blocks_tma: ptr::null_mut(),
-            convert_blocks: ptr::null_mut(),
-            convert_pages: ptr::null_mut(),
-            noop: ptr::null_mut(),
-            wait: ptr::null_mut(),
-            naive_spans: ptr::null_mut(),
-            spin: ptr::null_mut(),
-            produce: ptr::null_mut(),
+            functions: [ptr::null_mut(); Entry::ALL.len()],
             sm_count: sms.max(1) as u32,
             grid_cap: GridCap::uniform(1),
             arch,
@@ -154,75 +99,55 @@ impl Kvio {
                 Arch::Sm80 => None,
             },
         };
-        this.update_slots = this.function("kvio_update_slots")?;
-        this.update_slots_general = this.function("kvio_update_slots_general")?;
-        this.update_rows = this.function("kvio_update_rows")?;
-        this.update_slots_convert = this.function("kvio_update_slots_convert")?;
-        this.update_rows_convert = this.function("kvio_update_rows_convert")?;
-        this.update_tiles = this.function("kvio_update_tiles")?;
-        this.update_tiles_one = this.function("kvio_update_tiles_one")?;
-        this.update_stream = this.function("kvio_update_stream")?;
-        this.update_stream_rot = this.function("kvio_update_stream_rot")?;
-        this.update_stream_fp8 = this.function("kvio_update_stream_fp8")?;
-        this.update_tiles_wide = this.function("kvio_update_tiles_wide")?;
-        this.update_tiles_staged = this.function("kvio_update_tiles_staged")?;
+        for e in Entry::ALL {
+            this.functions[e as usize] = this.function(e.name())?;
+        }
         // Its CTAs each hold 48 KiB of staging: ask for the largest shared-memory carveout, so
         // four fit on a multiprocessor (the driver's default split fit three on the H100).
         // SAFETY: a loaded kernel; the attribute takes a percentage.
         check("cuFuncSetAttribute", unsafe {
             cu::cuFuncSetAttribute(
-                this.update_tiles_staged,
+                this.func(Entry::UpdateTilesStaged),
                 cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
                 100,
             )
         })?;
-        this.update_pages = this.function("kvio_update_pages")?;
-        this.update_pages_fp8 = this.function("kvio_update_pages_fp8")?;
-        this.update_pages_fp8_32 = this.function("kvio_update_pages_fp8_32")?;
-        this.update_slices = this.function("kvio_update_slices")?;
-        this.slices_to_slots = this.function("kvio_slices_to_slots")?;
-        this.copy_blocks = this.function("kvio_copy_blocks")?;
-        this.transfer_blocks = this.function("kvio_transfer_blocks")?;
-        this.transfer_blocks_tma = this.function("kvio_transfer_blocks_tma")?;
-        this.convert_blocks = this.function("kvio_convert_blocks")?;
-        this.convert_pages = this.function("kvio_convert_pages")?;
         // Persistent grids: never more CTAs than can be resident at once.
         let sms = this.sm_count;
+        let cap = |e: Entry| match e.cta_threads() {
+            Some(threads) => resident_ctas(this.func(e), threads, sms),
+            None => Ok(0),
+        };
         this.grid_cap = GridCap {
             sms,
-            slots: resident_ctas(this.update_slots, BLOCK_THREADS, sms)?,
-            slots_general: resident_ctas(this.update_slots_general, BLOCK_THREADS, sms)?,
-            rows: resident_ctas(this.update_rows, BLOCK_THREADS, sms)?,
-            slots_convert: resident_ctas(this.update_slots_convert, BLOCK_THREADS, sms)?,
-            rows_convert: resident_ctas(this.update_rows_convert, BLOCK_THREADS, sms)?,
-            tiles: resident_ctas(this.update_tiles, BLOCK_THREADS, sms)?,
-            tiles_one: resident_ctas(this.update_tiles_one, ONE_CTA_THREADS, sms)?,
-            stream: resident_ctas(this.update_stream, BLOCK_THREADS, sms)?,
-            stream_rot: resident_ctas(this.update_stream_rot, ROT_THREADS, sms)?,
-            stream_fp8: resident_ctas(this.update_stream_fp8, BLOCK_THREADS, sms)?,
-            tiles_wide: resident_ctas(this.update_tiles_wide, BLOCK_THREADS, sms)?,
-            tiles_staged: resident_ctas(this.update_tiles_staged, STAGED_THREADS, sms)?,
-            pages: resident_ctas(this.update_pages, PAGE_THREADS, sms)?,
-            pages_fp8: resident_ctas(this.update_pages_fp8, PAGE_THREADS, sms)?,
-            pages_fp8_32: resident_ctas(this.update_pages_fp8_32, PAGE_THREADS, sms)?,
-            slices: resident_ctas(this.update_slices, BLOCK_THREADS, sms)?,
-            expand: resident_ctas(this.slices_to_slots, BLOCK_THREADS, sms)?,
-            copy: resident_ctas(this.copy_blocks, BLOCK_THREADS, sms)?,
-            transfer: resident_ctas(this.transfer_blocks, TRANSFER_THREADS, sms)?,
-            convert: resident_ctas(this.convert_blocks, BLOCK_THREADS, sms)?,
-            convert_pages: resident_ctas(this.convert_pages, PAGE_THREADS, sms)?,
+            slots: cap(Entry::UpdateSlots)?,
+            slots_general: cap(Entry::UpdateSlotsGeneral)?,
+            rows: cap(Entry::UpdateRows)?,
+            slots_convert: cap(Entry::UpdateSlotsConvert)?,
+            rows_convert: cap(Entry::UpdateRowsConvert)?,
+            tiles: cap(Entry::UpdateTiles)?,
+            tiles_one: cap(Entry::UpdateTilesOne)?,
+            stream: cap(Entry::UpdateStream)?,
+            stream_rot: cap(Entry::UpdateStreamRot)?,
+            stream_fp8: cap(Entry::UpdateStreamFp8)?,
+            tiles_wide: cap(Entry::UpdateTilesWide)?,
+            tiles_staged: cap(Entry::UpdateTilesStaged)?,
+            pages: cap(Entry::UpdatePages)?,
+            pages_fp8: cap(Entry::UpdatePagesFp8)?,
+            pages_fp8_32: cap(Entry::UpdatePagesFp8_32)?,
+            slices: cap(Entry::UpdateSlices)?,
+            expand: cap(Entry::SlicesToSlots)?,
+            copy: cap(Entry::CopyBlocks)?,
+            transfer: cap(Entry::TransferBlocks)?,
+            convert: cap(Entry::ConvertBlocks)?,
+            convert_pages: cap(Entry::ConvertPages)?,
             // The sm_80 module's entry is plain copies: never offered there.
             transfer_tma: match arch {
-                Arch::Sm90 => resident_ctas(this.transfer_blocks_tma, TMA_THREADS, sms)?,
+                Arch::Sm90 => cap(Entry::TransferBlocksTma)?,
                 Arch::Sm80 => 0,
             },
         };
         this.scratch = Scratch::new(ctx, dev)?;
-        this.noop = this.function("kvio_noop")?;
-        this.wait = this.function("kvio_wait")?;
-        this.naive_spans = this.function("kvio_naive_spans")?;
-        this.spin = this.function("kvio_spin")?;
-        this.produce = this.function("kvio_produce")?;
         Ok(this)
     }
 
@@ -238,32 +163,12 @@ impl Kvio {
 
     /// The entry point that runs `k`.
     pub(crate) fn entry(&self, k: &Kernel) -> cu::CUfunction {
-        match k {
-            Kernel::Slots(a) if a.converts_rows() => self.update_rows_convert,
-            Kernel::Slots(a) if a.converts() => self.update_slots_convert,
-            Kernel::Slots(a) if a.general() => self.update_slots_general,
-            Kernel::Slots(a) if a.copies_rows() => self.update_rows,
-            Kernel::Slots(_) => self.update_slots,
-            Kernel::Tiles(a) if a.elem == 4 => self.update_tiles_wide,
-            Kernel::Tiles(a) if a.streams() && a.elem == 1 => self.update_stream_fp8,
-            Kernel::Tiles(a) if a.streams() && a.rotates() => self.update_stream_rot,
-            Kernel::Tiles(a) if a.streams() => self.update_stream,
-            Kernel::Tiles(a) if a.tile == 1 => self.update_tiles_one,
-            Kernel::Tiles(a) if a.pages() && a.elem == 1 && a.tile as u64 == PAGE_TOKENS_FP8 => {
-                self.update_pages_fp8_32
-            }
-            Kernel::Tiles(a) if a.pages() && a.elem == 1 => self.update_pages_fp8,
-            Kernel::Tiles(a) if a.pages() => self.update_pages,
-            Kernel::Tiles(a) if a.elem == 1 => self.update_tiles_staged,
-            Kernel::Tiles(_) => self.update_tiles,
-            Kernel::Slices(_) => self.update_slices,
-            Kernel::Expand(_) => self.slices_to_slots,
-            Kernel::Copy(_) => self.copy_blocks,
-            Kernel::Transfer(_) => self.transfer_blocks,
-            Kernel::TransferTma(_) => self.transfer_blocks_tma,
-            Kernel::Convert(a) if a.tile != 0 => self.convert_pages,
-            Kernel::Convert(_) => self.convert_blocks,
-        }
+        self.func(k.entry())
+    }
+
+    /// Entry point `e`.
+    fn func(&self, e: Entry) -> cu::CUfunction {
+        self.functions[e as usize]
     }
 
     /// What the planners need to know of this device.
@@ -346,7 +251,7 @@ impl Kvio {
     /// the benchmarks.
     #[doc(hidden)]
     pub fn bench_noop(&self, stream: crate::StreamRef<'_>) -> Result<()> {
-        crate::driver::Params::new(&[], &[]).launch(self.noop, 1, 1, stream)
+        crate::driver::Params::new(&[], &[]).launch(self.func(Entry::Noop), 1, 1, stream)
     }
 
     /// Launches a kernel (one block of one thread) that only waits for the grids it depends on
@@ -355,7 +260,7 @@ impl Kvio {
     #[doc(hidden)]
     pub fn bench_wait(&self, stream: crate::StreamRef<'_>) -> Result<()> {
         let ex = self.launch_ex(stream, false);
-        crate::driver::Params::new(&[], &[]).launch_with(self.wait, 1, 1, stream, ex)
+        crate::driver::Params::new(&[], &[]).launch_with(self.func(Entry::Wait), 1, 1, stream, ex)
     }
 
     /// The benchmarks' naive baseline: one thread per element over `n` spans listed as
@@ -382,7 +287,7 @@ impl Kvio {
             shift: 0,
         };
         crate::driver::Params::new(&args.to_words(), &kvio_kernels::args::NaiveArgs::SIZES).launch(
-            self.naive_spans,
+            self.func(Entry::NaiveSpans),
             grid,
             256,
             stream,
@@ -416,7 +321,7 @@ impl Kvio {
             shift: 0,
         };
         crate::driver::Params::new(&args.to_words(), &kvio_kernels::args::SpinArgs::SIZES).launch(
-            self.spin,
+            self.func(Entry::Spin),
             grid.max(1),
             block.max(1),
             stream,
@@ -455,7 +360,7 @@ impl Kvio {
             ],
             &[8, 8, 4, 4, 4],
         )
-        .launch(self.produce, self.sm_count, 256, stream)
+        .launch(self.func(Entry::Produce), self.sm_count, 256, stream)
     }
 
     /// Number of multiprocessors of the device (used to size grids).

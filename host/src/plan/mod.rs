@@ -13,6 +13,7 @@ mod cpu_bench;
 mod lists;
 
 use kvio_kernels::args::{CopyArgs, SliceArgs, SlotArgs, TileArgs};
+use kvio_kernels::ops::PAGE_TOKENS_FP8;
 
 pub use lists::{
     slices_to_table, slots_to_slices, validate_slices, validate_slots, Slice, SlotIndex,
@@ -21,7 +22,7 @@ pub use lists::{
 use crate::alloc::MemoryKind;
 use crate::driver::Params;
 use crate::inline::InlineVec;
-use crate::launch::GridCap;
+use crate::launch::{Entry, GridCap};
 
 /// What one operation does once validated.
 #[derive(Debug)]
@@ -129,6 +130,36 @@ pub(crate) enum Kernel {
 }
 
 impl Kernel {
+    /// The entry point that runs it (on the GPU; the emulation runs the same bodies).
+    pub(crate) fn entry(&self) -> Entry {
+        match self {
+            Kernel::Slots(a) if a.converts_rows() => Entry::UpdateRowsConvert,
+            Kernel::Slots(a) if a.converts() => Entry::UpdateSlotsConvert,
+            Kernel::Slots(a) if a.general() => Entry::UpdateSlotsGeneral,
+            Kernel::Slots(a) if a.copies_rows() => Entry::UpdateRows,
+            Kernel::Slots(_) => Entry::UpdateSlots,
+            Kernel::Tiles(a) if a.elem == 4 => Entry::UpdateTilesWide,
+            Kernel::Tiles(a) if a.streams() && a.elem == 1 => Entry::UpdateStreamFp8,
+            Kernel::Tiles(a) if a.streams() && a.rotates() => Entry::UpdateStreamRot,
+            Kernel::Tiles(a) if a.streams() => Entry::UpdateStream,
+            Kernel::Tiles(a) if a.tile == 1 => Entry::UpdateTilesOne,
+            Kernel::Tiles(a) if a.pages() && a.elem == 1 && a.tile as u64 == PAGE_TOKENS_FP8 => {
+                Entry::UpdatePagesFp8_32
+            }
+            Kernel::Tiles(a) if a.pages() && a.elem == 1 => Entry::UpdatePagesFp8,
+            Kernel::Tiles(a) if a.pages() => Entry::UpdatePages,
+            Kernel::Tiles(a) if a.elem == 1 => Entry::UpdateTilesStaged,
+            Kernel::Tiles(_) => Entry::UpdateTiles,
+            Kernel::Slices(_) => Entry::UpdateSlices,
+            Kernel::Expand(_) => Entry::SlicesToSlots,
+            Kernel::Copy(_) => Entry::CopyBlocks,
+            Kernel::Transfer(_) => Entry::TransferBlocks,
+            Kernel::TransferTma(_) => Entry::TransferBlocksTma,
+            Kernel::Convert(a) if a.tile != 0 => Entry::ConvertPages,
+            Kernel::Convert(_) => Entry::ConvertBlocks,
+        }
+    }
+
     /// Whether this is a write-path kernel (an update), launched with programmatic dependent
     /// launch by default; block copies are launched plainly unless the caller asks.
     pub(crate) fn writes(&self) -> bool {
