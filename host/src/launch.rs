@@ -159,87 +159,30 @@ pub const DEFAULT_TRANSFER_CTAS: u32 = 4;
 /// pinned ceiling, 2 at 31%).
 pub const DEFAULT_TMA_TRANSFER_CTAS: u32 = 4 * DEFAULT_TRANSFER_CTAS;
 
-/// Most CTAs of each kernel that are resident on the whole device at once. The grids are
-/// persistent (kernels loop over their work), so no launch asks for more.
+/// Most CTAs of each kernel that are resident on the whole device at once, measured at its
+/// [`Entry::cta_threads`]. The grids are persistent (kernels loop over their work), so no
+/// launch asks for more.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct GridCap {
     /// Multiprocessors of the device.
     pub(crate) sms: u32,
-    /// `kvio_update_slots` at [`BLOCK_THREADS`].
-    pub(crate) slots: u32,
-    /// `kvio_update_slots_general` at [`BLOCK_THREADS`].
-    pub(crate) slots_general: u32,
-    /// `kvio_update_rows` at [`BLOCK_THREADS`].
-    pub(crate) rows: u32,
-    /// `kvio_update_slots_convert` at [`BLOCK_THREADS`].
-    pub(crate) slots_convert: u32,
-    /// `kvio_update_rows_convert` at [`BLOCK_THREADS`].
-    pub(crate) rows_convert: u32,
-    /// `kvio_update_tiles` at [`BLOCK_THREADS`].
-    pub(crate) tiles: u32,
-    /// `kvio_update_tiles_one` at [`ONE_CTA_THREADS`].
-    pub(crate) tiles_one: u32,
-    /// `kvio_update_stream` at [`BLOCK_THREADS`].
-    pub(crate) stream: u32,
-    /// `kvio_update_stream_rot` at [`ROT_THREADS`].
-    pub(crate) stream_rot: u32,
-    /// `kvio_update_stream_fp8` at [`BLOCK_THREADS`].
-    pub(crate) stream_fp8: u32,
-    /// `kvio_update_tiles_wide` at [`BLOCK_THREADS`].
-    pub(crate) tiles_wide: u32,
-    /// `kvio_update_tiles_staged` at [`STAGED_THREADS`].
-    pub(crate) tiles_staged: u32,
-    /// `kvio_update_pages` at [`PAGE_THREADS`].
-    pub(crate) pages: u32,
-    /// `kvio_update_pages_fp8` at [`PAGE_THREADS`].
-    pub(crate) pages_fp8: u32,
-    /// `kvio_update_pages_fp8_32` at [`PAGE_THREADS`].
-    pub(crate) pages_fp8_32: u32,
-    /// `kvio_update_slices` at [`BLOCK_THREADS`].
-    pub(crate) slices: u32,
-    /// `kvio_slices_to_slots` at [`BLOCK_THREADS`].
-    pub(crate) expand: u32,
-    /// `kvio_copy_blocks` at [`BLOCK_THREADS`].
-    pub(crate) copy: u32,
-    /// `kvio_transfer_blocks` at [`TRANSFER_THREADS`].
-    pub(crate) transfer: u32,
-    /// `kvio_convert_blocks` at [`BLOCK_THREADS`].
-    pub(crate) convert: u32,
-    /// `kvio_convert_pages` at [`PAGE_THREADS`].
-    pub(crate) convert_pages: u32,
-    /// `kvio_transfer_blocks_tma` at [`TMA_THREADS`] (0: the path is not offered, before
-    /// `sm_90`).
-    pub(crate) transfer_tma: u32,
+    /// Per entry point, indexed by [`Entry`] (0 for the helpers no plan launches, and for
+    /// `kvio_transfer_blocks_tma` before `sm_90`: the path is not offered there).
+    pub(crate) ctas: [u32; Entry::ALL.len()],
 }
 
 impl GridCap {
-    /// The same cap for every kernel (the CPU emulation's pretend device).
+    /// The same cap for every kernel (tests and the CPU emulation).
     pub(crate) const fn uniform(cap: u32) -> Self {
         GridCap {
             sms: cap,
-            slots: cap,
-            slots_general: cap,
-            rows: cap,
-            slots_convert: cap,
-            rows_convert: cap,
-            tiles: cap,
-            tiles_one: cap,
-            stream: cap,
-            stream_rot: cap,
-            stream_fp8: cap,
-            tiles_wide: cap,
-            tiles_staged: cap,
-            pages: cap,
-            pages_fp8: cap,
-            pages_fp8_32: cap,
-            slices: cap,
-            expand: cap,
-            copy: cap,
-            transfer: cap,
-            convert: cap,
-            convert_pages: cap,
-            transfer_tma: cap,
+            ctas: [cap; Entry::ALL.len()],
         }
+    }
+
+    /// The cap of entry point `e`.
+    pub(crate) fn of(&self, e: Entry) -> u32 {
+        self.ctas[e as usize]
     }
 }
 

@@ -114,39 +114,16 @@ impl Kvio {
         })?;
         // Persistent grids: never more CTAs than can be resident at once.
         let sms = this.sm_count;
-        let cap = |e: Entry| match e.cta_threads() {
-            Some(threads) => resident_ctas(this.func(e), threads, sms),
-            None => Ok(0), // a bench or test helper: no plan launches it
-        };
-        this.grid_cap = GridCap {
-            sms,
-            slots: cap(Entry::UpdateSlots)?,
-            slots_general: cap(Entry::UpdateSlotsGeneral)?,
-            rows: cap(Entry::UpdateRows)?,
-            slots_convert: cap(Entry::UpdateSlotsConvert)?,
-            rows_convert: cap(Entry::UpdateRowsConvert)?,
-            tiles: cap(Entry::UpdateTiles)?,
-            tiles_one: cap(Entry::UpdateTilesOne)?,
-            stream: cap(Entry::UpdateStream)?,
-            stream_rot: cap(Entry::UpdateStreamRot)?,
-            stream_fp8: cap(Entry::UpdateStreamFp8)?,
-            tiles_wide: cap(Entry::UpdateTilesWide)?,
-            tiles_staged: cap(Entry::UpdateTilesStaged)?,
-            pages: cap(Entry::UpdatePages)?,
-            pages_fp8: cap(Entry::UpdatePagesFp8)?,
-            pages_fp8_32: cap(Entry::UpdatePagesFp8_32)?,
-            slices: cap(Entry::UpdateSlices)?,
-            expand: cap(Entry::SlicesToSlots)?,
-            copy: cap(Entry::CopyBlocks)?,
-            transfer: cap(Entry::TransferBlocks)?,
-            convert: cap(Entry::ConvertBlocks)?,
-            convert_pages: cap(Entry::ConvertPages)?,
-            // The sm_80 module's entry is plain copies: never offered there.
-            transfer_tma: match arch {
-                Arch::Sm90 => cap(Entry::TransferBlocksTma)?,
-                Arch::Sm80 => 0,
-            },
-        };
+        let mut ctas = [0; Entry::ALL.len()];
+        for e in Entry::ALL {
+            ctas[e as usize] = match e.cta_threads() {
+                // The sm_80 module's bulk-copy entry is plain copies: never offered there.
+                _ if e == Entry::TransferBlocksTma && arch == Arch::Sm80 => 0,
+                Some(threads) => resident_ctas(this.func(e), threads, sms)?,
+                None => 0, // a bench or test helper: no plan launches it
+            };
+        }
+        this.grid_cap = GridCap { sms, ctas };
         this.scratch = Scratch::new(ctx, dev)?;
         Ok(this)
     }

@@ -14,7 +14,7 @@ use crate::alloc::{MemoryKind, TableAccess};
 use crate::error::{invalid, Error, Result};
 use crate::error_word::DeviceErrors;
 use crate::launch::{
-    grid_for, GridCap, BLOCK_THREADS, DEFAULT_TMA_TRANSFER_CTAS, DEFAULT_TRANSFER_CTAS,
+    grid_for, Entry, GridCap, BLOCK_THREADS, DEFAULT_TMA_TRANSFER_CTAS, DEFAULT_TRANSFER_CTAS,
     PAGE_THREADS, PER_LANE, TMA_THREADS, TRANSFER_THREADS,
 };
 use crate::layout::PagedLayout;
@@ -474,7 +474,7 @@ fn largest_divisor_at_most(n: u64, cap: u64) -> u64 {
 /// multiple of 16 bytes (`cp.async.bulk` moves multiples of 16 bytes between 16-byte aligned
 /// addresses).
 fn tma_applies(op: &BlockCopy<'_>, geo: &Geometry, caps: &GridCap) -> bool {
-    caps.transfer_tma > 0 && geo.pieces.is_none() && access_width_of(op, geo) == 16
+    caps.of(Entry::TransferBlocksTma) > 0 && geo.pieces.is_none() && access_width_of(op, geo) == 16
 }
 
 /// The access width of a block copy: the largest power of two (up to 16) dividing its chunk,
@@ -615,17 +615,17 @@ fn launch(
         group_shift(piece / width as u64, PER_LANE)
     };
     let (threads, cap) = if tma {
-        (TMA_THREADS, caps.transfer_tma)
+        (TMA_THREADS, caps.of(Entry::TransferBlocksTma))
     } else if tile.is_some() {
         // A conversion through the tile.
-        (PAGE_THREADS, caps.convert_pages)
+        (PAGE_THREADS, caps.of(Entry::ConvertPages))
     } else if geo.pieces.is_some() {
         // A conversion, on its own entry.
-        (BLOCK_THREADS, caps.convert)
+        (BLOCK_THREADS, caps.of(Entry::ConvertBlocks))
     } else if geo.host_involved {
-        (TRANSFER_THREADS, caps.transfer)
+        (TRANSFER_THREADS, caps.of(Entry::TransferBlocks))
     } else {
-        (BLOCK_THREADS, caps.copy)
+        (BLOCK_THREADS, caps.of(Entry::CopyBlocks))
     };
     // With host memory, the bulk-copy path's own default, else as many threads as the transfer
     // entry's default budget has; device to device, the whole device.
@@ -975,7 +975,12 @@ mod tests {
         let caps = target(MemoryKind::Device).caps;
         assert_eq!(
             launch.grid,
-            grid_for((3 * L * H) as u64, BLOCK_THREADS, 5, caps.convert)
+            grid_for(
+                (3 * L * H) as u64,
+                BLOCK_THREADS,
+                5,
+                caps.of(Entry::ConvertBlocks)
+            )
         );
         let dma = BlockCopy {
             backend: Backend::Dma,
@@ -1215,11 +1220,10 @@ mod tests {
         // batches, on the bulk path's default budget of host transfers.
         assert_eq!(a.pieces * a.piece, a.chunk);
         assert_eq!(launch.grid, DEFAULT_TMA_TRANSFER_CTAS);
+        let mut caps = GridCap::uniform(8);
+        caps.ctas[Entry::TransferBlocksTma as usize] = 0;
         let sm80 = Target {
-            caps: GridCap {
-                transfer_tma: 0,
-                ..GridCap::uniform(8)
-            },
+            caps,
             ..target(MemoryKind::PinnedHost)
         };
         let (b, p) = plan(&tma, &sm80).unwrap();

@@ -14,8 +14,7 @@ use super::{
 use crate::error::{invalid, Error, Result};
 use crate::error_word::DeviceErrors;
 use crate::launch::{
-    cta_threads, grid_for, one_cta_threads, BLOCK_THREADS, PAGE_THREADS, PER_LANE, ROT_THREADS,
-    STAGED_THREADS,
+    cta_threads, grid_for, one_cta_threads, Entry, BLOCK_THREADS, PAGE_THREADS, PER_LANE,
 };
 use crate::layout::{chunks_disjoint, PagedLayout, TokenLayout};
 use crate::mem::DeviceBytes;
@@ -516,31 +515,15 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         shift: 0,
         errors: err_ptr(op.errors) as *mut u32,
     };
-    // One token per thread: small CTAs, so a decode step's scattered V stores (one sector
-    // per element) spread over many multiprocessors' load/store units.
-    let (cap, threads) = if e == 4 {
-        (target.caps.tiles_wide, BLOCK_THREADS)
-    } else if pages && e == 1 && tile == PAGE_TOKENS_FP8 {
-        (target.caps.pages_fp8_32, PAGE_THREADS)
-    } else if pages && e == 1 {
-        (target.caps.pages_fp8, PAGE_THREADS)
-    } else if pages {
-        (target.caps.pages, PAGE_THREADS)
-    } else if tile == 8 && e == 1 {
-        (target.caps.tiles_staged, STAGED_THREADS)
-    } else if stream && e == 1 {
-        (target.caps.stream_fp8, BLOCK_THREADS)
-    } else if stream && rotate {
-        (target.caps.stream_rot, ROT_THREADS)
-    } else if stream {
-        (target.caps.stream, BLOCK_THREADS)
-    } else if tile == 1 {
-        (
-            target.caps.tiles_one,
-            one_cta_threads(items, target.caps.sms),
-        )
-    } else {
-        (target.caps.tiles, BLOCK_THREADS)
+    // The entry point that runs it gives the cap and the CTA size; one token per thread
+    // (`kvio_update_tiles_one`) takes smaller CTAs, so a decode step's scattered V stores (one
+    // sector per element) spread over many multiprocessors' load/store units.
+    let entry = Kernel::Tiles(args).entry();
+    let cap = target.caps.of(entry);
+    let threads = match (entry, entry.cta_threads()) {
+        (Entry::UpdateTilesOne, _) => one_cta_threads(items, target.caps.sms),
+        (_, Some(threads)) => threads,
+        (_, None) => unreachable!("a tiled update runs a write-path entry"),
     };
     Ok(Plan::Kernel {
         upload: None,
@@ -729,11 +712,7 @@ fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<P
         let wide = (0..=max_shift)
             .find(|&s| 1u64 << s >= units)
             .unwrap_or(max_shift);
-        let cap = if args.rows != 0 {
-            target.caps.rows_convert
-        } else {
-            target.caps.slots_convert
-        };
+        let cap = target.caps.of(Kernel::Slots(args).entry());
         let resident = cap as u64 * BLOCK_THREADS as u64;
         args.shift = if items.saturating_mul(1 << wide) <= resident {
             wide
@@ -773,17 +752,7 @@ fn slot_launch<'a>(mut args: SlotArgs, ie: u64, target: &Target<'_>) -> Result<P
             group_shift(chunk / w, PER_LANE)
         };
     }
-    let cap = if args.converts_rows() {
-        target.caps.rows_convert
-    } else if args.converts() {
-        target.caps.slots_convert
-    } else if args.general() {
-        target.caps.slots_general
-    } else if args.copies_rows() {
-        target.caps.rows
-    } else {
-        target.caps.slots
-    };
+    let cap = target.caps.of(Kernel::Slots(args).entry());
     let threads = cta_threads(items, args.shift, target.caps.sms);
     Ok(Plan::Kernel {
         upload: None,
@@ -874,7 +843,7 @@ pub(crate) fn slices<'a>(op: &SliceUpdate<'_>, target: &Target<'_>) -> Result<Pl
                 op.padded as u64 * pieces,
                 BLOCK_THREADS,
                 shift,
-                target.caps.slices,
+                target.caps.of(Entry::UpdateSlices),
             ),
             threads: BLOCK_THREADS,
         },
@@ -995,7 +964,12 @@ fn through_slots<'a>(op: &SliceUpdate<'_>, target: &Target<'_>) -> Result<Plan<'
     Ok(Plan::Expand {
         expand: Launch {
             kernel: Kernel::Expand(args),
-            grid: grid_for(items, BLOCK_THREADS, 0, target.caps.expand),
+            grid: grid_for(
+                items,
+                BLOCK_THREADS,
+                0,
+                target.caps.of(Entry::SlicesToSlots),
+            ),
             threads: BLOCK_THREADS,
         },
         update,
