@@ -17,7 +17,7 @@ use crate::alloc::MemoryKind;
 use crate::blocks::{self, Backend, BlockCopy};
 use crate::error::{Error, Result};
 use crate::error_word::{ErrorCounts, WORDS};
-use crate::launch::GridCap;
+use crate::launch::{Entry, GridCap};
 use crate::plan::{Kernel, Launch, Plan, Staging, Target};
 use crate::write::{plan as write_plan, MlaUpdate, SliceUpdate, SlotUpdate};
 
@@ -237,51 +237,56 @@ unsafe fn run(plan: &Plan<'_>, errors: Option<u64>) {
     }
 }
 
-/// Runs one launch of a plan on host memory.
+/// Runs one launch of a plan on host memory: the body of the entry point a GPU launch of it
+/// runs ([`Kernel::entry`], the one place that chooses it), so the emulated tests run the
+/// code the GPU would.
 ///
 /// # Safety
 /// As [`run`].
 unsafe fn emulate_launch(kernel: Kernel, launch: &Launch) {
+    let entry = kernel.entry();
     // What a GPU launch of the plan would need: the CTA size its entry point takes.
     debug_assert!(
-        kernel
-            .entry()
-            .cta_threads()
-            .is_some_and(|t| launch.threads <= t),
-        "{:?}: {} threads",
-        kernel.entry(),
+        entry.cta_threads().is_some_and(|t| launch.threads <= t),
+        "{entry:?}: {} threads",
         launch.threads
     );
-    match &kernel {
+    match (entry, &kernel) {
         // SAFETY: as below; a whole CTA per item, phase by phase.
-        Kernel::Tiles(a) if a.pages() => return unsafe { ops::emulate_pages(a, launch.grid) },
+        (
+            Entry::UpdatePages | Entry::UpdatePagesFp8 | Entry::UpdatePagesFp8_32,
+            Kernel::Tiles(a),
+        ) => return unsafe { ops::emulate_pages(a, launch.grid) },
         // SAFETY: as above.
-        Kernel::Convert(a) if a.tile != 0 => {
+        (Entry::ConvertPages, Kernel::Convert(a)) => {
             return unsafe { ops::emulate_convert_pages(a, launch.grid) }
         }
         _ => {}
     }
     // SAFETY: arguments validated like a launch; the memory is host memory (caller).
     ops::emulate(launch.grid, launch.threads, kernel.shift(), |g| unsafe {
-        match &kernel {
-            Kernel::Slots(a) if a.converts_rows() => ops::update_rows_convert(a, g),
-            Kernel::Slots(a) if a.converts() => ops::update_slots_convert(a, g),
-            Kernel::Slots(a) if a.general() => ops::update_slots_general(a, g),
-            Kernel::Slots(a) if a.copies_rows() => ops::update_rows(a, g),
-            Kernel::Slots(a) => ops::update_slots(a, g),
-            Kernel::Tiles(a) if a.elem == 4 => ops::update_tiles_wide(a, g),
-            Kernel::Tiles(a) if a.streams() && a.elem == 1 => ops::update_stream_fp8(a, g),
-            Kernel::Tiles(a) if a.streams() && a.rotates() => ops::update_stream_rot(a, g),
-            Kernel::Tiles(a) if a.streams() => ops::update_stream(a, g),
-            Kernel::Tiles(a) if a.tile == 1 => ops::update_tiles_one(a, g),
-            Kernel::Tiles(a) if a.elem == 1 => ops::update_tiles_staged(a, g),
-            Kernel::Tiles(a) => ops::update_tiles(a, g),
-            Kernel::Slices(a) => ops::update_slices(a, g),
-            Kernel::Expand(a) => ops::slices_to_slots(a, g),
-            Kernel::Copy(a) => ops::copy_blocks(a, g),
-            Kernel::Transfer(a) => ops::transfer_blocks(a, g),
-            Kernel::TransferTma(a) => ops::transfer_blocks_tma(a, g),
-            Kernel::Convert(a) => ops::convert_blocks(a, g),
+        match (entry, &kernel) {
+            (Entry::UpdateRowsConvert, Kernel::Slots(a)) => ops::update_rows_convert(a, g),
+            (Entry::UpdateSlotsConvert, Kernel::Slots(a)) => ops::update_slots_convert(a, g),
+            (Entry::UpdateSlotsGeneral, Kernel::Slots(a)) => ops::update_slots_general(a, g),
+            (Entry::UpdateRows, Kernel::Slots(a)) => ops::update_rows(a, g),
+            (Entry::UpdateSlots, Kernel::Slots(a)) => ops::update_slots(a, g),
+            (Entry::UpdateTilesWide, Kernel::Tiles(a)) => ops::update_tiles_wide(a, g),
+            (Entry::UpdateStreamFp8, Kernel::Tiles(a)) => ops::update_stream_fp8(a, g),
+            (Entry::UpdateStreamRot, Kernel::Tiles(a)) => ops::update_stream_rot(a, g),
+            (Entry::UpdateStream, Kernel::Tiles(a)) => ops::update_stream(a, g),
+            (Entry::UpdateTilesOne, Kernel::Tiles(a)) => ops::update_tiles_one(a, g),
+            (Entry::UpdateTilesStaged, Kernel::Tiles(a)) => ops::update_tiles_staged(a, g),
+            (Entry::UpdateTiles, Kernel::Tiles(a)) => ops::update_tiles(a, g),
+            (Entry::UpdateSlices, Kernel::Slices(a)) => ops::update_slices(a, g),
+            (Entry::SlicesToSlots, Kernel::Expand(a)) => ops::slices_to_slots(a, g),
+            (Entry::CopyBlocks, Kernel::Copy(a)) => ops::copy_blocks(a, g),
+            (Entry::TransferBlocks, Kernel::Transfer(a)) => ops::transfer_blocks(a, g),
+            (Entry::TransferBlocksTma, Kernel::TransferTma(a)) => ops::transfer_blocks_tma(a, g),
+            (Entry::ConvertBlocks, Kernel::Convert(a)) => ops::convert_blocks(a, g),
+            // `Kernel::entry` gives each variant only entries that take its arguments, and
+            // the pages entries returned above.
+            (entry, _) => unreachable!("{entry:?} is not a plan's per-thread entry"),
         }
     });
 }
