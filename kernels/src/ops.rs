@@ -1184,6 +1184,16 @@ unsafe fn stream_token<const C: u32>(
 /// Group `grp` (eight elements) of the head whose source rows start at offset `at`, as
 /// [`stream_body`] holds it: K's, and V's where `with_v` (else zeros).
 ///
+/// On sm_90 each 16-byte load asks L2 to fetch 256 bytes on a miss (`ld.global.L2::256B`):
+/// a lane loads 64 bytes of a token's head row and the warps of the neighbouring items the
+/// rest of it at about the same time, so the first miss brings the whole row (for head
+/// dimension 128 and 2-byte elements) from DRAM in one go and the others find it in L2. The
+/// same loads, the same registers; on the H100 (BENCHMARKS.md, session 30, two rounds in one
+/// process) v0 prefill of one sequence of 16,384 tokens went from 83.0–83.5% of the copy
+/// ceiling to 87.7–88.6% (bf16, 8- and 16-token pages) and from 82.1–82.4% to 85.2–85.5%
+/// (e4m3), batches of 1,024-token sequences up 2.4–5.0 points. An `L2` prefetch of the next
+/// item's rows instead (`prefetch.global.L2`) lost 10–17 points in the same runs.
+///
 /// # Safety
 /// The group lies in the sources (K's, and V's where `with_v`), 16-byte aligned.
 #[inline(always)]
@@ -1191,12 +1201,15 @@ unsafe fn stream_group(a: &TileArgs, at: u64, grp: u64, with_v: bool) -> [Row; 2
     let off = (at + 16 * grp) as usize;
     // SAFETY: forwarded.
     unsafe {
-        let k = tile::load_copy::<2>(a.src_k.add(off), true, 1);
-        let v = if with_v {
-            tile::load_copy::<2>(a.src_v.add(off), true, 1)
-        } else {
-            [0; 8]
+        #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90"))]
+        let ld = |p: *const u8| -> Row {
+            let w = ld_v4!("ld.global.L2::256B.v4.b32", reg64 p);
+            [w[0], w[1], w[2], w[3], 0, 0, 0, 0]
         };
+        #[cfg(not(all(target_arch = "nvptx64", target_feature = "sm_90")))]
+        let ld = |p: *const u8| tile::load_copy::<2>(p, true, 1);
+        let k = ld(a.src_k.add(off));
+        let v = if with_v { ld(a.src_v.add(off)) } else { [0; 8] };
         [k, v]
     }
 }
