@@ -1191,8 +1191,9 @@ unsafe fn stream_token<const C: u32>(
 /// same loads, the same registers; on the H100 (BENCHMARKS.md, session 30, two rounds in one
 /// process) v0 prefill of one sequence of 16,384 tokens went from 83.0–83.5% of the copy
 /// ceiling to 87.7–88.6% (bf16, 8- and 16-token pages) and from 82.1–82.4% to 85.2–85.5%
-/// (e4m3), batches of 1,024-token sequences up 2.4–5.0 points. An `L2` prefetch of the next
-/// item's rows instead (`prefetch.global.L2`) lost 10–17 points in the same runs.
+/// (e4m3), batches of 1,024-token sequences (and chunked) up 3.4–5.0 points (bf16) and
+/// 1.7–3.9 (e4m3). An L2 prefetch of the next item's rows instead (`prefetch.global.L2`)
+/// lost 9–17 points in the same runs.
 ///
 /// # Safety
 /// The group lies in the sources (K's, and V's where `with_v`), 16-byte aligned.
