@@ -1,7 +1,8 @@
 //! The parameter lists the host packs (`kvio_kernels::args::*Args::SIZES`, generated from the
 //! same definition as the entry points) match the `.param` lists in the shipped PTX, for every
 //! kernel and architecture; the `sm_90` entry points wait for their programmatic prerequisites
-//! before touching memory, and the `sm_80` PTX holds no `griddepcontrol`.
+//! before touching memory, and the `sm_80` PTX holds no `griddepcontrol`; the v0 streams'
+//! row loads keep their L2 prefetch size on `sm_90`.
 
 use kvio_kernels::args::{CopyArgs, NaiveArgs, SliceArgs, SlotArgs, SpinArgs, TileArgs};
 
@@ -275,5 +276,27 @@ fn page_tile_matches_the_kernels() {
                 assert!(body.contains(op), "{entry}: no `{op}`");
             }
         }
+    }
+}
+
+/// The v0 streams' source-row loads carry the 256-byte L2 prefetch size on `sm_90` (the
+/// qualifier is a hint the rest of the code never needs, so a refactor could drop it without
+/// any other test noticing; BENCHMARKS.md, session 30: 4.7–5.3 points of the bf16 v0 prefill on
+/// the H100), and the `sm_80` PTX, where it was not measured, holds none.
+#[test]
+fn v0_streams_load_rows_with_the_l2_prefetch_size() {
+    for name in [
+        "kvio_update_stream",
+        "kvio_update_stream_rot",
+        "kvio_update_stream_fp8",
+    ] {
+        let sm90 = entry_body(kvio::PTX_SM90, name);
+        let hinted = sm90.matches("ld.global.L2::256B.v4.b32").count();
+        // Every stream entry loads at least one quad of K and of V through `stream_group`.
+        assert!(hinted >= 8, "sm_90 {name}: {hinted} hinted loads");
+        assert!(
+            !entry_body(kvio::PTX_SM80, name).contains("L2::256B"),
+            "sm_80 {name}"
+        );
     }
 }
