@@ -14,8 +14,8 @@ use crate::alloc::{MemoryKind, TableAccess};
 use crate::error::{invalid, Error, Result};
 use crate::error_word::DeviceErrors;
 use crate::launch::{
-    grid_for, Entry, GridCap, BLOCK_THREADS, DEFAULT_TMA_TRANSFER_CTAS, DEFAULT_TRANSFER_CTAS,
-    PAGE_THREADS, PER_LANE, TMA_THREADS, TRANSFER_THREADS,
+    grid_for, Entry, GridCap, DEFAULT_TMA_TRANSFER_CTAS, DEFAULT_TRANSFER_CTAS, PER_LANE,
+    TRANSFER_THREADS,
 };
 use crate::layout::PagedLayout;
 use crate::plan::{Kernel, Launch, Plan, Staging, Target, Upload};
@@ -614,19 +614,25 @@ fn launch(
     } else {
         group_shift(piece / width as u64, PER_LANE)
     };
-    let (threads, cap) = if tma {
-        (TMA_THREADS, caps.of(Entry::TransferBlocksTma))
+    // The entry point, chosen once: it gives the CTA size and the cap, and the launch's kernel
+    // below is built for it.
+    let entry = if tma {
+        Entry::TransferBlocksTma
     } else if tile.is_some() {
         // A conversion through the tile.
-        (PAGE_THREADS, caps.of(Entry::ConvertPages))
+        Entry::ConvertPages
     } else if geo.pieces.is_some() {
         // A conversion, on its own entry.
-        (BLOCK_THREADS, caps.of(Entry::ConvertBlocks))
+        Entry::ConvertBlocks
     } else if geo.host_involved {
-        (TRANSFER_THREADS, caps.of(Entry::TransferBlocks))
+        Entry::TransferBlocks
     } else {
-        (BLOCK_THREADS, caps.of(Entry::CopyBlocks))
+        Entry::CopyBlocks
     };
+    let threads = entry
+        .cta_threads()
+        .expect("a block copy runs a plan's entry point");
+    let cap = caps.of(entry);
     // With host memory, the bulk-copy path's own default, else as many threads as the transfer
     // entry's default budget has; device to device, the whole device.
     let default_budget = match (geo.host_involved, tma) {
@@ -698,33 +704,34 @@ fn launch(
     {
         return Err(Error::Overflow { name: "map" });
     }
-    if tma {
+    let (kernel, grid) = match entry {
         // A CTA (one warp) moves batches of `lanes_for(piece)` items, one item per lane.
-        let batches = items.div_ceil(bulk::lanes_for(piece));
-        return Ok(Some(Launch {
-            kernel: Kernel::TransferTma(args),
-            grid: batches.clamp(1, budget as u64) as u32,
-            threads,
-        }));
-    }
-    if tile.is_some() {
+        Entry::TransferBlocksTma => (
+            Kernel::TransferTma(args),
+            items
+                .div_ceil(bulk::lanes_for(piece))
+                .clamp(1, budget as u64) as u32,
+        ),
         // A whole CTA per item.
-        let items = n as u64 * layers * parts * tokens * heads.div_ceil(subs);
-        return Ok(Some(Launch {
-            kernel: Kernel::Convert(args),
-            grid: items.clamp(1, budget as u64) as u32,
-            threads,
-        }));
-    }
+        Entry::ConvertPages => (
+            Kernel::Convert(args),
+            (n as u64 * layers * parts * tokens * heads.div_ceil(subs)).clamp(1, budget as u64)
+                as u32,
+        ),
+        Entry::ConvertBlocks => (
+            Kernel::Convert(args),
+            grid_for(items, threads, shift, budget),
+        ),
+        Entry::TransferBlocks => (
+            Kernel::Transfer(args),
+            grid_for(items, threads, shift, budget),
+        ),
+        _ => (Kernel::Copy(args), grid_for(items, threads, shift, budget)),
+    };
+    debug_assert_eq!(kernel.entry(), entry);
     Ok(Some(Launch {
-        kernel: if geo.pieces.is_some() {
-            Kernel::Convert(args)
-        } else if geo.host_involved {
-            Kernel::Transfer(args)
-        } else {
-            Kernel::Copy(args)
-        },
-        grid: grid_for(items, threads, shift, budget),
+        kernel,
+        grid,
         threads,
     }))
 }
@@ -733,6 +740,7 @@ fn launch(
 mod tests {
     use super::*;
     use crate::blocks::test_pools::*;
+    use crate::launch::{BLOCK_THREADS, PAGE_THREADS, TMA_THREADS};
     use crate::plan::Span;
 
     // ---- merging -------------------------------------------------------------------------
