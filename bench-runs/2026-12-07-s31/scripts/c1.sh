@@ -1,0 +1,33 @@
+# c1.sh (on the GPU machine, from the repository root: bash gpu-pack/c1.sh; carry gpu-pack):
+# main's GPU tests for 68a5d1f and 810769a, then the v0 and MLA rows of main and the variants,
+# two rounds in one process each, the second in reverse order.
+set -x
+cd gpu-pack && tar xJf t.tar.xz && cd b
+R=$OUT/r; mkdir -p $R
+pk() { (cd $OUT && tar czf r.tgz r); }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.txt
+END=575
+rt() { # rt EXE ARCH THREADS [args]
+  t=$1; a=$2; n=$3; shift 3; left=$((END-SECONDS)); [ $left -lt 20 ] && { echo "$t $a skipped $SECONDS" >> $R/rc.txt; return; }
+  KVIO_TEST_ARCH=$a KVIO_REQUIRE_GPU=1 timeout $left ./$t --test-threads=$n "$@" > $R/t-$t-$a.log 2>&1; echo "$t $a rc=$? $SECONDS" >> $R/rc.txt; pk; }
+rt gpu_v0-main sm90 4 gpu
+rt gpu_blocks-main sm90 4
+rt gpu_mla-main sm90 4
+rt gpu_blocks-main sm80 4
+KVIO_TEST_ARCH=sm90 KVIO_REQUIRE_GPU=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 50 ./gpu_v0-main --test-threads=1 gpu_v0_prefill_updates_match_reference > $R/t-memcheck-v0-prefill.log 2>&1; echo "memcheck v0 prefill rc=$? $SECONDS" >> $R/rc.txt; pk
+V='ceiling|v0-update-page-kvio-(fp8-e4m3|bf16)/(16|32|128)$|v0-update-batch-kvio-(bf16|fp8-e4m3)-seq1024/(16|32)$'
+M='ceiling|mla-update-(T|prefill)-kvio[a-z0-9-]*/65536$'
+vs="main lc nl"; ms="main rl"
+grep -q H200 $R/gpu.txt && { vs="m2 main lc nl"; ms="pc main rl"; }
+for r in 1 2; do
+for v in $vs; do
+KVIO_BENCH_GROUPS=ceiling,v0-update KVIO_BENCH_PAGES=16,32,128 KVIO_BENCH_JSON=$R/v-$v-$r.json timeout 60 ./bench-$v --bench "$V" > $R/v-$v-$r.log 2>&1; echo "v $v $r rc=$? $SECONDS" >> $R/rc.txt; pk
+done
+for v in $ms; do
+KVIO_BENCH_GROUPS=ceiling,mla-update KVIO_BENCH_PAGES=16 KVIO_BENCH_JSON=$R/m-$v-$r.json timeout 30 ./bench-$v --bench "$M" > $R/m-$v-$r.log 2>&1; echo "m $v $r rc=$? $SECONDS" >> $R/rc.txt; pk
+done
+vs=$(echo $vs | tr ' ' '\n' | tac | tr '\n' ' '); ms=$(echo $ms | tr ' ' '\n' | tac | tr '\n' ' ')
+done
+rt gpu_mla-rl sm90 4
+rt gpu_v0-lc sm90 4 gpu
+pk

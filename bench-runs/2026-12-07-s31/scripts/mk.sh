@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# mk.sh NAME BASE [TEST...]: a worktree of commit BASE with NAME.patch (this folder) applied,
+# its bench (and the named test executables) built release and stripped into /tmp/gb as
+# bench-NAME and TEST-NAME; its PTX copied to /tmp/s31/ptx{90,80}-NAME.ptx. A NAME without a
+# patch here builds BASE as it is (main, or an earlier commit to compare with). Needs KVIO_PTXAS (see the README's "How the PTX is built").
+set -euo pipefail
+name=$1; base=$2; shift 2
+here=$(cd "$(dirname "$0")/.." && pwd)
+repo=$(git -C "$here" rev-parse --show-toplevel)
+wt=/tmp/s31/wt-$name
+mkdir -p /tmp/s31 /tmp/gb
+rm -rf "$wt"; git -C "$repo" worktree prune
+git -C "$repo" worktree add -f --detach "$wt" "$base" >/dev/null
+[ ! -f "$here/$name.patch" ] || git -C "$wt" apply "$here/$name.patch"
+cd "$wt"
+export CARGO_TARGET_DIR=/tmp/tgt-$name
+pick() { grep '"reason":"compiler-artifact"' | grep -v '"executable":null' |
+    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1; }
+exe=$(cargo bench --no-run --bench kvio --message-format=json 2>/tmp/s31/mk-$name.err | pick)
+strip -o /tmp/gb/bench-$name "$exe"
+for t in "$@"; do
+    exe=$(cargo test --release --no-run --test "$t" --message-format=json 2>>/tmp/s31/mk-$name.err | pick)
+    strip -o "/tmp/gb/$t-$name" "$exe"
+done
+for a in 90 80; do
+    ls -t "$CARGO_TARGET_DIR"/release/build/kvio-*/out/kvio_sm$a.ptx | head -1 |
+        xargs -I{} cp {} "/tmp/s31/ptx$a-$name.ptx"
+done
+ls -la /tmp/gb/*-"$name"
