@@ -241,6 +241,16 @@ impl Group<'_> {
             .get_or_init(|| Filter::from_args(std::env::args().skip(1)))
             .selects(&format!("{}/{id}", self.name))
     }
+    /// Whether criterion runs any of the rows `variants` of `group` at `param`: a setup that
+    /// only those rows use is built only when this holds, so a filtered run allocates and
+    /// fills no buffers for the rows it skips (before, session 30's v0 runs of 12 rows built
+    /// 33 setups of up to 65,536 tokens, with random caches and inputs generated on the host
+    /// and uploaded, and took 16–17 s each with the module already compiled).
+    fn wants(&self, group: &str, param: usize, variants: &[&str]) -> bool {
+        variants
+            .iter()
+            .any(|v| self.selects(&row_id(group, v, param)))
+    }
     /// Closes the group (criterion's summary of it).
     fn finish(self) {
         self.inner.finish()
@@ -728,45 +738,38 @@ fn slot_update(
 ) {
     let mut grp = group(c, "slot-update");
     let row = cfg.heads * cfg.dim * cfg.elem;
+    // The rows each setup serves (a setup is built only where one of them runs).
+    let (ours, plain, naive_kernel, per_chunk, theirs) = (
+        "kvio",
+        "kvio-plain",
+        "naive-kernel",
+        "memcpy-per-chunk",
+        "vllm",
+    );
     for (t, bs) in write_cases(cfg) {
-        let w = WriteSetup::new(cfg, t, bs, t as u64 ^ bs as u64);
-        let tw = twins(peer, [&w.kc, &w.vc], stream);
         let name = if bs == 16 && t != 16384 {
             "slot-update/T"
         } else {
             "slot-update/page"
         };
         let param = if name == "slot-update/T" { t } else { bs };
+        if !grp.wants(name, param, &[ours, plain, naive_kernel, per_chunk, theirs]) {
+            continue;
+        }
+        let w = WriteSetup::new(cfg, t, bs, t as u64 ^ bs as u64);
+        let tw = twins(peer, [&w.kc, &w.vc], stream);
         let op = w.op();
-        measure(
-            &mut grp,
-            rec,
-            name,
-            param,
-            "kvio",
-            w.bytes(),
-            stream,
-            || {
-                g.kv.update_slots(&op, StreamRef::from(stream))
-                    .expect("update_slots")
-            },
-        );
+        measure(&mut grp, rec, name, param, ours, w.bytes(), stream, || {
+            g.kv.update_slots(&op, StreamRef::from(stream))
+                .expect("update_slots")
+        });
         // The same update launched plainly (kvio's default is PDL where supported: a cheaper
         // launch, which binds decode sizes, and back-to-back launches overlap their tails).
         {
-            measure(
-                &mut grp,
-                rec,
-                name,
-                param,
-                "kvio-plain",
-                w.bytes(),
-                stream,
-                || {
-                    g.kv.update_slots(&op, StreamRef::from(stream).pdl(false))
-                        .expect("update_slots")
-                },
-            );
+            measure(&mut grp, rec, name, param, plain, w.bytes(), stream, || {
+                g.kv.update_slots(&op, StreamRef::from(stream).pdl(false))
+                    .expect("update_slots")
+            });
         }
         let spans = w.spans();
         let table = span_table(&spans);
@@ -775,7 +778,7 @@ fn slot_update(
             rec,
             name,
             param,
-            "naive-kernel",
+            naive_kernel,
             w.bytes(),
             stream,
             || naive(g, &table, spans.len(), row, cfg.elem, stream),
@@ -786,7 +789,7 @@ fn slot_update(
             rec,
             name,
             param,
-            "memcpy-per-chunk",
+            per_chunk,
             2 * (n * row) as u64,
             stream,
             memcpy_spans(&spans, row, stream),
@@ -798,7 +801,7 @@ fn slot_update(
                 rec,
                 name,
                 param,
-                "vllm",
+                theirs,
                 w.bytes(),
                 stream,
                 (&[&w.kc, &w.vc], tw),
@@ -812,12 +815,17 @@ fn slot_update(
         }
     }
     // Decode-size updates inside a CUDA graph: time per call, against an empty kernel.
+    let rows = [("kvio-x100", None), ("kvio-plain-x100", Some(false))];
     for t in [1usize, 16, 64, 256] {
+        let graph_rows = [rows[0].0, rows[1].0, "vllm-x100"];
+        if !grp.wants("slot-update/graph-latency", t, &graph_rows) {
+            continue;
+        }
         let w = WriteSetup::new(cfg, t, 16, 77 + t as u64);
         let op = w.op();
         // kvio's default (programmatic edges between the updates where PDL is supported),
         // and plain launches.
-        for (variant, pdl) in [("kvio-x100", None), ("kvio-plain-x100", Some(false))] {
+        for (variant, pdl) in rows {
             let graph = Graph::capture(stream, |s| {
                 let s = pdl.map_or(s, |on| s.pdl(on));
                 for _ in 0..100 {
@@ -844,7 +852,7 @@ fn slot_update(
                 rec,
                 "slot-update/graph-latency",
                 t,
-                "vllm-x100",
+                graph_rows[2],
                 stream,
                 launch,
             );
@@ -1292,7 +1300,11 @@ fn fp8_update(
 ) {
     let mut grp = group(c, "fp8-update");
     let (h, d, bs) = (cfg.heads, cfg.dim, 16);
+    let (ours, theirs) = ("kvio-e4m3", "vllm-e4m3");
     for t in [1usize, 16, 256, 4096, 16384, 65536] {
+        if !grp.wants("fp8-update/T", t, &[ours, theirs]) {
+            continue;
+        }
         let s = Fp8Setup::new(t, h, d, bs, 500 + t as u64);
         let tw = twins(peer, [&s.caches], stream);
         let u = s.op();
@@ -1302,7 +1314,7 @@ fn fp8_update(
             rec,
             "fp8-update/T",
             t,
-            "kvio-e4m3",
+            ours,
             bytes,
             stream,
             || {
@@ -1317,7 +1329,7 @@ fn fp8_update(
                 rec,
                 "fp8-update/T",
                 t,
-                "vllm-e4m3",
+                theirs,
                 bytes,
                 stream,
                 (&[&s.caches], tw),
@@ -1330,7 +1342,11 @@ fn fp8_update(
             );
         }
     }
+    let (ours, theirs) = ("kvio-x100", "vllm-x100");
     for t in [1usize, 64, 256] {
+        if !grp.wants("fp8-update/graph-latency", t, &[ours, theirs]) {
+            continue;
+        }
         let s = Fp8Setup::new(t, h, d, bs, 900 + t as u64);
         let u = s.op();
         let graph = Graph::capture(stream, |st| {
@@ -1343,7 +1359,7 @@ fn fp8_update(
             rec,
             "fp8-update/graph-latency",
             t,
-            "kvio-x100",
+            ours,
             0,
             stream,
             || graph.launch(stream),
@@ -1357,7 +1373,7 @@ fn fp8_update(
                 rec,
                 "fp8-update/graph-latency",
                 t,
-                "vllm-x100",
+                theirs,
                 stream,
                 launch,
             );
@@ -1556,28 +1572,25 @@ fn v0_update(
             if pdl.is_some() && (t < 4096 || fill != V0Fill::Pages) {
                 continue;
             }
+            let param = if name == "v0-update/T" { t } else { bs };
+            let ours = format!("{variant}{what}");
+            let theirs = format!("vllm{}{what}", &variant["kvio".len()..]);
+            if !grp.wants(name, param, &[&ours, &theirs]) {
+                continue;
+            }
             let s = V0Setup::new(t, bs, fp8, fill, cfg, 1100 + t as u64 + bs as u64);
             // vLLM beside kvio's default launch.
             let tw = twins(peer.filter(|_| pdl.is_none()), [&s.caches], stream);
             let u = s.op();
-            let param = if name == "v0-update/T" { t } else { bs };
             let sref = match pdl {
                 Some(on) => StreamRef::from(stream).pdl(on),
                 None => StreamRef::from(stream),
             };
-            measure(
-                &mut grp,
-                rec,
-                name,
-                param,
-                &format!("{variant}{what}"),
-                s.bytes(),
-                stream,
-                || g.kv.update_slots(&u, sref).expect("update_slots"),
-            );
+            measure(&mut grp, rec, name, param, &ours, s.bytes(), stream, || {
+                g.kv.update_slots(&u, sref).expect("update_slots")
+            });
             if let (Some(p), Some(tw)) = (peer, &tw) {
                 let a = s.vllm(&tw[0]);
-                let theirs = format!("vllm{}{what}", &variant["kvio".len()..]);
                 peer_row(
                     &mut grp,
                     rec,
@@ -1594,10 +1607,14 @@ fn v0_update(
             }
         }
     }
+    let graph_rows = ["kvio-v0-x100", "kvio-nhd-x100", "vllm-v0-x100"];
     for t in [1usize, 16, 64, 256] {
+        if !grp.wants("v0-update/graph-latency", t, &graph_rows) {
+            continue;
+        }
         let s = V0Setup::new(t, 16, false, V0Fill::Random, cfg, 1300 + t as u64);
         let nhd = WriteSetup::new(cfg, t, 16, 1400 + t as u64);
-        for (variant, op) in [("kvio-v0-x100", s.op()), ("kvio-nhd-x100", nhd.op())] {
+        for (variant, op) in [(graph_rows[0], s.op()), (graph_rows[1], nhd.op())] {
             let graph = Graph::capture(stream, |st| {
                 for _ in 0..100 {
                     g.kv.update_slots(&op, st).expect("update_slots");
@@ -1623,7 +1640,7 @@ fn v0_update(
                 rec,
                 "v0-update/graph-latency",
                 t,
-                "vllm-v0-x100",
+                graph_rows[2],
                 stream,
                 launch,
             );
@@ -1731,14 +1748,18 @@ fn mla_update(
                 if prefill && t < 4096 {
                     continue;
                 }
-                let s = MlaSetup::new(t, fp8, 700 + t as u64, prefill);
-                let tw = twins(peer, [&s.cache], stream);
-                let u = s.op();
                 let name = if prefill {
                     "mla-update/prefill"
                 } else {
                     "mla-update/T"
                 };
+                let theirs = format!("vllm{}", &variant["kvio".len()..]);
+                if !grp.wants(name, t, &[variant, &theirs]) {
+                    continue;
+                }
+                let s = MlaSetup::new(t, fp8, 700 + t as u64, prefill);
+                let tw = twins(peer, [&s.cache], stream);
+                let u = s.op();
                 measure(&mut grp, rec, name, t, variant, bytes, stream, || {
                     g.kv.update_mla(&u, StreamRef::from(stream))
                         .expect("update_mla")
@@ -1750,7 +1771,7 @@ fn mla_update(
                         rec,
                         name,
                         t,
-                        &format!("vllm{}", &variant["kvio".len()..]),
+                        &theirs,
                         bytes,
                         stream,
                         (&[&s.cache], tw),
@@ -1772,7 +1793,11 @@ fn mla_update(
         } else {
             "kvio-bf16-x100"
         };
+        let theirs = format!("vllm{}", &variant["kvio".len()..]);
         for t in [1usize, 64, 256] {
+            if !grp.wants("mla-update/graph-latency", t, &[variant, &theirs]) {
+                continue;
+            }
             let s = MlaSetup::new(t, fp8, 750 + t as u64, false);
             let u = s.op();
             let graph = Graph::capture(stream, |st| {
@@ -1799,7 +1824,7 @@ fn mla_update(
                     rec,
                     "mla-update/graph-latency",
                     t,
-                    &format!("vllm{}", &variant["kvio".len()..]),
+                    &theirs,
                     stream,
                     launch,
                 );
@@ -1814,6 +1839,23 @@ fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream,
     // vLLM TPU layout: rows of K and V heads together (H' = 2H), flat cache.
     let heads = 2 * cfg.heads;
     let row = heads * cfg.dim * cfg.elem;
+    // The rows each setup serves (a setup is built only where one of them runs).
+    let (row_kvio, row_fp8, row_fp8_slots, row_v0, row_v0_slots, row_naive) = (
+        "kvio",
+        "kvio-fp8",
+        "kvio-fp8-slots",
+        "kvio-v0",
+        "kvio-v0-slots",
+        "naive-kernel",
+    );
+    let all_rows = [
+        row_kvio,
+        row_fp8,
+        row_fp8_slots,
+        row_v0,
+        row_v0_slots,
+        row_naive,
+    ];
     for (t, bs) in write_cases(cfg) {
         let name = if bs == 16 && t != 16384 {
             "slice-update/T"
@@ -1821,6 +1863,9 @@ fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream,
             "slice-update/page"
         };
         let param = if name == "slice-update/T" { t } else { bs };
+        if !grp.wants(name, param, &all_rows) {
+            continue;
+        }
         let blocks = t.div_ceil(bs) + 8;
         let layout = PagedLayout::nhd(blocks, bs, heads, cfg.dim, cfg.elem);
         let input = TokenLayout::contiguous(t, heads, cfg.dim, cfg.elem);
@@ -1853,7 +1898,7 @@ fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream,
             slot_list: None,
         };
         let bytes = 2 * (t * row) as u64;
-        measure(&mut grp, rec, name, param, "kvio", bytes, stream, || {
+        measure(&mut grp, rec, name, param, row_kvio, bytes, stream, || {
             g.kv.update_slices(&op, StreamRef::from(stream))
                 .expect("update_slices")
         });
@@ -1884,7 +1929,7 @@ fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream,
                 rec,
                 name,
                 param,
-                "kvio-fp8",
+                row_fp8,
                 fp8_bytes,
                 stream,
                 || {
@@ -1906,7 +1951,7 @@ fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream,
                 rec,
                 name,
                 param,
-                "kvio-fp8-slots",
+                row_fp8_slots,
                 fp8_bytes,
                 stream,
                 || {
@@ -1943,7 +1988,7 @@ fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream,
         )
         .value(vs, vc)
         .value_layout(vl);
-        measure(&mut grp, rec, name, param, "kvio-v0", bytes, stream, || {
+        measure(&mut grp, rec, name, param, row_v0, bytes, stream, || {
             g.kv.update_slices(&v0, StreamRef::from(stream))
                 .expect("update_slices v0")
         });
@@ -1962,7 +2007,7 @@ fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream,
             rec,
             name,
             param,
-            "kvio-v0-slots",
+            row_v0_slots,
             bytes,
             stream,
             || {
@@ -1981,16 +2026,9 @@ fn slice_update(c: &mut Criterion, rec: &RefCell<Rec>, g: &Gpu, stream: &Stream,
             })
             .collect();
         let st = span_table(&spans);
-        measure(
-            &mut grp,
-            rec,
-            name,
-            param,
-            "naive-kernel",
-            bytes,
-            stream,
-            || naive(g, &st, spans.len(), row, cfg.elem, stream),
-        );
+        measure(&mut grp, rec, name, param, row_naive, bytes, stream, || {
+            naive(g, &st, spans.len(), row, cfg.elem, stream)
+        });
     }
     grp.finish();
 }
