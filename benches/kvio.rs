@@ -2904,7 +2904,7 @@ fn report_concurrent(rec: &Rec, group: &str, rows: &mut Vec<String>) {
 }
 
 /// Prints one table per group and writes the JSON file.
-fn report(rec: &Rec, device: &str, driver: i32) {
+fn report(rec: &Rec, device: &str, driver: i32, kernels: &str) {
     let get = |g: &str, p: usize, v: &str| rec.runs.get(&(g.to_string(), p, v.to_string()));
     // vLLM's row beside kvio row `v` (`kvio…` → `vllm…`), where it ran.
     let vllm_row = |g: &str, p: usize, v: &str| {
@@ -2919,7 +2919,7 @@ fn report(rec: &Rec, device: &str, driver: i32) {
     let glaunch = get("ceiling", 0, "empty-launch-in-graph-x100")
         .map(|r| r.median() * 1e6 / 100.0)
         .unwrap_or(f64::NAN);
-    println!("\n=== kvio benchmarks on {device} (driver {driver}) ===");
+    println!("\n=== kvio benchmarks on {device} (driver {driver}; kernels {kernels}) ===");
     let d2d_small = ceil("device-copy-128MiB");
     println!("ceilings: device copy {d2d:.0} GB/s (read+write; {d2d_small:.0} GB/s at 128 MiB), pinned H2D {h2d:.1} GB/s, D2H {d2h:.1} GB/s");
     println!("empty kernel: {launch:.2} us per stream launch, {glaunch:.2} us per launch inside a CUDA graph");
@@ -2931,7 +2931,7 @@ fn report(rec: &Rec, device: &str, driver: i32) {
     }
     let mut json = Vec::new();
     json.push(format!(
-        "  \"device\": \"{device}\",\n  \"driver\": {driver},\n  \"ceilings\": {{\"device_copy_gbps\": {d2d:.1}, \"device_copy_128mib_gbps\": {d2d_small:.1}, \"pinned_h2d_gbps\": {h2d:.2}, \"pinned_d2h_gbps\": {d2h:.2}, \"bidirectional_gbps\": {bidir:.2}, \"empty_launch_us\": {launch:.3}, \"graph_launch_us\": {glaunch:.3}}}"
+        "  \"device\": \"{device}\",\n  \"driver\": {driver},\n  \"kernels\": \"{kernels}\",\n  \"ceilings\": {{\"device_copy_gbps\": {d2d:.1}, \"device_copy_128mib_gbps\": {d2d_small:.1}, \"pinned_h2d_gbps\": {h2d:.2}, \"pinned_d2h_gbps\": {d2h:.2}, \"bidirectional_gbps\": {bidir:.2}, \"empty_launch_us\": {launch:.3}, \"graph_launch_us\": {glaunch:.3}}}"
     ));
     let mut rows = Vec::new();
     let groups: Vec<String> = {
@@ -3143,8 +3143,13 @@ fn main() {
     let stream = g.stream();
     let (device, driver) = device_info();
     println!(
-        "kvio benches: {device}, model {} layers x {} heads x {} x {} bytes",
-        cfg.layers, cfg.heads, cfg.dim, cfg.elem
+        "kvio benches: {device}, kernels {:?} as {:?}, model {} layers x {} heads x {} x {} bytes",
+        g.kv.arch(),
+        g.kv.code(),
+        cfg.layers,
+        cfg.heads,
+        cfg.dim,
+        cfg.elem
     );
     let mut c = Criterion::default()
         .warm_up_time(Duration::from_millis(100))
@@ -3200,5 +3205,6 @@ fn main() {
         host(&rec, g, &stream, &cfg);
     }
     c.final_summary();
-    report(&rec.borrow(), &device, driver);
+    let kernels = format!("{:?} {:?}", g.kv.arch(), g.kv.code());
+    report(&rec.borrow(), &device, driver, &kernels);
 }

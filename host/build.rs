@@ -11,6 +11,11 @@
 //!
 //! `KVIO_PTX_DIR=<dir>` skips step 1 and embeds `<dir>/kvio_sm80.ptx` and `kvio_sm90.ptx`
 //! (for toolchains that cannot build the kernels themselves).
+//!
+//! With the `sass` feature, each PTX file is also assembled by NVIDIA's `ptxas` (`KVIO_PTXAS`,
+//! else `ptxas` on `PATH`; PyPI's `nvidia-cuda-nvcc-cu12` carries one) into
+//! `OUT_DIR/kvio_<tag>.cubin` for its own architecture, which `src/ptx.rs` embeds too: a
+//! device that can run that machine code loads it instead of compiling the PTX at load time.
 
 use std::env;
 use std::fs;
@@ -52,7 +57,44 @@ fn main() {
         add_directives(&path, tag);
         check_ptx(&path);
     }
+    if env::var_os("CARGO_FEATURE_SASS").is_some() {
+        println!("cargo:rerun-if-env-changed=KVIO_PTXAS");
+        assemble_sass(&out);
+    }
     link_libcuda(&manifest, &out);
+}
+
+/// Feature `sass`: assembles every `OUT_DIR/kvio_<tag>.ptx` into `kvio_<tag>.cubin` for its
+/// own architecture, the two `ptxas` runs in parallel (about 20 s each for kvio's PTX).
+fn assemble_sass(out: &Path) {
+    let ptxas = env::var_os("KVIO_PTXAS").unwrap_or_else(|| "ptxas".into());
+    let children: Vec<_> = ARCHS
+        .iter()
+        .map(|(tag, cpu)| {
+            let child = Command::new(&ptxas)
+                .arg(format!("-arch={cpu}"))
+                .arg(out.join(format!("kvio_{tag}.ptx")))
+                .arg("-o")
+                .arg(out.join(format!("kvio_{tag}.cubin")))
+                .spawn()
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "feature `sass` runs ptxas ({ptxas:?}) and could not start it: {e}. \
+                         Set KVIO_PTXAS to a ptxas (PyPI: nvidia-cuda-nvcc-cu12) or build \
+                         without the feature"
+                    )
+                });
+            (tag, child)
+        })
+        .collect();
+    for (tag, child) in children {
+        let output = child.wait_with_output().expect("ptxas");
+        assert!(
+            output.status.success(),
+            "feature `sass`: ptxas failed on kvio_{tag}.ptx ({})",
+            output.status
+        );
+    }
 }
 
 /// Runs the nested nvptx builds (in parallel) and copies each `.s` to `OUT_DIR/kvio_<tag>.ptx`.

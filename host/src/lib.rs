@@ -118,7 +118,7 @@ pub use error_word::{DeviceErrors, ErrorCounts};
 pub use layout::{PagedLayout, TokenLayout};
 pub use mem::{DeviceBytes, DeviceBytesMut};
 pub use module::Kvio;
-pub use ptx::{ptx, Arch, KERNELS, PTX_SM80, PTX_SM90};
+pub use ptx::{ptx, sass, Arch, Code, KERNELS, PTX_SM80, PTX_SM90, SASS_SM80, SASS_SM90};
 pub use write::{
     CacheWrite, Fp8, MlaUpdate, Quantize, Scale, SliceUpdate, SlotMapping, SlotUpdate, SrcType,
 };

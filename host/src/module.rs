@@ -12,7 +12,7 @@ use crate::driver::{
 use crate::error::{Error, Result};
 use crate::launch::{resident_ctas, Entry, GridCap};
 use crate::plan::{Kernel, Target};
-use crate::ptx::{ptx, Arch};
+use crate::ptx::{ptx, sass, Arch, Code};
 use crate::scratch::Scratch;
 
 /// Kvio's kernels, loaded into one CUDA context. Load once, at set-up time; every operation is
@@ -35,6 +35,7 @@ pub struct Kvio {
     sm_count: u32,
     grid_cap: GridCap,
     arch: Arch,
+    code: Code,
     /// Where host block maps go without a staging buffer (`None`: no memory pools).
     scratch: Option<Scratch>,
     memcpy_batch: Option<MemcpyBatch>,
@@ -43,9 +44,51 @@ pub struct Kvio {
     launch_ex: Option<LaunchKernelEx>,
 }
 
+/// Loads `arch`'s kernels into the current context: their machine code where the device runs
+/// it (feature `sass`, [`Arch::runs_sass_on`]), else their PTX. A cubin the device should run
+/// but the driver refuses is an error, not a silent fall-back to the PTX.
+fn load_module(arch: Arch, dev: cu::CUdevice) -> Result<(cu::CUmodule, Code)> {
+    let mut module = ptr::null_mut();
+    if let Some(bin) = sass(arch) {
+        let major = device_attribute(
+            dev,
+            cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+        )?;
+        let minor = device_attribute(
+            dev,
+            cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+        )?;
+        if arch.runs_sass_on(major, minor) {
+            // The driver reads the image as an ELF file in memory: give it 8-byte alignment
+            // (an embedded byte string has none).
+            let mut image = vec![0u64; bin.len().div_ceil(8)];
+            // SAFETY: `image` holds at least `bin.len()` bytes; the two do not overlap.
+            unsafe {
+                ptr::copy_nonoverlapping(bin.as_ptr(), image.as_mut_ptr().cast::<u8>(), bin.len())
+            };
+            // SAFETY: a cubin (assembled from this build's PTX for `arch`), alive for the
+            // call; out-pointer to a local; a context is current.
+            check("cuModuleLoadData", unsafe {
+                cu::cuModuleLoadData(&mut module, image.as_ptr().cast())
+            })?;
+            return Ok((module, Code::Sass));
+        }
+    }
+    let text = CString::new(ptx(arch))
+        .map_err(|_| crate::error::invalid("ptx", arch, "PTX holds a NUL byte"))?;
+    // SAFETY: NUL-terminated PTX text; out-pointer to a local; a context is current.
+    check("cuModuleLoadData", unsafe {
+        cu::cuModuleLoadData(&mut module, text.as_ptr().cast())
+    })?;
+    Ok((module, Code::Ptx))
+}
+
 impl Kvio {
     /// Loads the PTX that fits the current context's device (`sm_90` on compute capability 9.x
-    /// and later, `sm_80` on 8.x).
+    /// and later, `sm_80` on 8.x): with the `sass` feature its machine code where the device
+    /// runs it ([`Arch::runs_sass_on`]), else the PTX, which the driver compiles at load time
+    /// where its cache does not hold it yet (tens of seconds for kvio's PTX, the README's
+    /// "Loading"; what the feature saves). [`Kvio::code`] tells which was loaded.
     pub fn load() -> Result<Self> {
         let dev = current_device()?;
         let major = device_attribute(
@@ -78,13 +121,7 @@ impl Kvio {
             dev,
             cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )?;
-        let text = CString::new(ptx(arch))
-            .map_err(|_| crate::error::invalid("ptx", arch, "PTX holds a NUL byte"))?;
-        let mut module = ptr::null_mut();
-        // SAFETY: NUL-terminated PTX text; out-pointer to a local; a context is current.
-        check("cuModuleLoadData", unsafe {
-            cu::cuModuleLoadData(&mut module, text.as_ptr().cast())
-        })?;
+        let (module, code) = load_module(arch, dev)?;
         let mut this = Kvio {
             ctx,
             module,
@@ -92,6 +129,7 @@ impl Kvio {
             sm_count: sms.max(1) as u32,
             grid_cap: GridCap::uniform(1),
             arch,
+            code,
             scratch: None,
             memcpy_batch: MemcpyBatch::resolve(),
             launch_ex: match arch {
@@ -217,6 +255,12 @@ impl Kvio {
     /// The architecture whose PTX was loaded.
     pub fn arch(&self) -> Arch {
         self.arch
+    }
+
+    /// Whether the kernels were loaded as PTX (compiled by the driver at load time) or as
+    /// machine code assembled at build time (feature `sass`, on a device that runs it).
+    pub fn code(&self) -> Code {
+        self.code
     }
 
     /// The context the kernels live in.

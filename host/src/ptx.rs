@@ -9,6 +9,23 @@ pub const PTX_SM80: &str = include_str!(concat!(env!("OUT_DIR"), "/kvio_sm80.ptx
 /// PTX compiled for `sm_90` (Hopper and later).
 pub const PTX_SM90: &str = include_str!(concat!(env!("OUT_DIR"), "/kvio_sm90.ptx"));
 
+/// Machine code of [`PTX_SM80`] for compute capability 8.x (a cubin, assembled by ptxas at
+/// build time with the `sass` feature; `None` without it).
+#[cfg(feature = "sass")]
+pub const SASS_SM80: Option<&[u8]> =
+    Some(include_bytes!(concat!(env!("OUT_DIR"), "/kvio_sm80.cubin")));
+/// Machine code of [`PTX_SM80`] for compute capability 8.x (a cubin, assembled by ptxas at
+/// build time with the `sass` feature; `None` without it).
+#[cfg(not(feature = "sass"))]
+pub const SASS_SM80: Option<&[u8]> = None;
+/// Machine code of [`PTX_SM90`] for compute capability 9.0 (as [`SASS_SM80`]).
+#[cfg(feature = "sass")]
+pub const SASS_SM90: Option<&[u8]> =
+    Some(include_bytes!(concat!(env!("OUT_DIR"), "/kvio_sm90.cubin")));
+/// Machine code of [`PTX_SM90`] for compute capability 9.0 (as [`SASS_SM80`]).
+#[cfg(not(feature = "sass"))]
+pub const SASS_SM90: Option<&[u8]> = None;
+
 /// Names of the kernel entry points in the PTX.
 ///
 /// ```
@@ -76,6 +93,39 @@ impl Arch {
             _ => None,
         }
     }
+
+    /// Whether this architecture's machine code ([`sass`]) runs on a device of compute
+    /// capability `major.minor`: machine code for `sm_XY` runs on `X.Z` with `Z ≥ Y` only, so
+    /// `sm_80`'s on every 8.x device and `sm_90`'s on 9.x, not on later major versions
+    /// (those compile the PTX).
+    ///
+    /// ```
+    /// use kvio::Arch;
+    /// assert!(Arch::Sm90.runs_sass_on(9, 0)); // H100, H200
+    /// assert!(Arch::Sm80.runs_sass_on(8, 6)); // A10
+    /// assert!(!Arch::Sm80.runs_sass_on(9, 0)); // the sm_80 build on Hopper: PTX
+    /// assert!(!Arch::Sm90.runs_sass_on(10, 0)); // Blackwell: PTX
+    /// ```
+    pub fn runs_sass_on(self, major: i32, minor: i32) -> bool {
+        let (m, n) = match self {
+            Arch::Sm80 => (8, 0),
+            Arch::Sm90 => (9, 0),
+        };
+        major == m && minor >= n
+    }
+}
+
+/// Which form of its kernels a [`crate::Kvio`] loaded ([`crate::Kvio::code`]).
+///
+/// Non-exhaustive: match with a wildcard arm.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Code {
+    /// The PTX, compiled by the driver when it loaded the module (its JIT; the driver caches
+    /// the result on the machine, by default under `~/.nv/ComputeCache`).
+    Ptx,
+    /// The machine code assembled at build time (feature `sass`): nothing compiled at load.
+    Sass,
 }
 
 /// The PTX text for `arch`.
@@ -88,5 +138,23 @@ pub fn ptx(arch: Arch) -> &'static str {
     match arch {
         Arch::Sm80 => PTX_SM80,
         Arch::Sm90 => PTX_SM90,
+    }
+}
+
+/// The machine code (a cubin) of [`ptx`]`(arch)`, assembled at build time by ptxas with the
+/// `sass` feature; `None` without it. It runs where [`Arch::runs_sass_on`] says;
+/// [`crate::Kvio::load`] loads it there instead of the PTX.
+///
+/// ```
+/// let elf = kvio::sass(kvio::Arch::Sm90);
+/// assert_eq!(elf.is_some(), cfg!(feature = "sass"));
+/// if let Some(bytes) = elf {
+///     assert_eq!(&bytes[..4], b"\x7fELF");
+/// }
+/// ```
+pub fn sass(arch: Arch) -> Option<&'static [u8]> {
+    match arch {
+        Arch::Sm80 => SASS_SM80,
+        Arch::Sm90 => SASS_SM90,
     }
 }
