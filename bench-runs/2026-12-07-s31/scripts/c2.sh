@@ -9,14 +9,6 @@ END=575
 rt() { # rt EXE ARCH THREADS [args]
   t=$1; a=$2; n=$3; shift 3; left=$((END-SECONDS)); [ $left -lt 20 ] && { echo "$t $a skipped $SECONDS" >> $R/rc.txt; return; }
   KVIO_TEST_ARCH=$a KVIO_REQUIRE_GPU=1 timeout $left ./$t --test-threads=$n "$@" > $R/t-$t-$a.log 2>&1; echo "$t $a rc=$? $SECONDS" >> $R/rc.txt; pk; }
-# kvio's module load with the driver's JIT cache off (CUDA_CACHE_DISABLE=1: the PTX compiled
-# at load, as on a machine or container that has not run kvio before) and on (warm), per
-# PTX flavour, as the wall time of a process running one small test.
-for a in sm90 sm80; do for off in 1 0; do
-  t0=$EPOCHREALTIME
-  CUDA_CACHE_DISABLE=$off KVIO_TEST_ARCH=$a KVIO_REQUIRE_GPU=1 timeout 120 ./gpu_blocks-main --test-threads=1 map_lengths > $R/load-$a-$off.log 2>&1; rc=$?
-  echo "load $a cache_disable=$off rc=$rc $(awk "BEGIN{print $EPOCHREALTIME - $t0}") s" >> $R/rc.txt
-done; done; pk
 rt gpu_mla-rl sm90 4
 rt gpu_v0-lc sm90 4 gpu
 for v in lc nl; do

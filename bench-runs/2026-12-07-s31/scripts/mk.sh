@@ -2,7 +2,9 @@
 # mk.sh NAME BASE [TEST...]: a worktree of commit BASE with NAME.patch (this folder) applied,
 # its bench (and the named test executables) built release and stripped into /tmp/gb as
 # bench-NAME and TEST-NAME; its PTX copied to /tmp/s31/ptx{90,80}-NAME.ptx. A NAME without a
-# patch here builds BASE as it is (main, or an earlier commit to compare with). Needs KVIO_PTXAS (see the README's "How the PTX is built").
+# patch here builds BASE as it is (main, or an earlier commit to compare with). MK_FEATURES
+# (e.g. "--features sass") goes to every cargo build. Needs KVIO_PTXAS (the README's "How
+# the PTX is built").
 set -euo pipefail
 name=$1; base=$2; shift 2
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,10 +18,10 @@ cd "$wt"
 export CARGO_TARGET_DIR=/tmp/tgt-$name
 pick() { grep '"reason":"compiler-artifact"' | grep -v '"executable":null' |
     sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1; }
-exe=$(cargo bench --no-run --bench kvio --message-format=json 2>/tmp/s31/mk-$name.err | pick)
+exe=$(cargo bench --no-run --bench kvio ${MK_FEATURES:-} --message-format=json 2>/tmp/s31/mk-$name.err | pick)
 strip -o /tmp/gb/bench-$name "$exe"
 for t in "$@"; do
-    exe=$(cargo test --release --no-run --test "$t" --message-format=json 2>>/tmp/s31/mk-$name.err | pick)
+    exe=$(cargo test --release --no-run --test "$t" ${MK_FEATURES:-} --message-format=json 2>>/tmp/s31/mk-$name.err | pick)
     strip -o "/tmp/gb/$t-$name" "$exe"
 done
 for a in 90 80; do

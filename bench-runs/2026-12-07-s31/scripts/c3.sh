@@ -1,0 +1,38 @@
+# c3.sh (pack: pack.sh bench-main bench-sass gpu_blocks-main sass-main sass-sass gpu_v0-sass
+# gpu_write-sass gpu_blocks-sass gpu_mla-sass): the `sass` feature on the GPU.
+# 1. Module load time, one small test's process each: the PTX with the driver's JIT cache off
+#    (CUDA_CACHE_DISABLE=1: a machine or container that has not run kvio before) and on, per
+#    PTX flavour; the sass build (machine code: nothing to compile) with the cache off.
+# 2. The sass build's GPU tests (sm_90 machine code; `sass` checks that it was loaded).
+# 3. Bench rows, the sass build against main's PTX in one call, two rounds: whether ptxas
+#    12.9's code runs as fast as the driver's compile of the same PTX.
+set -x
+cd gpu-pack && { [ -d b ] || tar xJf t.tar.xz; } && cd b
+R=$OUT/r; mkdir -p $R
+pk() { (cd $OUT && tar czf r.tgz r); }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.txt
+END=575
+rt() { # rt EXE ARCH THREADS [args]
+  t=$1; a=$2; n=$3; shift 3; left=$((END-SECONDS)); [ $left -lt 20 ] && { echo "$t $a skipped $SECONDS" >> $R/rc.txt; return; }
+  KVIO_TEST_ARCH=$a KVIO_REQUIRE_GPU=1 timeout $left ./$t --test-threads=$n "$@" > $R/t-$t-$a.log 2>&1; echo "$t $a rc=$? $SECONDS" >> $R/rc.txt; pk; }
+load() { # load NAME EXE ARCH CACHE_DISABLE
+  t0=$EPOCHREALTIME
+  CUDA_CACHE_DISABLE=$4 KVIO_TEST_ARCH=$3 KVIO_REQUIRE_GPU=1 timeout 150 ./$2 --test-threads=1 --nocapture gpu_loads_machine_code > $R/load-$1.log 2>&1; rc=$?
+  echo "load $1 ($2 $3 cache_disable=$4) rc=$rc $(awk "BEGIN{print $EPOCHREALTIME - $t0}") s" >> $R/rc.txt; pk; }
+load ptx90-cold sass-main sm90 1
+load ptx90-warm sass-main sm90 0
+load ptx80-cold sass-main sm80 1
+load ptx80-warm sass-main sm80 0
+load sass90-cold sass-sass sm90 1
+load sass90-again sass-sass sm90 1
+rt sass-sass sm90 1
+rt gpu_v0-sass sm90 4 gpu
+rt gpu_write-sass sm90 4
+rt gpu_blocks-sass sm90 4
+rt gpu_mla-sass sm90 4
+B='ceiling|v0-update-page-kvio-(fp8-e4m3|bf16)/16$|mla-update-T-kvio-(bf16|fp8-e4m3)/65536$|slot-update-(T|page)-kvio/(65536|16)$|slot-update-graph-latency-kvio-x100/(1|256)$'
+vs="main sass"
+for r in 1 2; do for v in $vs; do
+KVIO_BENCH_GROUPS=ceiling,v0-update,mla-update,slot-update KVIO_BENCH_PAGES=16 KVIO_BENCH_JSON=$R/b-$v-$r.json timeout 90 ./bench-$v --bench "$B" > $R/b-$v-$r.log 2>&1; echo "b $v $r rc=$? $SECONDS" >> $R/rc.txt; pk
+done; vs="sass main"; done
+pk
