@@ -3,8 +3,8 @@
 # its bench (and the named test executables) built release and stripped into /tmp/gb as
 # bench-NAME and TEST-NAME; its PTX copied to /tmp/s31/ptx{90,80}-NAME.ptx. A NAME without a
 # patch here builds BASE as it is (main, or an earlier commit to compare with). MK_FEATURES
-# (e.g. "--features sass") goes to every cargo build. Needs KVIO_PTXAS (the README's "How
-# the PTX is built").
+# (e.g. "--features sass") goes to every cargo build; MK_TARGET is the target folder (default
+# /tmp/tgt-s31). Needs KVIO_PTXAS (the README's "How the PTX is built").
 set -euo pipefail
 name=$1; base=$2; shift 2
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -15,7 +15,9 @@ rm -rf "$wt"; git -C "$repo" worktree prune
 git -C "$repo" worktree add -f --detach "$wt" "$base" >/dev/null
 [ ! -f "$here/$name.patch" ] || git -C "$wt" apply "$here/$name.patch"
 cd "$wt"
-export CARGO_TARGET_DIR=/tmp/tgt-$name
+# One target folder for every build, one build at a time: each rebuilds only what its change
+# touched (the kernels' nested build, kvio, the executables), which are copied out at once.
+export CARGO_TARGET_DIR=${MK_TARGET:-/tmp/tgt-s31}
 pick() { grep '"reason":"compiler-artifact"' | grep -v '"executable":null' |
     sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1; }
 exe=$(cargo bench --no-run --bench kvio ${MK_FEATURES:-} --message-format=json 2>/tmp/s31/mk-$name.err | pick)
