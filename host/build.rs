@@ -65,7 +65,8 @@ fn main() {
 }
 
 /// Feature `sass`: assembles every `OUT_DIR/kvio_<tag>.ptx` into `kvio_<tag>.cubin` for its
-/// own architecture, the two `ptxas` runs in parallel (about 20 s each for kvio's PTX).
+/// own architecture, the two `ptxas` runs in parallel (20–35 s each for kvio's PTX on this
+/// project's development machine).
 fn assemble_sass(out: &Path) {
     let ptxas = env::var_os("KVIO_PTXAS").unwrap_or_else(|| "ptxas".into());
     let children: Vec<_> = ARCHS
