@@ -10,21 +10,22 @@ pub const PTX_SM80: &str = include_str!(concat!(env!("OUT_DIR"), "/kvio_sm80.ptx
 pub const PTX_SM90: &str = include_str!(concat!(env!("OUT_DIR"), "/kvio_sm90.ptx"));
 
 /// Machine code of [`PTX_SM80`] for compute capability 8.x (a cubin, assembled by ptxas at
-/// build time with the `sass` feature; `None` without it).
+/// build time with the `sass` feature; `None` without it). A `static`, not a `const`: one
+/// copy of the bytes in a program, however many crates name it.
 #[cfg(feature = "sass")]
-pub const SASS_SM80: Option<&[u8]> =
+pub static SASS_SM80: Option<&[u8]> =
     Some(include_bytes!(concat!(env!("OUT_DIR"), "/kvio_sm80.cubin")));
 /// Machine code of [`PTX_SM80`] for compute capability 8.x (a cubin, assembled by ptxas at
 /// build time with the `sass` feature; `None` without it).
 #[cfg(not(feature = "sass"))]
-pub const SASS_SM80: Option<&[u8]> = None;
+pub static SASS_SM80: Option<&[u8]> = None;
 /// Machine code of [`PTX_SM90`] for compute capability 9.0 (as [`SASS_SM80`]).
 #[cfg(feature = "sass")]
-pub const SASS_SM90: Option<&[u8]> =
+pub static SASS_SM90: Option<&[u8]> =
     Some(include_bytes!(concat!(env!("OUT_DIR"), "/kvio_sm90.cubin")));
 /// Machine code of [`PTX_SM90`] for compute capability 9.0 (as [`SASS_SM80`]).
 #[cfg(not(feature = "sass"))]
-pub const SASS_SM90: Option<&[u8]> = None;
+pub static SASS_SM90: Option<&[u8]> = None;
 
 /// Names of the kernel entry points in the PTX.
 ///
