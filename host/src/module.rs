@@ -44,20 +44,22 @@ pub struct Kvio {
     launch_ex: Option<LaunchKernelEx>,
 }
 
+/// The compute capability `(major, minor)` of `dev`.
+fn compute_capability(dev: cu::CUdevice) -> Result<(i32, i32)> {
+    use cu::CUdevice_attribute::*;
+    Ok((
+        device_attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+        device_attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+    ))
+}
+
 /// Loads `arch`'s kernels into the current context: their machine code where the device runs
 /// it (feature `sass`, [`Arch::runs_sass_on`]), else their PTX. A cubin the device should run
 /// but the driver refuses is an error, not a silent fall-back to the PTX.
 fn load_module(arch: Arch, dev: cu::CUdevice) -> Result<(cu::CUmodule, Code)> {
     let mut module = ptr::null_mut();
     if let Some(bin) = sass(arch) {
-        let major = device_attribute(
-            dev,
-            cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-        )?;
-        let minor = device_attribute(
-            dev,
-            cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-        )?;
+        let (major, minor) = compute_capability(dev)?;
         if arch.runs_sass_on(major, minor) {
             // The driver reads the image as an ELF file in memory: give it 8-byte alignment
             // (an embedded byte string has none).
@@ -90,15 +92,7 @@ impl Kvio {
     /// where its cache does not hold it yet (tens of seconds for kvio's PTX, the README's
     /// "Loading"; what the feature saves). [`Kvio::code`] tells which was loaded.
     pub fn load() -> Result<Self> {
-        let dev = current_device()?;
-        let major = device_attribute(
-            dev,
-            cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-        )?;
-        let minor = device_attribute(
-            dev,
-            cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-        )?;
+        let (major, minor) = compute_capability(current_device()?)?;
         let arch = Arch::for_compute_capability(major, minor)
             .ok_or(Error::UnsupportedDevice { major, minor })?;
         Self::load_arch(arch)
