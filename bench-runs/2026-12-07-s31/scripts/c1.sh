@@ -1,15 +1,7 @@
 # c1.sh (on the GPU machine, from the repository root: bash gpu-pack/c1.sh; carry gpu-pack):
 # main's GPU tests for 68a5d1f and 810769a, then the v0 and MLA rows of main and the variants,
 # two rounds in one process each, the second in reverse order.
-set -x
-cd gpu-pack && tar xJf t.tar.xz && cd b
-R=$OUT/r; mkdir -p $R
-pk() { (cd $OUT && tar czf r.tgz r); }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.txt
-END=575
-rt() { # rt EXE ARCH THREADS [args]
-  t=$1; a=$2; n=$3; shift 3; left=$((END-SECONDS)); [ $left -lt 20 ] && { echo "$t $a skipped $SECONDS" >> $R/rc.txt; return; }
-  KVIO_TEST_ARCH=$a KVIO_REQUIRE_GPU=1 timeout $left ./$t --test-threads=$n "$@" > $R/t-$t-$a.log 2>&1; echo "$t $a rc=$? $SECONDS" >> $R/rc.txt; pk; }
+source gpu-pack/common.sh
 V='ceiling|v0-update-page-kvio-(fp8-e4m3|bf16)/(16|32|128)$|v0-update-batch-kvio-(bf16|fp8-e4m3)-seq1024/(16|32)$'
 M='ceiling|mla-update-(T|prefill)-kvio[a-z0-9-]*/65536$'
 vs="main lc nl"; ms="main rl"

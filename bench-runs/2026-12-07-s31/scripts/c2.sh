@@ -1,14 +1,6 @@
 # c2.sh (second call, same pack): what c1 had no time for: the variants' GPU tests, main's
 # gpu_fp8, and the variants under memcheck on the v0 prefill test.
-set -x
-cd gpu-pack && { [ -d b ] || tar xJf t.tar.xz; } && cd b
-R=$OUT/r; mkdir -p $R
-pk() { (cd $OUT && tar czf r.tgz r); }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.txt
-END=575
-rt() { # rt EXE ARCH THREADS [args]
-  t=$1; a=$2; n=$3; shift 3; left=$((END-SECONDS)); [ $left -lt 20 ] && { echo "$t $a skipped $SECONDS" >> $R/rc.txt; return; }
-  KVIO_TEST_ARCH=$a KVIO_REQUIRE_GPU=1 timeout $left ./$t --test-threads=$n "$@" > $R/t-$t-$a.log 2>&1; echo "$t $a rc=$? $SECONDS" >> $R/rc.txt; pk; }
+source gpu-pack/common.sh
 rt gpu_mla-rl sm90 4
 rt gpu_v0-lc sm90 4 gpu
 for v in lc nl; do

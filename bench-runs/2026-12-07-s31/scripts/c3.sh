@@ -6,15 +6,7 @@
 # 2. The sass build's GPU tests (sm_90 machine code; `sass` checks that it was loaded).
 # 3. Bench rows, the sass build against main's PTX in one call, two rounds: whether ptxas
 #    12.9's code runs as fast as the driver's compile of the same PTX.
-set -x
-cd gpu-pack && { [ -d b ] || tar xJf t.tar.xz; } && cd b
-R=$OUT/r; mkdir -p $R
-pk() { (cd $OUT && tar czf r.tgz r); }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.txt
-END=575
-rt() { # rt EXE ARCH THREADS [args]
-  t=$1; a=$2; n=$3; shift 3; left=$((END-SECONDS)); [ $left -lt 20 ] && { echo "$t $a skipped $SECONDS" >> $R/rc.txt; return; }
-  KVIO_TEST_ARCH=$a KVIO_REQUIRE_GPU=1 timeout $left ./$t --test-threads=$n "$@" > $R/t-$t-$a.log 2>&1; echo "$t $a rc=$? $SECONDS" >> $R/rc.txt; pk; }
+source gpu-pack/common.sh
 load() { # load NAME EXE ARCH CACHE_DISABLE
   t0=$EPOCHREALTIME
   CUDA_CACHE_DISABLE=$4 KVIO_TEST_ARCH=$3 KVIO_REQUIRE_GPU=1 timeout 150 ./$2 --test-threads=1 --nocapture gpu_loads_machine_code > $R/load-$1.log 2>&1; rc=$?

@@ -9,5 +9,5 @@ files=("$@")
     gpu_v0-main gpu_blocks-main gpu_mla-main gpu_fp8-main gpu_v0-lc gpu_v0-nl gpu_mla-rl)
 rm -rf "$repo/gpu-pack"; mkdir -p "$repo/gpu-pack/b"
 for f in "${files[@]}"; do cp "/tmp/gb/$f" "$repo/gpu-pack/b/"; done
-cp "$here"/c*.sh "$repo/gpu-pack/"
+cp "$here"/c*.sh "$repo/gpu-pack/"   # c1-c3 and common.sh
 cd "$repo/gpu-pack" && tar cf - b | xz -T0 -6 > t.tar.xz && rm -rf b && ls -la
