@@ -816,8 +816,8 @@ fn slot_update(
     }
     // Decode-size updates inside a CUDA graph: time per call, against an empty kernel.
     let rows = [("kvio-x100", None), ("kvio-plain-x100", Some(false))];
+    let graph_rows = [rows[0].0, rows[1].0, "vllm-x100"];
     for t in [1usize, 16, 64, 256] {
-        let graph_rows = [rows[0].0, rows[1].0, "vllm-x100"];
         if !grp.wants("slot-update/graph-latency", t, &graph_rows) {
             continue;
         }
