@@ -77,6 +77,11 @@ fn machine_code_defines_every_kernel_for_its_sm() {
     for (arch, sm) in [(Arch::Sm80, 80u32), (Arch::Sm90, 90)] {
         let elf = kvio::sass(arch).expect("feature sass: machine code embedded");
         assert_eq!(&elf[..4], b"\x7fELF", "{arch:?}: an ELF file");
+        assert_eq!(
+            elf.as_ptr() as usize % 8,
+            0,
+            "{arch:?}: 8-byte aligned for the driver"
+        );
         assert_eq!(elf[4], 2, "{arch:?}: 64-bit");
         assert_eq!(elf[5], 1, "{arch:?}: little-endian");
         assert_eq!(u16_at(elf, 18), EM_CUDA, "{arch:?}: a CUDA ELF");

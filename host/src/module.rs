@@ -61,17 +61,10 @@ fn load_module(arch: Arch, dev: cu::CUdevice) -> Result<(cu::CUmodule, Code)> {
     if let Some(bin) = sass(arch) {
         let (major, minor) = compute_capability(dev)?;
         if arch.runs_sass_on(major, minor) {
-            // The driver reads the image as an ELF file in memory: give it 8-byte alignment
-            // (an embedded byte string has none).
-            let mut image = vec![0u64; bin.len().div_ceil(8)];
-            // SAFETY: `image` holds at least `bin.len()` bytes; the two do not overlap.
-            unsafe {
-                ptr::copy_nonoverlapping(bin.as_ptr(), image.as_mut_ptr().cast::<u8>(), bin.len())
-            };
-            // SAFETY: a cubin (assembled from this build's PTX for `arch`), alive for the
-            // call; out-pointer to a local; a context is current.
+            // SAFETY: a cubin assembled from this build's PTX for `arch`, 8-byte aligned as the
+            // driver reads it (`ptx.rs`), static; out-pointer to a local; a context is current.
             check("cuModuleLoadData", unsafe {
-                cu::cuModuleLoadData(&mut module, image.as_ptr().cast())
+                cu::cuModuleLoadData(&mut module, bin.as_ptr().cast())
             })?;
             return Ok((module, Code::Sass));
         }

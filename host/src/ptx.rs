@@ -9,23 +9,32 @@ pub const PTX_SM80: &str = include_str!(concat!(env!("OUT_DIR"), "/kvio_sm80.ptx
 /// PTX compiled for `sm_90` (Hopper and later).
 pub const PTX_SM90: &str = include_str!(concat!(env!("OUT_DIR"), "/kvio_sm90.ptx"));
 
-/// Machine code of [`PTX_SM80`] for compute capability 8.x (a cubin, assembled by ptxas at
-/// build time with the `sass` feature; `None` without it). A `static`, not a `const`: one
-/// copy of the bytes in a program, however many crates name it.
+/// The bytes of a file of `OUT_DIR`, 8-byte aligned (the driver reads a cubin image as an ELF
+/// file in memory; an embedded byte string alone has no alignment).
 #[cfg(feature = "sass")]
-pub static SASS_SM80: Option<&[u8]> =
-    Some(include_bytes!(concat!(env!("OUT_DIR"), "/kvio_sm80.cubin")));
-/// Machine code of [`PTX_SM80`] for compute capability 8.x (a cubin, assembled by ptxas at
-/// build time with the `sass` feature; `None` without it).
+macro_rules! cubin {
+    ($file:literal) => {{
+        #[repr(C, align(8))]
+        struct Aligned<T: ?Sized>(T);
+        static BYTES: &Aligned<[u8]> =
+            &Aligned(*include_bytes!(concat!(env!("OUT_DIR"), "/", $file)));
+        Some(&BYTES.0)
+    }};
+}
+/// Without the `sass` feature there is no machine code.
 #[cfg(not(feature = "sass"))]
-pub static SASS_SM80: Option<&[u8]> = None;
+macro_rules! cubin {
+    ($file:literal) => {
+        None
+    };
+}
+
+/// Machine code of [`PTX_SM80`] for compute capability 8.x: a cubin assembled by ptxas at
+/// build time with the `sass` feature, 8-byte aligned; `None` without it. A `static`, not a
+/// `const`: one copy of the bytes in a program, however many crates name it.
+pub static SASS_SM80: Option<&[u8]> = cubin!("kvio_sm80.cubin");
 /// Machine code of [`PTX_SM90`] for compute capability 9.0 (as [`SASS_SM80`]).
-#[cfg(feature = "sass")]
-pub static SASS_SM90: Option<&[u8]> =
-    Some(include_bytes!(concat!(env!("OUT_DIR"), "/kvio_sm90.cubin")));
-/// Machine code of [`PTX_SM90`] for compute capability 9.0 (as [`SASS_SM80`]).
-#[cfg(not(feature = "sass"))]
-pub static SASS_SM90: Option<&[u8]> = None;
+pub static SASS_SM90: Option<&[u8]> = cubin!("kvio_sm90.cubin");
 
 /// Names of the kernel entry points in the PTX.
 ///
