@@ -127,18 +127,9 @@ fn gpu_loads_machine_code_where_the_device_runs_it() {
     let Some(g) = kvio_suite::gpu(test) else {
         return;
     };
-    let cc = |attribute| {
-        let (mut value, mut dev) = (0, 0);
-        // SAFETY: out-pointers to locals; device 0 is the test context's (kvio_suite::gpu).
-        unsafe {
-            assert_eq!(cu::cuDeviceGet(&mut dev, 0), cu::CUresult::CUDA_SUCCESS);
-            assert_eq!(
-                cu::cuDeviceGetAttribute(&mut value, attribute, dev),
-                cu::CUresult::CUDA_SUCCESS
-            );
-        }
-        value
-    };
+    // The device of the context kvio_suite::gpu made current, through kvio's own queries.
+    let dev = kvio::current_device().expect("cuCtxGetDevice");
+    let cc = |attribute| kvio::device_attribute(dev, attribute).expect("cuDeviceGetAttribute");
     let major = cc(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
     let minor = cc(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
     let arch = g.kv.arch();
