@@ -140,6 +140,22 @@ pub fn transpose4(rows: &[u64; 4]) -> [u32; 8] {
     out
 }
 
+/// Sixteen bytes at `p` (global memory: every source kvio loads a group from), on sm_90 as
+/// `ld.global.L2::256B` (on a miss L2 fetches the 256 bytes around them).
+///
+/// # Safety
+/// `p` readable and 16-byte aligned, in global memory.
+#[inline(always)]
+unsafe fn read16(p: *const V16) -> V16 {
+    #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90"))]
+    // SAFETY: the caller's.
+    let v = V16::from_array(unsafe { ld_v4!("ld.global.L2::256B.v4.b32", reg64 p) });
+    #[cfg(not(all(target_arch = "nvptx64", target_feature = "sm_90")))]
+    // SAFETY: the caller's.
+    let v = unsafe { read(p) };
+    v
+}
+
 /// Loads eight elements of `E` bytes (copied as they are), `step` elements apart: vector
 /// accesses when `vec` (`step == 1`, `src` aligned to `min(8E, 16)` bytes), else one access per
 /// element.
@@ -160,7 +176,7 @@ pub unsafe fn load_copy<const E: usize>(src: *const u8, vec: bool, step: usize) 
                     row[1] = (v >> 32) as u32;
                 }
                 2 => {
-                    let v = read(src as *const V16).to_array();
+                    let v = read16(src as *const V16).to_array();
                     // Word by word, not copy_from_slice: LLVM lowered that slice copy of the
                     // last of eight rows into three narrower loads.
                     row[0] = v[0];
@@ -169,8 +185,8 @@ pub unsafe fn load_copy<const E: usize>(src: *const u8, vec: bool, step: usize) 
                     row[3] = v[3];
                 }
                 _ => {
-                    let v = read(src as *const V16).to_array();
-                    let w = read((src as *const V16).add(1)).to_array();
+                    let v = read16(src as *const V16).to_array();
+                    let w = read16((src as *const V16).add(1)).to_array();
                     row = [v[0], v[1], v[2], v[3], w[0], w[1], w[2], w[3]];
                 }
             }
@@ -209,9 +225,9 @@ pub unsafe fn load_convert(
             // Plain (not volatile) loads: nothing is looked up between them and their use.
             let p = src as *const V16;
             let raw = if code & 0xf == convert::SRC_F32 {
-                [read(p), read(p.add(1))]
+                [read16(p), read16(p.add(1))]
             } else {
-                [read(p), V16::splat(0)]
+                [read16(p), V16::splat(0)]
             };
             convert::widen(&raw, code)
         } else {
