@@ -323,17 +323,19 @@ fn cases(full: bool) -> Vec<Case> {
             v.push(case_h(format, 16, 9, 128, 1030, Slots::Pages, seed + 6000));
         }
         // Prefill batches of many sequences (runs of whole pages from any token index), on
-        // 8-, 16-, 32- and 128-token pages, fresh and continuing chunked prefills (on 8- and
-        // 16-token pages 2-byte caches take the shifted windows, `kvio_update_stream_rot`).
+        // 8-, 16-, 32-, 64- and 128-token pages, fresh and continuing chunked prefills
+        // (2-byte caches take the shifted windows, `kvio_update_stream_rot`).
         v.push(case(format, 16, 128, 1030, Slots::Batch, seed + 7000));
         v.push(case(format, 32, 128, 1030, Slots::Chunked, seed + 8000));
         v.push(case(format, 128, 64, 1030, Slots::Batch, seed + 9000));
         v.push(case(format, 8, 128, 1030, Slots::Batch, seed + 10000));
         v.push(case(format, 8, 64, 1030, Slots::Chunked, seed + 11000));
+        v.push(case(format, 64, 128, 1030, Slots::Batch, seed + 14000));
         // Sequences of one warp each, every other one from slot 5 of its first page: the
-        // streams' windows at warp seams (8- and 16-token pages).
+        // streams' windows at warp seams (8-, 16- and 128-token pages).
         v.push(case(format, 16, 64, 1030, Slots::Seams, seed + 12000));
         v.push(case(format, 8, 128, 1030, Slots::Seams, seed + 13000));
+        v.push(case(format, 128, 128, 1030, Slots::Seams, seed + 15000));
         // Keys only (one part) at prefill size.
         v.push(k_only(format, 16, 3, 128, 1030, seed + 4000));
         seed += 1;
@@ -436,11 +438,11 @@ fn v0_params() -> impl Strategy<Value = (Format, usize, usize, usize, usize, Slo
         })
 }
 
-/// Random prefill-size v0 updates on pages of 8, 16, 32 and 128 tokens: copies into 2-byte
-/// caches (`kvio_update_stream_rot` on 8- and 16-token pages,
-/// `kvio_update_pages` on the larger ones) and bf16 or f16 quantized into fp8 caches
-/// (`kvio_update_stream_fp8` on 8-, 16- and 32-token pages,
-/// `kvio_update_pages_fp8_32` on 128; scales per tensor or per head); 1 to 10 heads (the
+/// Random prefill-size v0 updates on pages of 8, 16, 32, 48, 64 and 128 tokens: copies into
+/// 2-byte caches (`kvio_update_stream_rot`, `kvio_update_pages` on 48-token pages) and bf16 or
+/// f16 quantized into fp8 caches (`kvio_update_stream_fp8` on 8- to 64-token pages,
+/// `kvio_update_pages_fp8` on 48, `kvio_update_pages_fp8_32` on 128; scales per tensor or per
+/// head); 1 to 10 heads (the
 /// pages entries' items of several heads, the last one short), head dims of 8 to 256 (16 to
 /// 256 for fp8, whose key pieces hold 16), 1,024 to 1,199 tokens (a short last item),
 /// page-filling slots of one sequence or of a batch of sequences (fresh or continuing chunked
@@ -457,7 +459,7 @@ fn pages_params() -> impl Strategy<Value = (Format, usize, usize, usize, usize, 
     ];
     (
         proptest::sample::select(formats),
-        proptest::sample::select(vec![8usize, 16, 32, 128]),
+        proptest::sample::select(vec![8usize, 16, 32, 48, 64, 128]),
         1usize..=10,
         1usize..=16,
         1024usize..1200,

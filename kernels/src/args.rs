@@ -216,10 +216,11 @@ kernel! {
     /// per sixteen tokens of one or more heads: `crate::ops::update_pages`), those that fill
     /// fp8 v0 pages from bf16 or f16 `kvio_update_pages_fp8` (`kvio_update_pages_fp8_32` on
     /// pages of a multiple of 32 slots), and prefill sizes into 2-byte v0 caches of pages of
-    /// at most 16 slots `kvio_update_stream` (a warp's lanes on consecutive tokens:
-    /// `crate::ops::update_stream`; on pages of 8 and 16 slots `kvio_update_stream_rot`, its
-    /// warps' windows shifted: `crate::ops::update_stream_rot`), and those quantizing bf16 or f16 into fp8 v0 caches of
-    /// pages of 8, 16 or 32 slots `kvio_update_stream_fp8`.
+    /// at most 16 slots, or of 32, 64 or 128, `kvio_update_stream` (a warp's lanes on
+    /// consecutive tokens: `crate::ops::update_stream`; on pages of 8 slots or more
+    /// `kvio_update_stream_rot`, its warps' windows shifted: `crate::ops::update_stream_rot`),
+    /// and those quantizing bf16 or f16 into fp8 v0 caches of pages of 8, 16, 32 or 64 slots
+    /// `kvio_update_stream_fp8`.
     kvio_update_tiles | kvio_update_tiles_one [crate::ops::update_tiles_one] | kvio_update_stream [crate::ops::update_stream] | kvio_update_stream_rot [crate::ops::update_stream_rot] | kvio_update_stream_fp8 [crate::ops::update_stream_fp8] | kvio_update_tiles_wide [crate::ops::update_tiles_wide] | kvio_update_tiles_staged [crate::ops::update_tiles_staged] | kvio_update_pages [crate::ops::update_pages] | kvio_update_pages_fp8 [crate::ops::update_pages_fp8] | kvio_update_pages_fp8_32 [crate::ops::update_pages_fp8_32] (TileArgs) => crate::ops::update_tiles {
         /// New keys.
         src_k: *const u8,

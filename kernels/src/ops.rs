@@ -776,7 +776,8 @@ pub unsafe fn update_tiles_one(a: &TileArgs, g: Group) {
 }
 
 /// [`update_tiles`] at prefill sizes into caches of 2-byte elements whose V has one element per
-/// piece and whose pages hold at most 16 slots (vLLM's v0 layout at its default block size):
+/// piece and whose pages hold at most 16 slots, or 32, 64 or 128 (the host's choice; vLLM's
+/// v0 layout defaults to 16):
 /// the lanes of a warp take [`STREAM_LANES`] consecutive tokens, each lane
 /// [`STREAM_UNITS`] consecutive 8-element groups of one head of its token, K and V, loaded
 /// before any is stored. No shared memory, no barrier: every warp streams on its own.
@@ -829,11 +830,13 @@ pub unsafe fn update_stream(a: &TileArgs, g: Group) {
 /// not hold them (no run of the same shift). Its own entry point: the shift's slot loads, window checks and exchange take 92
 /// registers (two CTAs a multiprocessor, where [`update_stream`] has three).
 ///
-/// The host runs it on pages of 8 and 16 slots ([`crate::args::TileArgs::rotates`]).
-/// BENCHMARKS.md, session 28, % of the copy ceiling at 16,384 tokens: batches of many
-/// sequences on 16-slot pages 58–62 → 66–69 on the H200 (64–67 → 73–76 on the H100), on
-/// 8-slot pages 66 → 71 (71 → 77; session 27's rotation with split octets); one sequence on
-/// 16-slot pages 77 → 73 on the H200 (83 → 81 on the H100), on 8-slot pages 74–75 → 74.
+/// The host runs it on pages of 8, 16, 32, 64 and 128 slots
+/// ([`crate::args::TileArgs::rotates`]). BENCHMARKS.md, session 28, % of the copy ceiling at
+/// 16,384 tokens: batches of many sequences on 16-slot pages 58–62 → 66–69 on the H200
+/// (64–67 → 73–76 on the H100), on 8-slot pages 66 → 71 (71 → 77; session 27's rotation with
+/// split octets); one sequence on 16-slot pages 77 → 73 on the H200 (83 → 81 on the H100), on
+/// 8-slot pages 74–75 → 74. Session 32 (H100), against `update_pages` on 32-, 64- and
+/// 128-slot pages: one sequence 77.5 / 77 / 74.7 → 87.8 / 87.3 / 83.9.
 ///
 /// # Safety
 /// As [`update_stream`].

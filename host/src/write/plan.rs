@@ -288,7 +288,11 @@ fn pageable(l: &PagedLayout, base: u64, unit: u32, runs: bool) -> bool {
 
 /// The largest page (slots, a power of two from 8) on which quantizing v0 prefills stream
 /// (`kvio_update_stream_fp8`).
-const STREAM_FP8_PAGE: usize = 32;
+const STREAM_FP8_PAGE: usize = 64;
+
+/// The largest page (slots, a power of two) on which copying v0 prefills into 2-byte caches
+/// stream (`kvio_update_stream`, `kvio_update_stream_rot`).
+const STREAM_COPY_PAGE: usize = 128;
 
 /// Token count from which a tiled update takes eight tokens per thread.
 const TILE_FROM: usize = 1024;
@@ -368,11 +372,15 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     let one = (n as u64)
         .checked_mul(kl.num_heads as u64 * groups)
         .filter(|&v| n < TILE_FROM && e <= 2 && v <= u32::MAX as u64);
-    // Prefill sizes into 2-byte v0 caches of pages of at most 16 slots, copied: one token a
-    // lane, 32 a warp (`kvio_update_stream`; V as transposed columns where `runs` allows). On
-    // the H200 it wrote one sequence of 16,384 tokens at 75–76% of the copy ceiling against
-    // the pages entry's 62%; on larger pages it lost prefill batches of many sequences
-    // (BENCHMARKS.md, sessions 19 and 20).
+    // Prefill sizes into 2-byte v0 caches of pages of at most `STREAM_COPY_PAGE` slots (a power
+    // of two past 16), copied: one token a lane, 32 a warp (`kvio_update_stream`; V as
+    // transposed columns where `runs` allows). On the H200 it wrote one sequence of 16,384
+    // tokens on 16-slot pages at 75–76% of the copy ceiling against the pages entry's 62%
+    // (BENCHMARKS.md, sessions 19 and 20). On larger pages it lost prefill batches until its
+    // shifted windows and 256-byte L2 fetches; on the H100 (session 32, against
+    // `kvio_update_pages` in the same process) one sequence now gains 9–10 points on 32-,
+    // 64- and 128-slot pages (84–88%), batches of 128-token sequences 5–8, of 1,024-token
+    // ones +7 on 32-slot pages, −3 on 64, ±0 on 128.
     let stream_items = (n as u64)
         .div_ceil(STREAM_LANES)
         .checked_mul(STREAM_LANES * kl.num_heads as u64 * groups.div_ceil(STREAM_UNITS))
@@ -382,17 +390,20 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     // aligned, so that a run's two quantized units go out as one store (pages of fewer slots
     // hold no run: the tiles). On the H100 (BENCHMARKS.md, session 24), on 32-token pages:
     // one sequence at 77% of the copy ceiling against `kvio_update_pages_fp8_32`'s 70%, batches
-    // of many sequences 1–9 points ahead; on 128-token pages one sequence 6 points ahead but
-    // batches 10 behind (on 64-token pages 7 ahead and −4 to +1), so larger pages keep the
-    // pages entries. The 2-byte stream lost 10–12 points on batches of 1,024-token sequences
-    // on 32-token pages to `kvio_update_pages`, so it keeps pages of at most 16 slots.
+    // of many sequences 1–9 points ahead. Session 32 (H100, same process): on 64-token pages
+    // one sequence 85% against 73.5%, batches 3–5 points ahead; on 128-token pages one
+    // sequence 84% against 73% but batches of 1,024-token sequences 9 points behind (session
+    // 24: 10), so pages of 128 slots keep the pages entries.
     let stream_fp8 = e == 1
         && ie == 2
         && quant.is_some()
         && kl.block_size.is_power_of_two()
         && (8..=STREAM_FP8_PAGE).contains(&kl.block_size)
         && strides_aligned(kl, kv_dst, 16);
-    let stream_copy = e == 2 && quant.is_none() && kl.block_size <= PAGE_TOKENS as usize;
+    let stream_copy = e == 2
+        && quant.is_none()
+        && (kl.block_size <= PAGE_TOKENS as usize
+            || (kl.block_size <= STREAM_COPY_PAGE && kl.block_size.is_power_of_two()));
     let stream = n >= TILE_FROM
         && (stream_copy || stream_fp8)
         && src_vec
@@ -413,7 +424,7 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
         _ => 1,
     };
     let (runs_k, runs_v) = (runs_k && src_vec, runs_v && src_vec);
-    // The copying stream on pages of 8 and 16 slots shifts its warps' windows of tokens, so
+    // The copying stream on pages of 8 to 128 slots shifts its warps' windows of tokens, so
     // that a warp whose tokens do not start at a multiple of 8 slots (a batch's sequence
     // starting inside an earlier warp) still stores V as whole columns:
     // `kvio_update_stream_rot`. BENCHMARKS.md, session 28: batches of many sequences on
@@ -422,7 +433,7 @@ fn tiles<'a>(op: &SlotUpdate<'_>, target: &Target<'_>) -> Result<Plan<'a>> {
     // 16-slot pages on the H200 (77% → 73%; 2 on the H100), 0.8 on 8-slot ones (the
     // entry's 92 registers leave two CTAs a multiprocessor where `kvio_update_stream` has
     // three). Pages of 1, 2 or 4 slots hold no octet: the plain stream.
-    let rotate = stream && stream_copy && kl.block_size <= 16 && runs_v;
+    let rotate = stream && stream_copy && runs_v;
     // Prefill sizes into fp8 caches that the pages update below does not take run
     // `kvio_update_tiles_staged`, which copies each thread's next tile into shared memory
     // while it quantizes and stores the current one (`staged`) when the tiles may be runs and
@@ -1111,13 +1122,14 @@ mod tests {
         (a, launch.grid, launch.threads)
     }
 
-    /// v0 caches (bf16, fp8) at prefill size: 2-byte caches on pages of at most 16 slots
-    /// stream (`kvio_update_stream`: one token a lane, four groups of one head; on pages of 8
-    /// slots `kvio_update_stream_rot`, its lanes read rotated); on 32- and
-    /// 128-token pages a CTA per sixteen tokens of a head (`kvio_update_pages`: one item per
-    /// CTA, so the grid is the item count up to the cap); fp8 copies, and heads too wide for
-    /// the tile, tiles of eight tokens, K stored as whole 16-byte (8-byte) pieces, V as
-    /// transposed columns; decode size: one token per thread.
+    /// v0 caches (bf16, fp8) at prefill size: 2-byte caches on pages of at most 16 slots, or
+    /// of 32, 64 or 128, stream (`kvio_update_stream`: one token a lane, four groups of one
+    /// head; on pages of 8 slots or more `kvio_update_stream_rot`, its warps' windows
+    /// shifted); on other pages of a multiple of 16 slots (48, 256) a CTA per sixteen tokens
+    /// of a head (`kvio_update_pages`: one item per CTA, so the grid is the item count up to
+    /// the cap); fp8 copies, and heads too wide for the tile, tiles of eight tokens, K stored
+    /// as whole 16-byte (8-byte) pieces, V as transposed columns; decode size: one token per
+    /// thread.
     #[test]
     fn v0_plans_store_runs() {
         for e in [2usize, 1] {
@@ -1144,28 +1156,31 @@ mod tests {
                 // `kvio_update_stream_rot`'s shifted windows.
                 assert_eq!(a.runs, 7);
                 assert!(a.rotates());
-                // Pages of 8 slots: the same; of 1 slot: no runs, the plain stream.
-                for (bs, runs) in [(1, 0), (8, 7)] {
+                // Pages of 8, 32, 64 and 128 slots: the same, heads of 1,024 too; of 1 slot:
+                // no runs, the plain stream.
+                for (bs, runs) in [(1, 0), (8, 7), (32, 7), (64, 7), (128, 7)] {
                     let a = plan_tiles(&v0(bs, d), 132).0;
                     assert!(a.streams(), "page {bs}");
                     assert_eq!(a.runs, runs, "page {bs}");
-                    assert_eq!(a.rotates(), bs == 8, "page {bs}");
+                    assert_eq!(a.rotates(), bs >= 8, "page {bs}");
                 }
-                // 32-token pages: items of four heads (128 units each).
-                let (a, grid, threads) = plan_tiles(&v0(32, d), 132);
+                assert!(plan_tiles(&v0(32, 1024), 132).0.streams());
+                // 48-token pages (a multiple of 16, not a power of two): items of four heads
+                // (128 units each).
+                let (a, grid, threads) = plan_tiles(&v0(48, d), 132);
                 assert_eq!((a.tile, a.subs, grid, threads), (16, 4, 132, 128));
                 assert!(a.pages());
                 // 188 sixteen-token items × K and V × 2 groups of four heads.
-                assert_eq!(plan_tiles(&v0(32, d), 100_000).1, 188 * 2 * 2);
-                // 128-token pages too; heads of 256 (two an item) and 512 (one); a head whose
+                assert_eq!(plan_tiles(&v0(48, d), 100_000).1, 188 * 2 * 2);
+                // 256-token pages too; heads of 256 (two an item) and 512 (one); a head whose
                 // sixteen tokens exceed the 16 KiB tile does not.
-                assert_eq!(plan_tiles(&v0(128, d), 132).0.tile, 16);
-                assert_eq!(plan_tiles(&v0(32, 256), 132).0.subs, 2);
-                assert_eq!(plan_tiles(&v0(32, 512), 132).0.subs, 1);
-                assert_eq!(plan_tiles(&v0(32, 1024), 132).0.tile, 8);
+                assert_eq!(plan_tiles(&v0(256, d), 132).0.tile, 16);
+                assert_eq!(plan_tiles(&v0(48, 256), 132).0.subs, 2);
+                assert_eq!(plan_tiles(&v0(48, 512), 132).0.subs, 1);
+                assert_eq!(plan_tiles(&v0(48, 1024), 132).0.tile, 8);
                 // Caches only 8-byte aligned: K stored in 8-byte halves, V without runs, so
                 // neither part's 16-byte chunks would be aligned: the tiles (the stream on
-                // 16-token pages, K in 8-byte halves).
+                // the pages it takes, K in 8-byte halves).
                 for part in [0, 1] {
                     let odd = |bs: usize| {
                         let mut op = v0(bs, d);
@@ -1182,12 +1197,12 @@ mod tests {
                     assert_eq!(a.unit_k, if part == 0 { 4 } else { 8 }, "part {part}");
                     // No columns: K's pieces or V's columns would not be aligned.
                     assert!(a.unit_k != 8 || a.runs & 2 == 0, "part {part}");
-                    assert_eq!(odd(32).tile, 8, "part {part}");
+                    assert_eq!(odd(48).tile, 8, "part {part}");
                 }
             }
             // Tiles of eight tokens with runs: fp8 copies on 8-token pages, bf16 heads too
             // wide for the pages' tile.
-            let (a, _, _) = plan_tiles(&if e == 1 { v0(8, d) } else { v0(32, 1024) }, 132);
+            let (a, _, _) = plan_tiles(&if e == 1 { v0(8, d) } else { v0(48, 1024) }, 132);
             assert_eq!(
                 (a.tile, a.runs, a.unit_k, a.unit_v, a.src_vec),
                 (8, 3, 8, 1, 1),
@@ -1234,9 +1249,9 @@ mod tests {
         assert_eq!(a.runs, 0);
     }
 
-    /// Quantizing bf16 or f16 into fp8 v0 caches at prefill size: on pages of 8, 16 or 32 slots
-    /// `kvio_update_stream_fp8` (one token a lane, runs of both parts); on larger pages of a
-    /// multiple of 32, and keys alone, `kvio_update_pages_fp8` with items of 32 tokens (two
+    /// Quantizing bf16 or f16 into fp8 v0 caches at prefill size: on pages of 8, 16, 32 or 64
+    /// slots `kvio_update_stream_fp8` (one token a lane, runs of both parts); on larger pages
+    /// of a multiple of 32, and keys alone, `kvio_update_pages_fp8` with items of 32 tokens (two
     /// heads of 128, a head having 128 units of 32 tile bytes); key caches only 8-byte aligned
     /// and pages of other sizes stay on the staged tiles or the tiles, f32 sources on the tiles
     /// (plain fp8 copies: `v0_plans_store_runs`).
@@ -1270,13 +1285,13 @@ mod tests {
             for d in [256, 512, 1024] {
                 assert!(streams(&quant(src, 16, d)), "{src:?} {d}");
             }
-            for bs in [8, 32] {
+            for bs in [8, 32, 64] {
                 assert!(streams(&quant(src, bs, d)), "{src:?} {bs}");
             }
             // Pages of 24 slots (not measured): the staged tiles.
             assert!(!streams(&quant(src, 24, d)), "{src:?}");
         }
-        for bs in [64, 128] {
+        for bs in [128, 256] {
             let (a, _, _) = plan_tiles(&quant(SrcType::Bf16, bs, d), 132);
             assert!(a.pages());
             assert_eq!((a.tile, a.subs), (32, 2), "bs {bs}");
