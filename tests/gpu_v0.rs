@@ -323,7 +323,7 @@ fn cases(full: bool) -> Vec<Case> {
             v.push(case_h(format, 16, 9, 128, 1030, Slots::Pages, seed + 6000));
         }
         // Prefill batches of many sequences (runs of whole pages from any token index), on
-        // 8-, 16-, 32-, 64- and 128-token pages, fresh and continuing chunked prefills
+        // 8-, 16-, 32-, 48-, 64- and 128-token pages, fresh and continuing chunked prefills
         // (2-byte caches take the shifted windows, `kvio_update_stream_rot`).
         v.push(case(format, 16, 128, 1030, Slots::Batch, seed + 7000));
         v.push(case(format, 32, 128, 1030, Slots::Chunked, seed + 8000));
@@ -331,6 +331,8 @@ fn cases(full: bool) -> Vec<Case> {
         v.push(case(format, 8, 128, 1030, Slots::Batch, seed + 10000));
         v.push(case(format, 8, 64, 1030, Slots::Chunked, seed + 11000));
         v.push(case(format, 64, 128, 1030, Slots::Batch, seed + 14000));
+        // 48-token pages: the pages entries (the streams take powers of two only).
+        v.push(case(format, 48, 128, 1030, Slots::Batch, seed + 16000));
         // Sequences of one warp each, every other one from slot 5 of its first page: the
         // streams' windows at warp seams (8-, 16- and 128-token pages).
         v.push(case(format, 16, 64, 1030, Slots::Seams, seed + 12000));

@@ -29,10 +29,10 @@ fn runs(slots: &[i64]) -> u64 {
 
 #[test]
 fn prefill_batches_store_every_run_whole() {
-    // bf16 K and V of 8 heads of 128 into v0 caches of 32-token pages (16-token pages take
-    // `kvio_update_stream`, which needs no runs): items of 4 heads of one part, so each run
-    // of 16 is stored by 2 parts × 2 head groups.
-    let (t, h, d, bs) = (2048, 8, 128, 32);
+    // bf16 K and V of 8 heads of 128 into v0 caches of 48-token pages (pages of at most 16
+    // slots, and of 32, 64 and 128, take the streams, which need no runs): items of 4 heads
+    // of one part, so each run of 16 is stored by 2 parts × 2 head groups.
+    let (t, h, d, bs) = (2048, 8, 128, 48);
     for (chunked, seed) in [(false, 1u64), (true, 2), (false, 3), (true, 4)] {
         let nb = 2 * t / bs + 64;
         let slots = batch(t, bs, nb, chunked, seed);
