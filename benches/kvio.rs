@@ -3142,14 +3142,12 @@ fn main() {
     let cfg = Cfg::from_env();
     let stream = g.stream();
     let (device, driver) = device_info();
+    // Which PTX flavour, loaded as PTX or machine code (`Kvio::code`): printed here and kept
+    // in the report's JSON.
+    let kernels = format!("{:?} {:?}", g.kv.arch(), g.kv.code());
     println!(
-        "kvio benches: {device}, kernels {:?} as {:?}, model {} layers x {} heads x {} x {} bytes",
-        g.kv.arch(),
-        g.kv.code(),
-        cfg.layers,
-        cfg.heads,
-        cfg.dim,
-        cfg.elem
+        "kvio benches: {device}, kernels {kernels}, model {} layers x {} heads x {} x {} bytes",
+        cfg.layers, cfg.heads, cfg.dim, cfg.elem
     );
     let mut c = Criterion::default()
         .warm_up_time(Duration::from_millis(100))
@@ -3205,6 +3203,5 @@ fn main() {
         host(&rec, g, &stream, &cfg);
     }
     c.final_summary();
-    let kernels = format!("{:?} {:?}", g.kv.arch(), g.kv.code());
     report(&rec.borrow(), &device, driver, &kernels);
 }
