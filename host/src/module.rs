@@ -53,13 +53,13 @@ fn compute_capability(dev: cu::CUdevice) -> Result<(i32, i32)> {
     ))
 }
 
-/// Loads `arch`'s kernels into the current context: their machine code where the device runs
-/// it (feature `sass`, [`Arch::runs_sass_on`]), else their PTX. A cubin the device should run
-/// but the driver refuses is an error, not a silent fall-back to the PTX.
-fn load_module(arch: Arch, dev: cu::CUdevice) -> Result<(cu::CUmodule, Code)> {
+/// Loads `arch`'s kernels into the current context, whose device has compute capability
+/// `(major, minor)`: their machine code where the device runs it (feature `sass`,
+/// [`Arch::runs_sass_on`]), else their PTX. A cubin the device should run but the driver
+/// refuses is an error, not a silent fall-back to the PTX.
+fn load_module(arch: Arch, (major, minor): (i32, i32)) -> Result<(cu::CUmodule, Code)> {
     let mut module = ptr::null_mut();
     if let Some(bin) = sass(arch) {
-        let (major, minor) = compute_capability(dev)?;
         if arch.runs_sass_on(major, minor) {
             // SAFETY: a cubin assembled from this build's PTX for `arch`, 8-byte aligned as the
             // driver reads it (`ptx.rs`), static; out-pointer to a local; a context is current.
@@ -85,10 +85,11 @@ impl Kvio {
     /// where its cache does not hold it yet (tens of seconds for kvio's PTX, the README's
     /// "Loading"; what the feature saves). [`Kvio::code`] tells which was loaded.
     pub fn load() -> Result<Self> {
-        let (major, minor) = compute_capability(current_device()?)?;
+        let dev = current_device()?;
+        let (major, minor) = compute_capability(dev)?;
         let arch = Arch::for_compute_capability(major, minor)
             .ok_or(Error::UnsupportedDevice { major, minor })?;
-        Self::load_arch(arch)
+        Self::load_on(arch, dev, (major, minor))
     }
 
     /// Loads the PTX of a given architecture (it must not be newer than the device).
@@ -102,13 +103,19 @@ impl Kvio {
     /// # Ok(()) }
     /// ```
     pub fn load_arch(arch: Arch) -> Result<Self> {
-        let ctx = current_context()?;
         let dev = current_device()?;
+        Self::load_on(arch, dev, compute_capability(dev)?)
+    }
+
+    /// [`Kvio::load_arch`] on the current context's device `dev`, of compute capability `cc`
+    /// (queried once by the caller).
+    fn load_on(arch: Arch, dev: cu::CUdevice, cc: (i32, i32)) -> Result<Self> {
+        let ctx = current_context()?;
         let sms = device_attribute(
             dev,
             cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )?;
-        let (module, code) = load_module(arch, dev)?;
+        let (module, code) = load_module(arch, cc)?;
         let mut this = Kvio {
             ctx,
             module,
