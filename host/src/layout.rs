@@ -432,23 +432,22 @@ fn extent_bytes(
     inner: usize,
     elem: usize,
 ) -> Result<u64> {
-    let of = Error::Overflow { name };
-    let mut last: u64 = (inner as u64).checked_sub(1).ok_or(of.clone())?;
+    // The error built only on the failing path (an eager value would be built, cloned and
+    // dropped on every call: measurable in a decode step's plan).
+    let of = || Error::Overflow { name };
+    let mut last: u64 = (inner as u64).checked_sub(1).ok_or_else(of)?;
     for &(count, stride) in dims {
         let step = (count as u64)
             .checked_sub(1)
-            .ok_or(of.clone())?
-            .checked_mul(stride as u64)
-            .ok_or(of.clone())?;
-        last = last.checked_add(step).ok_or(of.clone())?;
+            .and_then(|c| c.checked_mul(stride as u64))
+            .ok_or_else(of)?;
+        last = last.checked_add(step).ok_or_else(of)?;
     }
     let bytes = last
         .checked_add(1)
         .and_then(|v| v.checked_mul(elem as u64))
-        .ok_or(of.clone())?;
-    if bytes > isize::MAX as u64 {
-        return Err(of);
-    }
+        .filter(|&v| v <= isize::MAX as u64)
+        .ok_or_else(of)?;
     Ok(bytes)
 }
 
