@@ -1,7 +1,8 @@
-# common.sh: what every call script here starts with (sourced from the repository root on the
-# GPU machine): the pack unpacked once into gpu-pack/b (the working folder), results in
-# $OUT/r (r.tgz rewritten by pk after each step), the GPU's name, and rt to run one test
-# executable with a time limit that ends before the call's (END, seconds).
+# What every call script of a run folder starts with (`source gpu-pack/common.sh`, from the
+# repository root on the GPU machine; `scripts/variant pack` puts it there): the pack unpacked
+# once into gpu-pack/b (the working folder), results in $OUT/r (r.tgz rewritten by pk after
+# each step), the GPU's name, and rt to run one test executable with a time limit that ends
+# before the call's (END, seconds since the call began).
 set -x
 cd gpu-pack && { [ -d b ] || tar xJf t.tar.xz; } && cd b
 R=$OUT/r; mkdir -p $R

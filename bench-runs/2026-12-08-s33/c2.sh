@@ -1,4 +1,4 @@
-# c2.sh (session 33; the same pack as c1, plus bench-base): main's remaining GPU tests on
+# c2.sh (session 33, for the next GPU session; the same pack as c1, plus bench-base): main's remaining GPU tests on
 # sm_90 (gpu_streams, gpu_graph_step, gpu_pdl, gpu_leaks, gpu_concurrent, gpu_stress,
 # gpu_slice_layouts), the host time per call (group host) of main against base (c888778,
 # before 194d4e2's cheaper planning), two rounds, then main's transfer rows (offload and

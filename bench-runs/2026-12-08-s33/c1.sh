@@ -1,5 +1,6 @@
-# c1.sh (session 33; pack: bench-{main,sg,f8,rl,wk}, main's GPU tests, gpu_v0-sg): on the GPU
-# machine, from the repository root: bash gpu-pack/c1.sh (carry gpu-pack).
+# c1.sh (session 33, for the next GPU session): from the repository root on the GPU machine,
+# `bash gpu-pack/c1.sh` with carry ["gpu-pack"]. The pack (`scripts/variant pack` with this
+# folder): bench-{main,sg,f8,rl,wk}, main's GPU tests, gpu_v0-sg (README here).
 # 1. main's GPU tests (sm_90: gpu_v0's GPU tests, gpu_write, gpu_blocks, gpu_mla, gpu_fp8;
 #    sm_80: gpu_v0, gpu_fp8, gpu_mla), memcheck on the v0 prefill test; sg's gpu_v0.
 # 2. main against each variant, two rounds (the second in reverse order), one process each:
