@@ -3,7 +3,6 @@
 //! buffer's length (vLLM #47056 is what guessing does).
 
 use crate::error::{invalid, Error, Result};
-use crate::inline::InlineVec;
 
 /// Token-major K or V input: token `t`, head `h`, element `d` at element offset
 /// `t * token_stride + h * head_stride + d`.
@@ -456,16 +455,24 @@ fn extent_bytes(
 /// least the span of everything below it. Layouts that interleave in stranger ways are
 /// rejected even if they happen to be disjoint.
 pub(crate) fn chunks_disjoint(dims: &[(usize, u64)], chunk: u64) -> bool {
-    // A handful of dimensions (at most 5 from kvio's callers): sorted on the stack.
-    let mut d: InlineVec<(usize, u64), 8> = InlineVec::with_capacity(dims.len());
+    // A handful of dimensions (at most 5 from kvio's callers): those of more than one entry
+    // insertion-sorted by stride (stable) into a fixed array on the stack, in the same pass.
+    let mut d = [(0usize, 0u64); 8];
+    assert!(dims.len() <= d.len(), "at most {} dimensions", d.len());
+    let mut n = 0;
     for &(c, s) in dims {
         if c > 1 {
-            d.push((c, s));
+            let mut i = n;
+            while i > 0 && d[i - 1].1 > s {
+                d[i] = d[i - 1];
+                i -= 1;
+            }
+            d[i] = (c, s);
+            n += 1;
         }
     }
-    d.sort_by_key(|&(_, s)| s);
     let mut span = chunk as u128;
-    for &(count, stride) in d.iter() {
+    for &(count, stride) in &d[..n] {
         if (stride as u128) < span {
             return false;
         }
@@ -506,6 +513,16 @@ mod tests {
         assert!(chunks_disjoint(&[(2, 256), (8, 512)], 256));
         assert!(!chunks_disjoint(&[(2, 128), (8, 512)], 256));
         assert!(chunks_disjoint(&[(1, 0), (5, 10)], 10));
+        // The dimensions in any order (sorted by stride inside): the same answers.
+        assert!(chunks_disjoint(&[(8, 512), (2, 256)], 256));
+        assert!(!chunks_disjoint(&[(8, 512), (2, 128)], 256));
+        let five = [(4, 4096), (1, 7), (2, 128), (16, 256), (3, 65536)];
+        assert!(chunks_disjoint(&five, 128));
+        assert!(!chunks_disjoint(&five, 129));
+        let mut shuffled = five;
+        shuffled.reverse();
+        assert!(chunks_disjoint(&shuffled, 128));
+        assert!(!chunks_disjoint(&shuffled, 129));
     }
 
     #[test]
